@@ -1,0 +1,30 @@
+"""Project-wide pytest set-up: after the session, check that no run leaked anything.
+
+The plugin itself comes from the installed package (entry point ``pytest11``), for this project
+exactly as for a user's own scenario folder.
+"""
+
+import os
+
+import psutil
+import pytest
+
+
+def _harness_children():
+    me = psutil.Process(os.getpid())
+    out = []
+    for p in me.children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if "harness.worker" in cmd or "harness.portholder" in cmd:
+            out.append(f"{p.pid} {cmd[:120]}")
+    return out
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_leaked_processes():
+    yield
+    left = _harness_children()
+    assert not left, f"harness processes outlived their runs: {left}"

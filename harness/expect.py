@@ -1,0 +1,118 @@
+"""Expectations: verdicts vs the scenario's Expect block -> mismatches and a readable table (pure).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+from .classify import Verdict, job_outcome, mro_names
+from .schema import Expect, RankExpect
+
+
+@dataclass
+class Mismatch:
+    label: str            # rank label, or "job"
+    field: str            # outcome | exception | message | within | phase | rank
+    expected: str
+    observed: str
+
+
+def _rank_expect(exp: Expect, label: str) -> Optional[RankExpect]:
+    return exp.ranks.get(label) or exp.ranks.get("*")
+
+
+def check_rank(e: RankExpect, v: Verdict) -> List[Mismatch]:
+    out: List[Mismatch] = []
+    if e.outcome is not None and v.outcome not in e.outcome:
+        out.append(Mismatch(v.label, "outcome", " or ".join(e.outcome), v.outcome))
+    if e.exception is not None:
+        names = mro_names(v.exception_mro)
+        if e.exception not in names:
+            out.append(Mismatch(v.label, "exception", e.exception, v.exception or "(none)"))
+    if e.message is not None and not re.search(e.message, v.message or "", re.I | re.S):
+        out.append(Mismatch(v.label, "message", f"/{e.message}/", v.message or "(none)"))
+    if e.within is not None:
+        lo, hi = e.within
+        if v.duration is None or not lo <= v.duration <= hi:
+            got = "unknown" if v.duration is None else f"{v.duration:.1f} s"
+            out.append(Mismatch(v.label, "within", f"{lo:g}..{hi:g} s", got))
+    if e.phase is not None and v.phase != e.phase:
+        out.append(Mismatch(v.label, "phase", e.phase, v.phase))
+    return out
+
+
+def check(exp: Expect, verdicts: Sequence[Verdict]) -> List[Mismatch]:
+    out: List[Mismatch] = []
+    if exp.job is not None:
+        got = job_outcome(verdicts)
+        if got not in exp.job:
+            out.append(Mismatch("job", "outcome", " or ".join(exp.job), got))
+    labels = {v.label for v in verdicts}
+    for key in exp.ranks:
+        if key != "*" and key not in labels:
+            out.append(Mismatch(key, "rank", "a rank with this label", "no such rank ran"))
+    for v in verdicts:
+        e = _rank_expect(exp, v.label)
+        if e is not None:
+            out += check_rank(e, v)
+    return out
+
+
+def innermost_frames(stacks: str, n: int = 4) -> str:
+    """The innermost ``n`` frames of the main thread from a faulthandler dump."""
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stacks.strip())
+    main = next((b for b in blocks if "most recent call first" in b and "<module>" in b),
+                blocks[0] if blocks else "")
+    frames = [ln.strip() for ln in main.splitlines() if ln.strip().startswith("File ")]
+    return "\n".join(frames[:n])
+
+
+def failure_table(verdicts: Sequence[Verdict], exp: Optional[Expect],
+                  mismatches: Sequence[Mismatch], width: int = 160) -> str:
+    """Rank | expected | observed | duration | phase | host | exception: message (+ stacks)."""
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.table import Table
+
+    bad = {m.label for m in mismatches}
+    t = Table(show_lines=True, expand=False)
+    for col in ("rank", "expected", "observed", "duration", "phase", "host", "exception: message"):
+        t.add_column(col, overflow="fold")
+    for v in verdicts:
+        e = _rank_expect(exp, v.label) if exp else None
+        want = []
+        if e is not None:
+            if e.outcome:
+                want.append("|".join(e.outcome))
+            if e.exception:
+                want.append(e.exception)
+            if e.message:
+                want.append(f"/{e.message}/")
+            if e.within:
+                want.append(f"in {e.within[0]:g}..{e.within[1]:g} s")
+            if e.phase:
+                want.append(f"phase {e.phase}")
+        exc = f"{v.exception}: {v.message}" if v.exception else v.reason
+        if v.outcome == "hang" and v.stacks:
+            exc += "\ninnermost frames:\n" + innermost_frames(v.stacks)
+        mark = "✗ " if v.label in bad else ""
+        dur = "?" if v.duration is None else f"{v.duration:.1f} s"
+        host = v.host + (f" {v.addr}" if v.addr else "")
+        t.add_row(mark + v.label, "\n".join(want) or "-", v.outcome, dur, v.phase, host,
+                  _shorten(exc, 600))
+    buf = StringIO()
+    Console(file=buf, width=width, no_color=True, highlight=False).print(t)
+    lines = [f"  {m.label}: {m.field}: expected {m.expected}, observed {_shorten(m.observed, 200)}"
+             for m in mismatches]
+    job = job_outcome(verdicts)
+    if exp is not None and exp.job:
+        lines.insert(0, f"  job: expected {' or '.join(exp.job)}, observed {job}")
+    return buf.getvalue() + "\n".join(lines)
+
+
+def _shorten(s: str, n: int) -> str:
+    s = s.strip()
+    return s if len(s) <= n else s[: n - 3] + "..."

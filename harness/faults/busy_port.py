@@ -1,0 +1,25 @@
+"""busy_port: a process of the harness holds MASTER_PORT before the ranks start."""
+
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from ..plan import PortHolderPlan
+from . import Fault, register
+
+
+@register
+class BusyPort(Fault):
+    kind: Literal["busy_port"] = "busy_port"
+    summary = "MASTER_PORT is held by another process (bound, listening, or accepting silently)"
+    mode: Literal["bound", "listening", "accepting"] = Field(
+        "listening", description="bound: bind() only; listening: listen() and never accept(); "
+        "accepting: accept() and never answer (a foreign server)")
+    release_after: Optional[float] = Field(
+        None, ge=0, description="the holder exits this many seconds after the start line")
+
+    def apply(self, plan, scn):
+        plan.holders.append(PortHolderPlan(plan.master_port, self.mode, self.release_after))
+        rel = ("" if self.release_after is None
+               else f", released {self.release_after:g} s after the start line")
+        plan.notes.append(f"busy_port: port {plan.master_port} held ({self.mode}){rel}")

@@ -1,0 +1,33 @@
+"""concurrent_job: a second job with the same MASTER_ADDR/MASTER_PORT starts beside the first."""
+
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from ..plan import RankPlan, base_env, init_spec
+from . import Fault, register
+
+
+@register
+class ConcurrentJob(Fault):
+    kind: Literal["concurrent_job"] = "concurrent_job"
+    summary = "a second job on the same MASTER_PORT (two jobs on one machine, default port)"
+    delay: float = Field(0.0, ge=0, description="the second job starts this long after the first")
+    world_size: Optional[int] = Field(None, ge=1, le=64, description="default: the scenario's")
+
+    def _n(self, scn) -> int:
+        return self.world_size or scn.world_size
+
+    def extra_labels(self, scn):
+        return [f"job2:{i}" for i in range(self._n(scn))]
+
+    def apply(self, plan, scn):
+        n = self._n(scn)
+        for i in range(n):
+            plan.ranks.append(RankPlan(
+                label=f"job2:{i}", rank=i,
+                env=base_env(scn, plan.master_addr, plan.master_port, i, n),
+                init=init_spec(scn, plan.master_addr, plan.master_port, i, n, plan.run_dir),
+                start_delay=self.delay))
+        plan.notes.append(f"concurrent_job: a second job of {n} ranks (job2:0..{n - 1}) on port "
+                          f"{plan.master_port}, {self.delay:g} s after the first")

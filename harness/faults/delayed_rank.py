@@ -1,0 +1,20 @@
+"""delayed_rank: chosen ranks start late, measured from the common start line."""
+
+from typing import List, Literal
+
+from pydantic import Field
+
+from . import Fault, register
+
+
+@register
+class DelayedRank(Fault):
+    kind: Literal["delayed_rank"] = "delayed_rank"
+    summary = "chosen ranks are released this many seconds after the start line"
+    ranks: List[int] = Field(default_factory=lambda: [1])
+    delay: float = Field(ge=0, description="seconds after the start line")
+
+    def apply(self, plan, scn):
+        for r in plan.main_ranks(self.ranks):
+            r.start_delay = self.delay
+        plan.notes.append(f"delayed_rank: ranks {self.ranks} start {self.delay:g} s late")

@@ -1,0 +1,63 @@
+"""malformed_env: garbage values (made by faker from a recorded seed) in torch's env variables."""
+
+from typing import List, Literal, Optional
+
+from pydantic import Field
+
+from . import Fault, register
+
+ALLOWED = ("MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def garbage(var: str, seed: int) -> str:
+    """A deterministic garbage value for ``var``: never a valid value for it."""
+    from faker import Faker
+
+    fake = Faker()
+    fake.seed_instance(f"{seed}:{var}")
+    makers = [
+        lambda: fake.word(),
+        lambda: fake.pystr(min_chars=1, max_chars=6),
+        lambda: f"{fake.pyint(1, 99)}.{fake.pyint(0, 9)}",
+        lambda: f"{fake.pyint(0, 99)}{fake.random_letter()}",
+        lambda: "",
+        lambda: fake.pyint(1, 99) and f" {fake.word()} ",
+    ]
+    if var == "MASTER_PORT":
+        makers += [lambda: str(fake.pyint(65536, 999999)), lambda: str(-fake.pyint(1, 9999))]
+    return str(fake.random_element(makers)())
+
+
+@register
+class MalformedEnv(Fault):
+    kind: Literal["malformed_env"] = "malformed_env"
+    summary = "garbage values in MASTER_PORT, RANK, WORLD_SIZE... (faker, seeded)"
+    ranks: Optional[List[int]] = Field(None, description="default: every rank")
+    vars: List[str] = Field(default_factory=lambda: ["MASTER_PORT"], min_length=1,
+                            description=f"any of {', '.join(ALLOWED)}")
+    seed: int = Field(0, description="faker seed; it is part of the test id")
+    values: Optional[dict] = Field(None, description="explicit values instead of faker's")
+
+    def check(self, scn):
+        problems = super().check(scn)
+        for i, v in enumerate(self.vars):
+            if v not in ALLOWED:
+                why = (" (a garbage MASTER_ADDR could send a DNS query off the machine: use "
+                       "wrong_addr or unresolvable_host)" if v == "MASTER_ADDR" else "")
+                problems.append((("vars", i), f"{v} is not one of {', '.join(ALLOWED)}{why}"))
+        return problems
+
+    def value_of(self, var: str) -> str:
+        if self.values and var in self.values:
+            return str(self.values[var])
+        return garbage(var, self.seed)
+
+    def apply(self, plan, scn):
+        chosen = {v: self.value_of(v) for v in self.vars}
+        for r in plan.main_ranks(self.ranks):
+            r.env.update(chosen)
+        shown = ", ".join(f"{k}={v!r}" for k, v in chosen.items())
+        plan.notes.append(f"malformed_env: {shown} (faker seed {self.seed})")
+
+    def id_suffix(self):
+        return None if self.values else f"seed={self.seed}"

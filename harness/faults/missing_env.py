@@ -1,0 +1,24 @@
+"""missing_env: variables torch's env:// init needs are not set for chosen ranks."""
+
+from typing import List, Literal, Optional
+
+from pydantic import Field
+
+from . import Fault, register
+
+
+@register
+class MissingEnv(Fault):
+    kind: Literal["missing_env"] = "missing_env"
+    summary = "variables such as WORLD_SIZE or MASTER_ADDR are unset"
+    ranks: Optional[List[int]] = Field(None, description="default: every rank")
+    vars: List[str] = Field(min_length=1, description="variables to unset, e.g. [WORLD_SIZE]")
+
+    def apply(self, plan, scn):
+        for r in plan.main_ranks(self.ranks):
+            for v in self.vars:
+                r.env.pop(v, None)
+                if v not in r.unset:
+                    r.unset.append(v)
+        who = "every rank" if self.ranks is None else f"ranks {self.ranks}"
+        plan.notes.append(f"missing_env: {', '.join(self.vars)} unset for {who}")

@@ -1,0 +1,32 @@
+"""rank_collision: one process claims another's rank number (two ranks with one number)."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from . import Fault, register
+
+
+@register
+class RankCollision(Fault):
+    kind: Literal["rank_collision"] = "rank_collision"
+    summary = "a process claims the rank of another"
+    rank: int = Field(1, description="the process that is told the wrong number")
+    claims: int = Field(0, description="the rank number it claims")
+
+    def check(self, scn):
+        problems = super().check(scn)
+        if not 0 <= self.claims < scn.world_size:
+            problems.append((("claims",), f"rank {self.claims} is outside the world; use "
+                                          "rank_out_of_range for that"))
+        if self.claims == self.rank:
+            problems.append((("claims",), "a rank claiming its own number is no collision"))
+        return problems
+
+    def apply(self, plan, scn):
+        r = plan.rank(self.rank)
+        r.rank = self.claims
+        r.env["RANK"] = r.env["LOCAL_RANK"] = str(self.claims)
+        if r.init.rank is not None:
+            r.init.rank = self.claims
+        plan.notes.append(f"rank_collision: process {self.rank} claims RANK={self.claims}")

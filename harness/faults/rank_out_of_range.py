@@ -1,0 +1,31 @@
+"""rank_out_of_range: a process is told a rank number outside 0..world_size-1."""
+
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from . import Fault, register
+
+
+@register
+class RankOutOfRange(Fault):
+    kind: Literal["rank_out_of_range"] = "rank_out_of_range"
+    summary = "a process is told a rank >= world_size (or negative)"
+    rank: int = Field(1, description="the process that is told the bad number")
+    value: Optional[int] = Field(None, description="the number; default: world_size")
+
+    def check(self, scn):
+        problems = super().check(scn)
+        if self.value is not None and 0 <= self.value < scn.world_size:
+            problems.append((("value",), f"{self.value} is inside the world (0.."
+                                         f"{scn.world_size - 1}); use rank_collision"))
+        return problems
+
+    def apply(self, plan, scn):
+        value = plan.world_size if self.value is None else self.value
+        r = plan.rank(self.rank)
+        r.rank = value
+        r.env["RANK"] = r.env["LOCAL_RANK"] = str(value)
+        if r.init.rank is not None:
+            r.init.rank = value
+        plan.notes.append(f"rank_out_of_range: process {self.rank} is told RANK={value}")

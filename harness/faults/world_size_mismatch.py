@@ -1,0 +1,29 @@
+"""world_size_mismatch: chosen ranks are told another WORLD_SIZE."""
+
+from typing import List, Literal
+
+from pydantic import Field
+
+from . import Fault, register
+
+
+@register
+class WorldSizeMismatch(Fault):
+    kind: Literal["world_size_mismatch"] = "world_size_mismatch"
+    summary = "chosen ranks are told another WORLD_SIZE"
+    ranks: List[int] = Field(default_factory=lambda: [0])
+    world_size: int = Field(ge=1, le=1024, description="the WORLD_SIZE they are told")
+
+    def check(self, scn):
+        problems = super().check(scn)
+        if self.world_size == scn.world_size:
+            problems.append((("world_size",), "equals the scenario's world_size: no mismatch"))
+        return problems
+
+    def apply(self, plan, scn):
+        for r in plan.main_ranks(self.ranks):
+            r.env["WORLD_SIZE"] = str(self.world_size)
+            if r.init.world_size is not None:
+                r.init.world_size = self.world_size
+        plan.notes.append(f"world_size_mismatch: ranks {self.ranks} are told "
+                          f"WORLD_SIZE={self.world_size}")

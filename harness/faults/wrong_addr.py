@@ -1,0 +1,31 @@
+"""wrong_addr: chosen ranks get another MASTER_ADDR (loopback only: 127.0.0.0/8 is all local)."""
+
+from typing import List, Literal
+
+from pydantic import Field
+
+from ..safety import refuse_address
+from . import Fault, register
+
+
+@register
+class WrongAddr(Fault):
+    kind: Literal["wrong_addr"] = "wrong_addr"
+    summary = "chosen ranks get another MASTER_ADDR"
+    ranks: List[int] = Field(default_factory=lambda: [1])
+    addr: str = Field(description="the address they get; must be loopback (127.0.0.0/8, ::1, "
+                      "localhost): on Linux every 127.x address is local, so this is no fault")
+
+    def check(self, scn):
+        problems = super().check(scn)
+        why = refuse_address(self.addr)
+        if why:
+            problems.append((("addr",), why))
+        return problems
+
+    def apply(self, plan, scn):
+        for r in plan.main_ranks(self.ranks):
+            r.env["MASTER_ADDR"] = self.addr
+            if r.init.method == "tcp":
+                r.init.url = f"tcp://{self.addr}:{r.env['MASTER_PORT']}"
+        plan.notes.append(f"wrong_addr: ranks {self.ranks} get MASTER_ADDR={self.addr}")

@@ -1,0 +1,25 @@
+"""wrong_port: chosen ranks dial a MASTER_PORT where no store listens."""
+
+from typing import List, Literal, Optional
+
+from pydantic import Field
+
+from . import Fault, register
+
+
+@register
+class WrongPort(Fault):
+    kind: Literal["wrong_port"] = "wrong_port"
+    summary = "chosen ranks dial another MASTER_PORT than the master listens on"
+    ranks: List[int] = Field(default_factory=lambda: [1], description="ranks that get the port")
+    port: Optional[int] = Field(None, ge=1, le=65535, description="the wrong port; default: a "
+                                "port reserved for this run where nothing listens")
+
+    def apply(self, plan, scn):
+        port = self.port if self.port is not None else plan.new_port()
+        for r in plan.main_ranks(self.ranks):
+            r.env["MASTER_PORT"] = str(port)
+            if r.init.method == "tcp":
+                r.init.url = f"tcp://{r.env['MASTER_ADDR']}:{port}"
+        plan.notes.append(f"wrong_port: ranks {self.ranks} dial port {port}, the master listens "
+                          f"on {plan.master_port}")

@@ -1,0 +1,405 @@
+"""Launch and supervise one run: start every rank, fire timed faults, enforce the deadline,
+capture stacks of whatever is still alive, kill every process group. Nothing outlives ``run``.
+
+Every rank is a fresh ``python -m harness.worker`` in its own session (own process group), with
+PR_SET_PDEATHSIG so that it dies with the supervisor. Ranks import torch first and report
+``ready``; only then is the clock started (the start line) and each rank released, at its
+``start_delay``, by a line on its stdin. The loop then watches event files and processes until
+every rank has ended or the deadline passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from .plan import ActionPlan, RankPlan, RunPlan, make_plan
+from .ports import PortLease
+from .rundir import RunDir, sweep
+from .schema import Scenario
+
+READY_TIMEOUT = float(os.environ.get("HARNESS_READY_TIMEOUT", "180"))
+POLL = 0.02
+TAIL = 4000
+
+
+class HarnessError(RuntimeError):
+    """The harness itself failed (not the scenario): neither pass nor fail."""
+
+
+@dataclass
+class RankObservation:
+    label: str
+    pid: Optional[int] = None
+    host: str = "local"
+    addr: str = "127.0.0.1"
+    events: List[Dict[str, Any]] = field(default_factory=list)
+    returncode: Optional[int] = None     # negative: killed by that signal
+    killed_at_deadline: bool = False
+    signals: List[Dict[str, Any]] = field(default_factory=list)  # sent by faults: {sig, t}
+    stacks: str = ""
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    released_at: Optional[float] = None  # seconds after the start line
+    ended_at: Optional[float] = None     # seconds after the start line (as seen by the supervisor)
+
+    def result(self) -> Optional[Dict[str, Any]]:
+        for e in self.events:
+            if e.get("ev") == "result":
+                return e
+        return None
+
+    def last_phase(self) -> str:
+        ph = "start"
+        for e in self.events:
+            if e.get("ev") == "phase":
+                ph = e["phase"]
+        return ph
+
+
+@dataclass
+class RunObservation:
+    plan: Dict[str, Any]
+    torch_version: str
+    ranks: List[RankObservation]
+    holders: List[Dict[str, Any]]
+    wall: float                          # seconds from the start line to the end of the run
+    run_dir: str
+    t0: float = 0.0                      # the start line, on the monotonic clock
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+class _Rank:
+    def __init__(self, plan: RankPlan, proc: subprocess.Popen, ev_path: Path, st_path: Path,
+                 out_path: Path, err_path: Path):
+        self.plan, self.proc = plan, proc
+        self.ev_path, self.st_path, self.out_path, self.err_path = ev_path, st_path, out_path, \
+            err_path
+        self.obs = RankObservation(label=plan.label, pid=proc.pid, host=plan.host)
+        self._offset = 0
+        self._partial = b""
+        self.released = False
+        self.ended = False
+
+    def read_events(self) -> List[Dict[str, Any]]:
+        new: List[Dict[str, Any]] = []
+        try:
+            with open(self.ev_path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return new
+        self._offset += len(data)
+        data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            try:
+                new.append(json.loads(line))
+            except ValueError:
+                continue
+        self.obs.events.extend(new)
+        return new
+
+    def ready(self) -> bool:
+        return any(e.get("ev") == "ready" for e in self.obs.events)
+
+    def release(self) -> None:
+        self.released = True
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(b"go\n")
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - TAIL))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _sig(name: str) -> int:
+    return int(getattr(signal, "SIG" + name))
+
+
+def _rank_env(rp: RankPlan, ev_fd: int, st_fd: int) -> Dict[str, str]:
+    env = dict(os.environ)
+    for k in list(env):
+        if k.startswith(("PYTEST_", "HARNESS_")) or k in ("MASTER_ADDR", "MASTER_PORT", "RANK",
+                                                           "WORLD_SIZE", "LOCAL_RANK",
+                                                           "LOCAL_WORLD_SIZE"):
+            env.pop(k)
+    env.update(rp.env)
+    for k in rp.unset:
+        env.pop(k, None)
+    env["HARNESS_EVENT_FD"] = str(ev_fd)
+    env["HARNESS_STACK_FD"] = str(st_fd)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    # the worker must import this very harness, wherever the supervisor found it
+    pkg_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
+                                    else "")
+    return env
+
+
+class Supervisor:
+    """Runs one RunPlan. Use ``run_scenario`` unless you build plans yourself."""
+
+    def __init__(self, plan: RunPlan, run_dir: RunDir):
+        self.plan = plan
+        self.rundir = run_dir
+        self.dir = Path(plan.run_dir)
+        self.ranks: List[_Rank] = []
+        self.holders: List[Dict[str, Any]] = []
+        self._holder_procs: List[subprocess.Popen] = []
+        self._fds: List[int] = []
+        self._actions_done: set = set()
+
+    # -- start ---------------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        for prep in self.plan.preps:
+            if prep.kind == "unwritable_dir":
+                os.makedirs(prep.path, exist_ok=True)
+                os.chmod(prep.path, 0o555)
+            elif prep.kind == "stale_filestore":
+                p = subprocess.run(
+                    [sys.executable, "-m", "harness.worker", "--stale-filestore", prep.path,
+                     str(prep.world_size)], capture_output=True, timeout=READY_TIMEOUT,
+                    env=_rank_env(self.plan.ranks[0], -1, -1), cwd=self.dir)
+                if p.returncode != -signal.SIGKILL or not os.path.exists(prep.path):
+                    raise HarnessError(f"could not make a stale FileStore at {prep.path}: "
+                                       f"rc {p.returncode}: {p.stderr.decode()[-800:]}")
+            else:
+                raise HarnessError(f"unknown preparation {prep.kind!r}")
+
+    def _start_holders(self) -> None:
+        for h in self.plan.holders:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "harness.portholder", str(h.port), h.mode],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                env=_rank_env(self.plan.ranks[0], -1, -1))
+            self.rundir.record_pid(proc.pid)
+            self._holder_procs.append(proc)
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if line.strip() != b"ready":
+                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+                raise HarnessError(f"port holder on {h.port} ({h.mode}) failed: {err[-800:]}")
+            self.holders.append({"port": h.port, "mode": h.mode, "pid": proc.pid,
+                                 "release_after": h.release_after, "released_at": None})
+
+    def _spawn(self, rp: RankPlan) -> _Rank:
+        tag = rp.label.replace(":", "-")
+        ev_path, st_path = self.dir / f"rank-{tag}.events", self.dir / f"rank-{tag}.stacks"
+        out_path, err_path = self.dir / f"rank-{tag}.out", self.dir / f"rank-{tag}.err"
+        ev_fd = os.open(ev_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        st_fd = os.open(st_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fds += [ev_fd, st_fd]
+        spec = {"backend": self.plan.backend, "timeout": self.plan.timeout,
+                "steps": self.plan.steps, "destroy": self.plan.destroy,
+                "init": asdict(rp.init), "label": rp.label}
+        kwargs: Dict[str, Any] = {}
+        if rp.user and os.geteuid() == 0:
+            pw = pwd.getpwnam(rp.user)
+            kwargs.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "harness.worker", json.dumps(spec)],
+                stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=(ev_fd, st_fd),
+                start_new_session=True, env=_rank_env(rp, ev_fd, st_fd), cwd="/", **kwargs)
+        self.rundir.record_pid(proc.pid)
+        return _Rank(rp, proc, ev_path, st_path, out_path, err_path)
+
+    def _wait_ready(self) -> None:
+        limit = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < limit:
+            pending = False
+            for r in self.ranks:
+                r.read_events()
+                if not r.ready() and r.proc.poll() is None:
+                    pending = True
+            if not pending:
+                return
+            time.sleep(POLL)
+        slow = [r.plan.label for r in self.ranks if not r.ready()]
+        raise HarnessError(f"ranks {slow} did not import torch within {READY_TIMEOUT:.0f} s "
+                           "(set HARNESS_READY_TIMEOUT for a slower machine)")
+
+    # -- the loop ------------------------------------------------------------------------------
+    def _due(self, a: ActionPlan, r: _Rank, now: float) -> bool:
+        if a.at is not None:
+            return now >= a.at
+        for e in r.obs.events:
+            if e.get("ev") == "phase" and e["phase"] == a.at_phase:
+                return now >= (e["t"] - self.t0) + a.after
+        return False
+
+    def _fire_actions(self, now: float) -> None:
+        for i, a in enumerate(self.plan.actions):
+            if i in self._actions_done:
+                continue
+            r = self._rank(a.target)
+            if r.ended or not r.released:
+                continue
+            if self._due(a, r, now):
+                self._actions_done.add(i)
+                r.signal(_sig(a.signal))
+                r.obs.signals.append({"signal": a.signal, "t": round(now, 3), "why": a.why})
+        for h, proc in zip(self.holders, self._holder_procs):
+            if h["release_after"] is not None and h["released_at"] is None \
+                    and now >= h["release_after"]:
+                proc.kill()
+                proc.wait()
+                h["released_at"] = round(now, 3)
+
+    def _rank(self, label: str) -> _Rank:
+        for r in self.ranks:
+            if r.plan.label == label:
+                return r
+        raise KeyError(label)
+
+    def _capture_stacks(self, live: List[_Rank]) -> None:
+        """faulthandler dump of every live rank (SIGUSR1; SIGCONT for a stopped one)."""
+        for r in live:
+            try:
+                os.kill(r.proc.pid, signal.SIGUSR1)
+                os.kill(r.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        # a dump is complete when the file stops growing; a rank gets up to 3 s
+        sizes: Dict[str, int] = {}
+        limit = time.monotonic() + 3.0
+        while time.monotonic() < limit:
+            done = True
+            for r in live:
+                size = r.st_path.stat().st_size if r.st_path.exists() else 0
+                if size == 0 or sizes.get(r.plan.label) != size:
+                    done = False
+                sizes[r.plan.label] = size
+            if done:
+                break
+            time.sleep(0.1)
+        for r in live:
+            r.obs.stacks = r.st_path.read_text(errors="replace") if r.st_path.exists() else ""
+
+    def run(self) -> RunObservation:
+        self._prepare()
+        self._start_holders()
+        for rp in self.plan.ranks:
+            self.ranks.append(self._spawn(rp))
+        self._wait_ready()
+        self.t0 = time.monotonic()
+        torch_version = next((e.get("torch") for r in self.ranks for e in r.obs.events
+                              if e.get("ev") == "ready"), "unknown")
+        deadline = self.plan.deadline
+        while True:
+            now = time.monotonic() - self.t0
+            for r in self.ranks:
+                if not r.released and now >= r.plan.start_delay and r.proc.poll() is None:
+                    r.release()
+                    r.obs.released_at = round(now, 3)
+                r.read_events()
+                if not r.ended and r.proc.poll() is not None:
+                    r.ended = True
+                    r.read_events()
+                    r.obs.returncode = r.proc.returncode
+                    r.obs.ended_at = round(time.monotonic() - self.t0, 3)
+            self._fire_actions(now)
+            if all(r.ended for r in self.ranks) or now >= deadline:
+                break
+            time.sleep(POLL)
+        live = [r for r in self.ranks if not r.ended]
+        if live:
+            self._capture_stacks(live)
+            for r in live:
+                r.obs.killed_at_deadline = True
+                r.signal(signal.SIGKILL)
+        for r in self.ranks:
+            r.proc.wait()
+            r.read_events()
+            if r.obs.returncode is None:
+                r.obs.returncode = r.proc.returncode
+                r.obs.ended_at = round(time.monotonic() - self.t0, 3)
+            r.obs.stdout_tail, r.obs.stderr_tail = _tail(r.out_path), _tail(r.err_path)
+            if not r.obs.stacks and r.st_path.exists():
+                r.obs.stacks = r.st_path.read_text(errors="replace")
+        wall = time.monotonic() - self.t0
+        return RunObservation(plan=self.plan.to_dict(), torch_version=torch_version,
+                              ranks=[r.obs for r in self.ranks], holders=self.holders,
+                              wall=round(wall, 3), run_dir=str(self.dir), t0=self.t0)
+
+    def close(self) -> None:
+        """Kill everything this run started (also after an exception), close files."""
+        for r in self.ranks:
+            r.signal(signal.SIGKILL)
+            try:
+                r.proc.kill()
+            except OSError:
+                pass
+            r.proc.wait()
+            if r.proc.stdin and not r.proc.stdin.closed:
+                try:
+                    r.proc.stdin.close()
+                except OSError:
+                    pass
+        for proc in self._holder_procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.wait()
+            for s in (proc.stdout, proc.stderr):
+                if s:
+                    s.close()
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+
+def run_scenario(scn: Scenario, keep: Optional[Path] = None) -> RunObservation:
+    """Plan and run one scenario case for real; leaves nothing behind.
+
+    ``keep``: copy the run directory (events, stacks, stdout/stderr) there before removal.
+    """
+    sweep()
+    rundir = RunDir()
+    try:
+        with PortLease(rundir.base) as lease:
+            plan = make_plan(scn, str(rundir.path), lease.take)
+            sup = Supervisor(plan, rundir)
+            try:
+                obs = sup.run()
+            finally:
+                sup.close()
+        if keep is not None:
+            import shutil
+            keep.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(rundir.path, keep, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("filestore", "readonly"))
+        return obs
+    finally:
+        rundir.remove()

@@ -1,0 +1,162 @@
+"""The pytest front door: scenario YAML files become test items (thin: the rooms do the work).
+
+Registered through the ``pytest11`` entry point, so any project with the package installed gets
+it. Collected: ``*.yaml`` / ``*.yml`` files inside a folder named ``scenarios`` (at any depth), or
+named on the command line, or matching a glob of the ``harness_scenarios`` ini option. Each case
+of a file is one item ``file.yaml::name[case]``; ``marks:`` become pytest markers; fault kinds
+are keywords (``-k busy_port``). A broken file is one located collection error (no traceback)
+and, unless other collection errors exist, the remaining scenarios still run.
+
+The run happens in the item's setup (a failure of the harness there is a test *error*); the
+verdicts are compared in the call (a mismatch is a test *failure*, shown as a table).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+import pytest
+
+from .classify import Verdict, classify_run, job_outcome
+from .expect import check, failure_table
+from .faults import resolve
+from .loader import ScenarioFileError, load_file
+from .probe import probe
+from .schema import Scenario
+
+SUFFIXES = (".yaml", ".yml")
+_BROKEN_KEY = pytest.StashKey[int]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("torchdist-harness")
+    group.addoption("--harness-keep", metavar="DIR", default=None,
+                    help="keep every run's evidence (events, stacks, stdout/stderr) under DIR")
+    parser.addini("harness_scenarios", type="args", default=[],
+                  help="extra globs of YAML files to collect as scenarios (relative to rootdir)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "scenario: a torchdist-harness scenario case")
+    config.stash[_BROKEN_KEY] = 0
+
+
+def _is_scenario(file_path: Path, config: pytest.Config) -> bool:
+    if file_path.suffix not in SUFFIXES:
+        return False
+    if "scenarios" in file_path.parts:
+        return True
+    args = {Path(a.split("::")[0]).resolve() for a in config.args}
+    if file_path.resolve() in args:
+        return True
+    rel = str(file_path.relative_to(config.rootpath)) if file_path.is_relative_to(
+        config.rootpath) else str(file_path)
+    return any(fnmatch.fnmatch(rel, g) for g in config.getini("harness_scenarios"))
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Optional["ScenarioFile"]:
+    if _is_scenario(file_path, parent.config):
+        return ScenarioFile.from_parent(parent, path=file_path)
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    """A broken scenario file must not stop the others: if every collection error came from a
+    scenario file, run the rest anyway (the errors still fail the session)."""
+    broken = session.config.stash.get(_BROKEN_KEY, 0)
+    if broken and session.testsfailed == broken:
+        session.config.option.continue_on_collection_errors = True
+
+
+class ScenarioFile(pytest.File):
+    def collect(self) -> Iterator["ScenarioItem"]:
+        rel = self.path
+        try:
+            rel = self.path.relative_to(self.config.rootpath)
+        except ValueError:
+            pass
+        try:
+            cases = load_file(rel if not rel.is_absolute() else self.path)
+        except ScenarioFileError as e:
+            raise self.CollectError(e.short()) from None
+        for scn in cases:
+            yield ScenarioItem.from_parent(self, name=item_name(scn), scenario=scn)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    outcome = yield
+    if isinstance(collector, ScenarioFile):
+        rep = outcome.get_result()
+        if rep.failed:
+            collector.config.stash[_BROKEN_KEY] += 1
+
+
+def item_name(scn: Scenario) -> str:
+    parts = [scn.case] if scn.case else []
+    parts += [s for f in resolve(scn) if (s := f.id_suffix())]
+    return f"{scn.name}[{','.join(parts)}]" if parts else scn.name
+
+
+class ScenarioMismatch(Exception):
+    pass
+
+
+class ScenarioItem(pytest.Item):
+    def __init__(self, *, scenario: Scenario, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.scenario = scenario
+        self.verdicts: List[Verdict] = []
+        self.run: Dict[str, Any] = {}
+        self.add_marker("scenario")
+        for m in scenario.marks:
+            self.config.addinivalue_line("markers", f"{m}: from scenario files")
+            self.add_marker(m)
+        self.add_marker(pytest.mark.timeout(scenario.deadline + 300))
+        self.extra_keyword_matches.update(f.kind for f in scenario.faults)
+        self.extra_keyword_matches.update({scenario.backend, scenario.init})
+        self.user_properties.append(("scenario", scenario.test_id))
+
+    def reportinfo(self):  # type: ignore[no-untyped-def]
+        return self.path, 0, f"scenario {self.name}"
+
+    def setup(self) -> None:
+        from .launch import run_scenario
+        from .requirements import skip_reason
+
+        env = probe()
+        why = skip_reason(self.scenario, env)
+        if why:
+            pytest.skip(why)
+        self.expectation = self.scenario.expectation_for(env["torch"])
+        if self.expectation is None:
+            ranges = ", ".join(str(b.torch) for b in self.scenario.expect)
+            pytest.skip(f"no expectation for torch {env['torch']} (blocks cover: {ranges})")
+        keep = self.config.getoption("harness_keep")
+        keep_dir = Path(keep) / self.nodeid.replace("/", "_").replace("::", "__") if keep \
+            else None
+        obs = run_scenario(self.scenario, keep=keep_dir)
+        self.run = obs.to_dict()
+        self.verdicts = classify_run(self.run)
+        self.user_properties.append(("job", job_outcome(self.verdicts)))
+
+    def runtest(self) -> None:
+        mismatches = check(self.expectation, self.verdicts)
+        if mismatches:
+            raise ScenarioMismatch(failure_table(self.verdicts, self.expectation, mismatches))
+
+    def repr_failure(self, excinfo, style=None):  # type: ignore[no-untyped-def]
+        from .launch import HarnessError
+
+        if isinstance(excinfo.value, ScenarioMismatch):
+            notes = self.run.get("plan", {}).get("notes", [])
+            head = (f"scenario {self.scenario.test_id} ({self.path.name}) on torch "
+                    f"{self.run.get('torch_version')}: ranks did not end as expected")
+            faults = "\n".join(f"  fault: {n}" for n in notes)
+            return f"{head}\n{faults}\n{excinfo.value}".rstrip()
+        if isinstance(excinfo.value, HarnessError):
+            return f"harness error (neither pass nor fail): {excinfo.value}"
+        return super().repr_failure(excinfo, style=style)

@@ -1,0 +1,199 @@
+"""The scenario format: typed models for one scenario case (pure, no I/O).
+
+A scenario file is YAML; ``harness.loader`` turns it into ``Scenario`` objects (one per case) and
+reports every error as ``file:line: field.path: message``. Faults are validated by their own
+plugin models (``harness.faults``); here they are carried as ``FaultSpec`` and resolved later.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Literal, Optional, Tuple
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+OUTCOMES = ("ok", "error", "timeout", "hang", "crash")
+Outcome = Literal["ok", "error", "timeout", "hang", "crash"]
+
+STEP_RE = re.compile(r"^(barrier|all_reduce|broadcast|sleep \d+(\.\d+)?)$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _as_outcome_set(v: Any) -> Any:
+    if isinstance(v, str):
+        return [v]
+    return v
+
+
+class RankExpect(Strict):
+    """What one rank must do. Every field is optional; a rank with no field is not checked."""
+
+    outcome: Optional[List[Outcome]] = Field(
+        None, description="allowed outcome(s): ok | error | timeout | hang | crash")
+    exception: Optional[str] = Field(
+        None, description="exception class name; matches any class in the raised exception's MRO "
+        "(so RuntimeError accepts DistStoreError); 'module.Class' matches qualified names")
+    message: Optional[str] = Field(
+        None, description="regular expression searched (case-insensitive) in the exception message")
+    within: Optional[Tuple[float, float]] = Field(
+        None, description="[min, max] seconds from the start line to the rank's end")
+    phase: Optional[str] = Field(
+        None, description="phase the rank ended in: start, import, init, workload step N, destroy, "
+        "exit")
+
+    _outcome = field_validator("outcome", mode="before")(_as_outcome_set)
+
+    @field_validator("message")
+    @classmethod
+    def _regex(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"not a valid regular expression: {e}") from None
+        return v
+
+    @field_validator("within")
+    @classmethod
+    def _window(cls, v: Optional[Tuple[float, float]]) -> Optional[Tuple[float, float]]:
+        if v is not None and not (0 <= v[0] <= v[1]):
+            raise ValueError("must be [min, max] with 0 <= min <= max")
+        return v
+
+
+class Expect(Strict):
+    """Expectations for the job and its ranks, optionally scoped to a torch version range."""
+
+    torch: Optional[str] = Field(
+        None, description="torch version range this block holds for, e.g. '>=2.4' or '>=2.2,<2.5'")
+    job: Optional[List[Outcome]] = Field(
+        None, description="allowed job outcome(s); the job's outcome is the most severe of its "
+        "ranks' (hang > crash > timeout > error > ok)")
+    ranks: Dict[str, RankExpect] = Field(
+        default_factory=dict,
+        description="per rank (key: rank number, a label such as 'job2:0', or '*' for every rank "
+        "not listed); a value may be an outcome or a list of outcomes as shorthand")
+
+    _job = field_validator("job", mode="before")(_as_outcome_set)
+
+    @field_validator("torch")
+    @classmethod
+    def _spec(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            try:
+                SpecifierSet(v)
+            except InvalidSpecifier:
+                raise ValueError(f"not a version range: {v!r} (write e.g. '>=2.4,<2.6')") from None
+        return v
+
+    @field_validator("ranks", mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            out = {}
+            for k, r in v.items():
+                out[str(k)] = {"outcome": r} if isinstance(r, (str, list)) else r
+            return out
+        return v
+
+    def applies_to(self, torch_version: str) -> bool:
+        if self.torch is None:
+            return True
+        return SpecifierSet(self.torch).contains(base_version(torch_version), prereleases=True)
+
+
+def base_version(v: str) -> str:
+    """'2.13.0+cpu' -> '2.13.0'; '2.6.0a0+git1234' -> '2.6.0a0'."""
+    return v.split("+", 1)[0]
+
+
+class Workload(Strict):
+    steps: List[str] = Field(
+        default_factory=lambda: ["all_reduce"],
+        description="after init: barrier | all_reduce (sum checked) | broadcast (value checked) | "
+        "'sleep S'; [] means init only")
+    destroy: bool = Field(True, description="call destroy_process_group at the end")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return {"steps": [] if v == "init" else [v]}
+        if isinstance(v, list):
+            return {"steps": v}
+        return v
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, v: List[str]) -> List[str]:
+        for s in v:
+            if not STEP_RE.match(s):
+                raise ValueError(f"unknown step {s!r}: use barrier, all_reduce, broadcast or "
+                                 "'sleep SECONDS'")
+        return v
+
+
+class FaultSpec(BaseModel):
+    """A fault before its plugin validated it: a kind and the plugin's parameters."""
+
+    model_config = ConfigDict(extra="allow")
+    kind: str
+
+
+class Scenario(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="short id, used in test ids")
+    about: str = Field(min_length=1, description="why this scenario exists, where it comes from, "
+                       "and what was watched happening")
+    backend: Literal["gloo", "nccl"] = "gloo"
+    world_size: int = Field(2, ge=1, le=64)
+    init: Literal["env", "tcp", "file"] = Field(
+        "env", description="init method: env (env://, MASTER_ADDR/PORT), tcp (tcp://addr:port) or "
+        "file (file:///shared/path)")
+    timeout: float = Field(30.0, gt=0, description="torch's own timeout for init_process_group, s")
+    deadline: float = Field(
+        60.0, gt=0, description="the harness's wall-clock bound for the run from the start line, s;"
+        " ranks alive then are 'hang'")
+    master_addr: str = Field("127.0.0.1", description="MASTER_ADDR given to every rank")
+    env: Dict[str, str] = Field(default_factory=dict, description="extra env for every rank")
+    workload: Workload = Field(default_factory=Workload)
+    faults: List[FaultSpec] = Field(default_factory=list)
+    expect: List[Expect] = Field(
+        default_factory=lambda: [Expect()], description="one block, or a list of torch-scoped "
+        "blocks (the first whose 'torch' range holds is used)")
+    marks: List[str] = Field(default_factory=list, description="pytest markers for -m")
+    case: Optional[str] = Field(None, description="set by the loader: the case id")
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_str(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: (str(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x)
+                    for k, x in v.items()}
+        return v
+
+    @field_validator("expect", mode="before")
+    @classmethod
+    def _one_block(cls, v: Any) -> Any:
+        return [v] if isinstance(v, dict) else v
+
+    @field_validator("marks")
+    @classmethod
+    def _marks(cls, v: List[str]) -> List[str]:
+        for m in v:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", m):
+                raise ValueError(f"{m!r} is not a valid pytest marker name")
+        return v
+
+    @property
+    def test_id(self) -> str:
+        return self.name if self.case is None else f"{self.name}[{self.case}]"
+
+    def expectation_for(self, torch_version: str) -> Optional[Expect]:
+        for block in self.expect:
+            if block.applies_to(torch_version):
+                return block
+        return None

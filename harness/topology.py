@@ -1,0 +1,860 @@
+"""Topology: the hosts of one harness run, made of Linux network namespaces, and their faults.
+
+This module owns everything a run does to the network: it makes one network namespace per
+scenario host, links them, applies network faults (firewall rules, partitions, packet loss,
+bandwidth limits, per-host ``/etc/hosts`` and ``resolv.conf``) and always removes all of it.
+It never configures anything in the root network namespace: no interface, no bridge, no
+nftables table there. It uses only the standard library and the ``ip``, ``nft`` and ``tc``
+programs, and needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); see :func:`missing`.
+
+Layout
+------
+* Names: host ``h`` of run ``r`` lives in namespace ``thx-<r>-<h>``; a multi-host run also has
+  a switch namespace ``thx-<r>.sw``. Run ids may not contain ``-`` or ``.`` and host names may not
+  contain ``.``, so names of different runs never collide. Namespace names are not interface
+  names; the interfaces are short fixed names (``eth0``, ``br0``, ``p<i>``), unique per
+  namespace, so the 15-character interface limit never depends on the run id.
+* Single host (``Topology(r, ["local"])``): one namespace, only ``lo`` up; the host's address is
+  ``127.0.0.1`` and its ``ifname`` is ``lo``. This gives a run private ports and nothing else.
+* Several hosts: the switch namespace holds a Linux bridge ``br0``; each host gets a veth pair,
+  ``eth0`` inside its own namespace and ``p<i>`` in the switch namespace, enslaved to the bridge.
+  Hosts get ``.1``, ``.2``, ... of one /24 picked from ``subnet`` by a hash of the run id (each
+  run's network is private anyway). IPv6 address generation is off on every link
+  (``addrgenmode none``), so the links carry IPv4 only and gloo cannot pick a link-local v6
+  address. ``lo`` is up in every namespace.
+* Each host namespace gets one nftables table ``inet thx`` (the prefix without its dash) with
+  base chains ``input`` and ``output`` (filter hooks, priority 0, policy accept); every fault
+  rule goes there, inside the host's namespace.
+
+Owner and sweep
+---------------
+Before it makes anything, ``__enter__`` writes ``/run/thx/<prefix><run_id>.json`` holding the
+owner (pid, the process start time in clock ticks from ``/proc/<pid>/stat`` field 22, and the
+kernel boot id) and the list of namespaces it is about to make. Teardown removes the file last.
+:func:`sweep` lists namespaces and ``/etc/netns`` directories first and reads the state files
+second (so a run that is being made concurrently is never taken for an orphan); it removes
+every namespace with the prefix that is not listed by a state file whose owner is alive (same
+pid, same start time, same boot, not a zombie), kills processes still inside those namespaces,
+and removes their ``/etc/netns`` directories and the dead runs' state files. The pid check
+assumes sweep runs in the same pid namespace as the runs it judges.
+
+Faults
+------
+Firewall rules match every interface of the host, loopback included: a process dialing its
+own host's address is subject to them, as it would be behind a host firewall that filters
+``lo`` too. Packet loss and bandwidth act on the host's link (``ifname``) only. Partitions drop,
+on each side, inbound packets whose source is a host of the other side. Latency cannot be
+injected: this kernel has no ``netem`` qdisc (``tbf``'s ``latency`` is only its queue bound).
+``/etc/netns/<ns>/hosts`` and ``resolv.conf`` are bind-mounted by ``ip netns exec`` when a
+process starts, so set them before starting the processes that should see them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Set, Tuple, Type, Union
+
+__all__ = [
+    "PREFIX",
+    "STATE_DIR",
+    "HostNet",
+    "Ports",
+    "Topology",
+    "TopologyError",
+    "capabilities",
+    "missing",
+    "sweep",
+]
+
+PREFIX = "thx-"
+STATE_DIR = Path("/run/thx")
+NETNS_RUN_DIR = Path("/run/netns")
+NETNS_ETC_DIR = Path("/etc/netns")
+LOOPBACK_ADDR = "127.0.0.1"
+LINK_IFNAME = "eth0"
+BRIDGE_IFNAME = "br0"
+MAX_HOSTS = 253
+COMMAND_TIMEOUT_S = 30.0
+
+_PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,7}-$")
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9_]{1,24}$")
+_HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,15}$")
+_HOSTNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")
+_TC_VALUE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?[A-Za-z]*$")
+_ECHO_HANDLE_RE = re.compile(r"^add rule \S+ \S+ (\S+) .*# handle (\d+)\s*$")
+# What ip/nft/tc print when the thing to delete is already gone.
+_GONE_MARKERS = (
+    "No such file or directory",
+    "Cannot find device",
+    "does not exist",
+    "Cannot open network namespace",
+    "Cannot delete qdisc with handle of zero",
+)
+_SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
+_CAP_NET_ADMIN = 12
+_CAP_SYS_ADMIN = 21
+
+Action = Literal["drop", "reject"]
+Direction = Literal["in", "out"]
+LossDirection = Literal["in", "out", "both"]
+Proto = Literal["tcp", "udp"]
+Ports = Union[Literal["all"], int, Sequence[int], Tuple[int, int], Mapping[str, Sequence[int]]]
+"""``"all"``; a port or a list of ports; a 2-tuple ``(low, high)`` for an inclusive range;
+``{"except": [ports]}`` for every port but these."""
+
+
+class TopologyError(RuntimeError):
+    """The harness could not make, change or remove its network: an error of the test itself."""
+
+    def __init__(self, message: str, *, argv: Optional[Sequence[str]] = None,
+                 returncode: Optional[int] = None, stderr: str = "") -> None:
+        super().__init__(message)
+        self.argv = list(argv) if argv is not None else None
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+@dataclass(frozen=True)
+class HostNet:
+    """What a rank needs to know about its host."""
+
+    name: str  # scenario host name, e.g. "a"
+    netns: str  # namespace name, e.g. "thx-<runid>-a"
+    ifname: str  # the host's link interface inside its namespace: "eth0", or "lo" alone
+    addr: str  # IPv4 address of the host on the private link; "127.0.0.1" alone
+
+
+@dataclass(frozen=True)
+class _Rule:
+    host: str
+    chain: str
+    nft_handle: int
+
+
+# --------------------------------------------------------------------------------------------
+# running commands
+
+
+def _tool(name: str) -> Optional[str]:
+    """Absolute path of a program, looking in PATH and then in the sbin directories."""
+    found = shutil.which(name)
+    if found:
+        return found
+    return shutil.which(name, path=os.pathsep.join(_SBIN_DIRS))
+
+
+def _argv(argv: Sequence[str]) -> List[str]:
+    first = _tool(argv[0]) or argv[0]
+    return [first, *argv[1:]]
+
+
+def _gone(stderr: str) -> bool:
+    return any(marker in stderr for marker in _GONE_MARKERS)
+
+
+def _run(argv: Sequence[str], *, stdin: Optional[str] = None,
+         ok_if_gone: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run a command with check semantics; the error names the command and its stderr.
+
+    With ``ok_if_gone``, a failure whose stderr says the object does not exist is not an error.
+    """
+    full = _argv(argv)
+    try:
+        proc = subprocess.run(full, input=stdin, capture_output=True, text=True,
+                              timeout=COMMAND_TIMEOUT_S, check=False)
+    except FileNotFoundError as exc:
+        raise TopologyError(f"`{shlex.join(argv)}` could not start: {exc}; see "
+                            f"harness.topology.missing()", argv=full) from exc
+    except subprocess.TimeoutExpired as exc:
+        raise TopologyError(f"`{shlex.join(argv)}` did not finish within "
+                            f"{COMMAND_TIMEOUT_S:.0f} s", argv=full) from exc
+    if proc.returncode != 0 and not (ok_if_gone and _gone(proc.stderr)):
+        detail = (proc.stderr or proc.stdout).strip() or "(no output)"
+        where = f"\ninput:\n{stdin.rstrip()}" if stdin else ""
+        raise TopologyError(f"`{shlex.join(argv)}` failed with exit status {proc.returncode}: "
+                            f"{detail}{where}", argv=full, returncode=proc.returncode,
+                            stderr=proc.stderr)
+    return proc
+
+
+def _list_netns() -> List[str]:
+    try:
+        return sorted(p.name for p in NETNS_RUN_DIR.iterdir())
+    except FileNotFoundError:
+        return []
+
+
+def _netns_pids(netns: str) -> List[int]:
+    proc = _run(["ip", "netns", "pids", netns], ok_if_gone=True)
+    return [int(tok) for tok in proc.stdout.split() if tok.isdigit()]
+
+
+def _kill_netns_processes(netns: str) -> List[int]:
+    """SIGKILL every process still inside a namespace (they would keep it alive unnamed)."""
+    killed = []
+    for pid in _netns_pids(netns):
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            pass
+    return killed
+
+
+def _delete_netns(netns: str) -> None:
+    _kill_netns_processes(netns)
+    _run(["ip", "netns", "delete", netns], ok_if_gone=True)
+    shutil.rmtree(NETNS_ETC_DIR / netns, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------
+# owner records
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _start_time(pid: int) -> Optional[int]:
+    """Start time of a live process in clock ticks since boot; None if gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    if len(fields) < 20 or fields[0] in ("Z", "X", "x"):
+        return None
+    return int(fields[19])
+
+
+def _owner_record() -> Dict[str, Any]:
+    pid = os.getpid()
+    return {"pid": pid, "start_time": _start_time(pid), "boot_id": _boot_id()}
+
+
+def _owner_alive(owner: Mapping[str, Any]) -> bool:
+    try:
+        pid = int(owner["pid"])
+        start = owner["start_time"]
+    except (KeyError, TypeError, ValueError):
+        return False
+    if owner.get("boot_id", "") != _boot_id():
+        return False
+    return start is not None and _start_time(pid) == start
+
+
+def _write_json_atomically(path: Path, data: Mapping[str, Any]) -> None:
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _write_text_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------
+# nft rule text
+
+
+def _port_list(ports: Sequence[int]) -> str:
+    values = [_check_port(p) for p in ports]
+    if not values:
+        raise ValueError("a port list must not be empty")
+    return "{ " + ", ".join(str(p) for p in sorted(set(values))) + " }"
+
+
+def _check_port(port: object) -> int:
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"a port must be an integer in 1..65535, got {port!r}")
+    return port
+
+
+def _port_match(proto: str, ports: Ports) -> Tuple[str, bool]:
+    """nft match for the destination ports, and whether it is an 'every port but' match."""
+    if isinstance(ports, str):
+        if ports != "all":
+            raise ValueError(f"ports must be 'all', a port list, a (low, high) range or "
+                             f"{{'except': [...]}}, got {ports!r}")
+        return f"meta l4proto {proto}", False
+    if isinstance(ports, Mapping):
+        if set(ports) != {"except"}:
+            raise ValueError(f"a ports mapping must be {{'except': [ports]}}, got {ports!r}")
+        return f"{proto} dport != {_port_list(ports['except'])}", True
+    if isinstance(ports, tuple):
+        if len(ports) != 2:
+            raise ValueError(f"a port range is a (low, high) tuple, got {ports!r}")
+        low, high = _check_port(ports[0]), _check_port(ports[1])
+        if low > high:
+            raise ValueError(f"port range {ports!r} has low > high")
+        return f"{proto} dport {low}-{high}", False
+    if isinstance(ports, int):
+        return f"{proto} dport {_check_port(ports)}", False
+    return f"{proto} dport {_port_list(list(ports))}", False
+
+
+def _check_tc_value(what: str, value: str) -> str:
+    if not isinstance(value, str) or not _TC_VALUE_RE.match(value):
+        raise ValueError(f"{what} must look like '1mbit', '32kb' or '400ms', got {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# the topology
+
+
+class Topology:
+    """A private network of hosts for one run; a context manager whose teardown always runs.
+
+    ``hosts`` are scenario host names. One host and ``link=None`` (the default) gives a
+    loopback-only namespace; several hosts (or ``link=True``) give a bridged link between them.
+    """
+
+    def __init__(self, run_id: str, hosts: Sequence[str], *, subnet: str = "10.213.0.0/16",
+                 link: Optional[bool] = None, prefix: str = PREFIX) -> None:
+        if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+            raise ValueError(f"prefix must be 1-8 lower-case letters/digits and a '-', got "
+                             f"{prefix!r}")
+        if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id):
+            raise ValueError(f"run_id must be 1-24 characters of [A-Za-z0-9_], got {run_id!r}")
+        if isinstance(hosts, str):
+            raise ValueError("hosts must be a list of host names, not a string")
+        names = list(hosts)
+        if not names:
+            raise ValueError("a topology needs at least one host")
+        if len(names) > MAX_HOSTS:
+            raise ValueError(f"at most {MAX_HOSTS} hosts, got {len(names)}")
+        for name in names:
+            if not isinstance(name, str) or not _HOST_RE.match(name):
+                raise ValueError(f"host name must be 1-16 characters of [A-Za-z0-9_-] starting "
+                                 f"with a letter or digit, got {name!r}")
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate host names: {dupes}")
+        try:
+            net = ipaddress.ip_network(subnet, strict=True)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"subnet {subnet!r} is not a network: {exc}") from exc
+        if not isinstance(net, ipaddress.IPv4Network) or net.prefixlen > 24:
+            raise ValueError(f"subnet must be an IPv4 network of /24 or larger, got {subnet!r}")
+        if net.is_loopback or net.is_multicast or net.is_unspecified or net.is_reserved:
+            raise ValueError(f"subnet {subnet!r} is loopback, multicast or reserved")
+
+        self.run_id = run_id
+        self.prefix = prefix
+        self.link = len(names) > 1 if link is None else bool(link)
+        self.table = prefix.rstrip("-")
+        self.state_file = STATE_DIR / f"{prefix}{run_id}.json"
+        self.switch_netns: Optional[str] = f"{prefix}{run_id}.sw" if self.link else None
+        blocks = list(net.subnets(new_prefix=24)) if net.prefixlen < 24 else [net]
+        self.network: ipaddress.IPv4Network = blocks[zlib.crc32(run_id.encode()) % len(blocks)]
+        self._hosts: Dict[str, HostNet] = {}
+        self._ports: Dict[str, str] = {}  # host -> switch-side veth name
+        for index, name in enumerate(names):
+            if self.link:
+                addr, ifname = str(self.network.network_address + index + 1), LINK_IFNAME
+                self._ports[name] = f"p{index}"
+            else:
+                addr, ifname = LOOPBACK_ADDR, "lo"
+            self._hosts[name] = HostNet(name=name, netns=f"{prefix}{run_id}-{name}",
+                                        ifname=ifname, addr=addr)
+        self._entered = False
+        self._closed = False
+        self._made: List[str] = []  # namespaces this object created, in order
+        self._rules: Dict[str, List[_Rule]] = {}
+        self._counter = 0
+
+    # ---- names ----------------------------------------------------------------------------
+
+    @property
+    def hosts(self) -> Dict[str, HostNet]:
+        """Host name -> HostNet, in the order given."""
+        return dict(self._hosts)
+
+    @property
+    def namespaces(self) -> List[str]:
+        """Every namespace of this topology: the switch (if any) first, then the hosts."""
+        ns = [h.netns for h in self._hosts.values()]
+        return ([self.switch_netns] if self.switch_netns else []) + ns
+
+    def host(self, name: str) -> HostNet:
+        try:
+            return self._hosts[name]
+        except KeyError:
+            raise KeyError(f"no host {name!r} in this topology; hosts: "
+                           f"{sorted(self._hosts)}") from None
+
+    def exec_prefix(self, host: str) -> List[str]:
+        """Argv prefix that runs a command inside the host's namespace (``ip`` as absolute path
+        when found)."""
+        return [_tool("ip") or "ip", "netns", "exec", self.host(host).netns]
+
+    # ---- life cycle -----------------------------------------------------------------------
+
+    def __enter__(self) -> Topology:
+        if self._entered:
+            raise RuntimeError("a Topology can be entered only once")
+        self._entered = True
+        try:
+            _write_json_atomically(self.state_file, {
+                "run_id": self.run_id,
+                "prefix": self.prefix,
+                "owner": _owner_record(),
+                "namespaces": self.namespaces,
+                "created": time.time(),
+            })
+            self._build()
+        except BaseException:
+            self._teardown()  # best effort: the original error matters; sweep() gets the rest
+            raise
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]],
+                 exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
+        problems = self._teardown()
+        if problems and exc_type is None:
+            raise TopologyError("teardown left things behind:\n" + "\n".join(problems))
+
+    def close(self) -> None:
+        """Tear down now (what ``__exit__`` does); raises TopologyError if anything remains."""
+        self.__exit__(None, None, None)
+
+    def _build(self) -> None:
+        for netns in self.namespaces:
+            _run(["ip", "netns", "add", netns])
+            self._made.append(netns)
+        for netns in self.namespaces:
+            _run(["ip", "-n", netns, "link", "set", "lo", "up"])
+        if self.switch_netns:
+            sw = self.switch_netns
+            _run(["ip", "-n", sw, "link", "add", BRIDGE_IFNAME, "type", "bridge"])
+            _run(["ip", "-n", sw, "link", "set", BRIDGE_IFNAME, "addrgenmode", "none", "up"])
+            for name, host in self._hosts.items():
+                port = self._ports[name]
+                _run(["ip", "-n", host.netns, "link", "add", LINK_IFNAME, "type", "veth",
+                      "peer", "name", port, "netns", sw])
+                _run(["ip", "-n", sw, "link", "set", port, "master", BRIDGE_IFNAME,
+                      "addrgenmode", "none", "up"])
+                _run(["ip", "-n", host.netns, "link", "set", LINK_IFNAME, "addrgenmode", "none"])
+                _run(["ip", "-n", host.netns, "addr", "add",
+                      f"{host.addr}/{self.network.prefixlen}", "dev", LINK_IFNAME])
+                _run(["ip", "-n", host.netns, "link", "set", LINK_IFNAME, "up"])
+        table = (
+            f"table inet {self.table} {{\n"
+            "  chain input { type filter hook input priority 0; policy accept; }\n"
+            "  chain output { type filter hook output priority 0; policy accept; }\n"
+            "}\n"
+        )
+        for host in self._hosts.values():
+            self._nft(host.netns, table)
+
+    def _teardown(self) -> List[str]:
+        """Remove everything this object made, in order; return what could not be removed."""
+        if self._closed:
+            return []
+        self._closed = True
+        problems: List[str] = []
+        made = set(self._made)
+
+        def attempt(argv: Sequence[str]) -> None:
+            try:
+                _run(argv, ok_if_gone=True)
+            except TopologyError as exc:
+                problems.append(str(exc))
+
+        for host in self._hosts.values():
+            if host.netns in made:
+                attempt(["ip", "netns", "exec", host.netns,
+                         "nft", "delete", "table", "inet", self.table])
+                if self.link:
+                    attempt(["ip", "-n", host.netns, "link", "delete", LINK_IFNAME])
+        if self.switch_netns and self.switch_netns in made:
+            attempt(["ip", "-n", self.switch_netns, "link", "delete", BRIDGE_IFNAME])
+        for netns in reversed(self._made):
+            try:
+                _delete_netns(netns)
+            except (TopologyError, OSError) as exc:
+                problems.append(str(exc))
+        left = sorted(made & set(_list_netns()))
+        if left:
+            problems.append(f"namespaces still present: {left}")
+        else:
+            try:
+                self.state_file.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                problems.append(f"could not remove {self.state_file}: {exc}")
+        self._rules.clear()
+        return problems
+
+    def _require_up(self) -> None:
+        if not self._entered or self._closed:
+            raise RuntimeError("the topology is not up: use it inside its `with` block")
+
+    # ---- nftables -------------------------------------------------------------------------
+
+    def _nft(self, netns: str, script: str) -> str:
+        return _run(["ip", "netns", "exec", netns, "nft", "--echo", "--handle", "-f", "-"],
+                    stdin=script).stdout
+
+    def _add_rules(self, kind: str, rules: Mapping[str, Sequence[Tuple[str, str]]]) -> str:
+        """Add rules (host -> [(chain, rule text)]) atomically per host; return a handle."""
+        self._require_up()
+        self._counter += 1
+        handle = f"{kind}{self._counter}"
+        added: List[_Rule] = []
+        try:
+            for host, chain_rules in rules.items():
+                netns = self.host(host).netns
+                script = "".join(
+                    f'add rule inet {self.table} {chain} {text} comment "{handle}"\n'
+                    for chain, text in chain_rules
+                )
+                out = self._nft(netns, script)
+                found = [_ECHO_HANDLE_RE.match(line) for line in out.splitlines()]
+                got = [_Rule(host, m.group(1), int(m.group(2))) for m in found if m]
+                if len(got) != len(chain_rules):
+                    added.extend(got)
+                    raise TopologyError(f"nft in {netns} did not echo a handle for every rule "
+                                        f"of {handle}:\n{out}")
+                added.extend(got)
+        except BaseException:
+            self._delete_rules(added)
+            raise
+        self._rules[handle] = added
+        return handle
+
+    def _delete_rules(self, rules: Sequence[_Rule]) -> None:
+        for rule in rules:
+            _run(["ip", "netns", "exec", self.host(rule.host).netns, "nft", "delete", "rule",
+                  "inet", self.table, rule.chain, "handle", str(rule.nft_handle)],
+                 ok_if_gone=True)
+
+    def rules(self, host: str) -> str:
+        """The host's nftables table as ``nft -a list table`` prints it (for reports)."""
+        self._require_up()
+        return _run(["ip", "netns", "exec", self.host(host).netns, "nft", "-a", "list",
+                     "table", "inet", self.table]).stdout
+
+    def _peer_addr(self, peer: str) -> str:
+        if peer in self._hosts:
+            return self._hosts[peer].addr
+        try:
+            return str(ipaddress.IPv4Address(peer))
+        except ValueError:
+            raise ValueError(f"peer must be a host of this topology or an IPv4 address, got "
+                             f"{peer!r}") from None
+
+    def firewall(self, host: str, *, action: Action, direction: Direction, ports: Ports,
+                 proto: Proto = "tcp", peer: Optional[str] = None,
+                 new_only: Optional[bool] = None) -> str:
+        """Drop or reject packets at a host; return a handle for :meth:`remove_rule`.
+
+        ``direction="in"`` matches packets arriving at the host whose destination port is in
+        ``ports`` (input chain); ``"out"`` matches packets the host sends to such a port
+        (output chain). ``peer`` (a host name or IPv4 address) narrows the rule to packets
+        from (in) or to (out) that peer. ``reject`` answers TCP with a reset and anything else
+        with ICMP port-unreachable. ``new_only`` adds ``ct state new`` so that only new
+        connections are hit and established ones keep working; by default it is on for
+        ``{"except": [...]}`` (otherwise the replies of the excepted connections, which come
+        back to ephemeral ports, would be dropped too) and off otherwise (so a rule cuts live
+        connections as well).
+        """
+        self._require_up()
+        self.host(host)
+        if action not in ("drop", "reject"):
+            raise ValueError(f"action must be 'drop' or 'reject', got {action!r}")
+        if direction not in ("in", "out"):
+            raise ValueError(f"direction must be 'in' or 'out', got {direction!r}")
+        if proto not in ("tcp", "udp"):
+            raise ValueError(f"proto must be 'tcp' or 'udp', got {proto!r}")
+        parts: List[str] = []
+        if peer is not None:
+            parts.append(f"ip {'saddr' if direction == 'in' else 'daddr'} "
+                         f"{self._peer_addr(peer)}")
+        match, is_except = _port_match(proto, ports)
+        parts.append(match)
+        if is_except if new_only is None else new_only:
+            parts.append("ct state new")
+        if action == "drop":
+            parts.append("drop")
+        elif proto == "tcp":
+            parts.append("reject with tcp reset")
+        else:
+            parts.append("reject with icmpx type port-unreachable")
+        chain = "input" if direction == "in" else "output"
+        return self._add_rules("fw", {host: [(chain, " ".join(parts))]})
+
+    def remove_rule(self, host: str, handle: str) -> None:
+        """Remove the rules behind a handle from :meth:`firewall` or :meth:`packet_loss`."""
+        self._require_up()
+        rules = self._rules.get(handle)
+        if rules is None:
+            raise ValueError(f"no active rule {handle!r}; active: {sorted(self._rules)}")
+        if any(rule.host != host for rule in rules):
+            raise ValueError(f"rule {handle!r} does not belong to host {host!r}")
+        self._delete_rules(rules)
+        del self._rules[handle]
+
+    def partition(self, group_a: Sequence[str], group_b: Sequence[str]) -> str:
+        """Cut every packet between the two groups (both ways, live connections too).
+
+        Each host drops inbound packets from the other group's addresses, so senders see
+        silence, not errors. Returns a handle for :meth:`heal`.
+        """
+        self._require_up()
+        if not self.link:
+            raise ValueError("partition needs a linked topology (several hosts or link=True)")
+        a, b = list(group_a), list(group_b)
+        if not a or not b:
+            raise ValueError("both sides of a partition need at least one host")
+        if set(a) & set(b):
+            raise ValueError(f"hosts on both sides of a partition: {sorted(set(a) & set(b))}")
+        for name in a + b:
+            self.host(name)
+
+        def addrs(group: Sequence[str]) -> str:
+            return "{ " + ", ".join(self._hosts[n].addr for n in group) + " }"
+
+        rules: Dict[str, List[Tuple[str, str]]] = {}
+        for name in a:
+            rules[name] = [("input", f"ip saddr {addrs(b)} drop")]
+        for name in b:
+            rules[name] = [("input", f"ip saddr {addrs(a)} drop")]
+        return self._add_rules("partition", rules)
+
+    def heal(self, handle: str) -> None:
+        """Remove a partition (or any other rule handle)."""
+        self._require_up()
+        rules = self._rules.pop(handle, None)
+        if rules is None:
+            raise ValueError(f"no active rule {handle!r}; active: {sorted(self._rules)}")
+        self._delete_rules(rules)
+
+    def packet_loss(self, host: str, percent: float, direction: LossDirection = "both") -> str:
+        """Drop ``percent`` % of the packets on the host's link, at random; returns a handle.
+
+        Uses ``numgen random mod 10000 < percent*100`` (0.01 % steps); 100 % is a plain drop.
+        On a loopback-only host both directions are the same packets, so ``both`` compounds.
+        """
+        self._require_up()
+        net = self.host(host)
+        if isinstance(percent, bool) or not isinstance(percent, (int, float)):
+            raise ValueError(f"percent must be a number, got {percent!r}")
+        if not 0 <= percent <= 100:
+            raise ValueError(f"percent must be within 0..100, got {percent!r}")
+        if direction not in ("in", "out", "both"):
+            raise ValueError(f"direction must be 'in', 'out' or 'both', got {direction!r}")
+        threshold = round(percent * 100)
+        verdict = "drop" if threshold >= 10000 else f"numgen random mod 10000 < {threshold} drop"
+        chain_rules: List[Tuple[str, str]] = []
+        if direction in ("in", "both"):
+            chain_rules.append(("input", f'iifname "{net.ifname}" {verdict}'))
+        if direction in ("out", "both"):
+            chain_rules.append(("output", f'oifname "{net.ifname}" {verdict}'))
+        return self._add_rules("loss", {host: chain_rules})
+
+    # ---- traffic control ------------------------------------------------------------------
+
+    def _shaped_links(self, host: str, direction: LossDirection) -> List[Tuple[str, str]]:
+        """(namespace, device) pairs whose egress carries the host's traffic that way."""
+        net = self.host(host)
+        if direction not in ("in", "out", "both"):
+            raise ValueError(f"direction must be 'in', 'out' or 'both', got {direction!r}")
+        if not self.link:
+            return [(net.netns, "lo")]
+        links = []
+        if direction in ("out", "both"):
+            links.append((net.netns, LINK_IFNAME))
+        if direction in ("in", "both") and self.switch_netns:
+            links.append((self.switch_netns, self._ports[host]))
+        return links
+
+    def bandwidth(self, host: str, rate: str, burst: Optional[str] = None,
+                  latency: str = "400ms", direction: LossDirection = "out") -> None:
+        """Limit the host's link with a ``tbf`` qdisc (``tc qdisc replace``).
+
+        ``out`` shapes what the host sends (its ``eth0``), ``in`` what it receives (the
+        bridge-side end of its veth, in the switch namespace). ``latency`` is tbf's bound on
+        queueing, not added delay. ``burst`` defaults to 16kb, or 80kb on loopback, whose
+        64 KiB packets tbf would otherwise drop.
+        """
+        self._require_up()
+        _check_tc_value("rate", rate)
+        _check_tc_value("latency", latency)
+        if burst is None:
+            burst = "16kb" if self.link else "80kb"
+        _check_tc_value("burst", burst)
+        for netns, dev in self._shaped_links(host, direction):
+            _run(["tc", "-n", netns, "qdisc", "replace", "dev", dev, "root", "tbf",
+                  "rate", rate, "burst", burst, "latency", latency])
+
+    def clear_bandwidth(self, host: str, direction: LossDirection = "both") -> None:
+        """Remove a limit set by :meth:`bandwidth` (no error if there is none)."""
+        self._require_up()
+        for netns, dev in self._shaped_links(host, direction):
+            _run(["tc", "-n", netns, "qdisc", "delete", "dev", dev, "root"], ok_if_gone=True)
+
+    # ---- name resolution ------------------------------------------------------------------
+
+    def _etc_file(self, host: str, name: str, text: str) -> Path:
+        self._require_up()
+        directory = NETNS_ETC_DIR / self.host(host).netns
+        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+        path = directory / name
+        _write_text_atomically(path, text)
+        return path
+
+    def set_hosts_file(self, host: str, entries: Mapping[str, str]) -> Path:
+        """Give the host its own ``/etc/hosts``: name -> IPv4 address or topology host name.
+
+        ``localhost`` lines come first unless ``entries`` names ``localhost`` itself. Only
+        processes started after this call (through :meth:`exec_prefix`) see it.
+        """
+        lines = []
+        if "localhost" not in entries:
+            lines += ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+        for name, target in entries.items():
+            if not isinstance(name, str) or not _HOSTNAME_RE.match(name):
+                raise ValueError(f"not a host name for /etc/hosts: {name!r}")
+            if target in self._hosts:
+                addr = self._hosts[target].addr
+            else:
+                try:
+                    addr = str(ipaddress.ip_address(target))
+                except ValueError:
+                    raise ValueError(f"{name!r} must map to an IP address or a host of this "
+                                     f"topology, got {target!r}") from None
+            lines.append(f"{addr}\t{name}")
+        return self._etc_file(host, "hosts", "\n".join(lines) + "\n")
+
+    def set_resolv_conf(self, host: str, lines: Sequence[str]) -> Path:
+        """Give the host its own ``/etc/resolv.conf`` (e.g. ``["nameserver 10.213.0.99"]``)."""
+        if isinstance(lines, str):
+            raise ValueError("lines must be a list of lines, not a string")
+        for line in lines:
+            if "\n" in line:
+                raise ValueError(f"a resolv.conf line must not contain a newline: {line!r}")
+        return self._etc_file(host, "resolv.conf", "".join(f"{line}\n" for line in lines))
+
+
+# --------------------------------------------------------------------------------------------
+# leftovers and capabilities
+
+
+def sweep(prefix: str = PREFIX) -> List[str]:
+    """Remove namespaces (and /etc/netns dirs, state files) of runs whose owner is dead.
+
+    A namespace with the prefix survives only if a state file with a live owner lists it.
+    Processes still inside a removed namespace are killed. Returns the removed namespaces.
+    """
+    if not _PREFIX_RE.match(prefix):
+        raise ValueError(f"bad prefix {prefix!r}")
+    # Look at what exists before reading the owners: anything made after this point has its
+    # state file written first, so it is either unseen here or seen with its owner below.
+    existing = [ns for ns in _list_netns() if ns.startswith(prefix)]
+    try:
+        etc_dirs = [p for p in NETNS_ETC_DIR.iterdir() if p.name.startswith(prefix)]
+    except FileNotFoundError:
+        etc_dirs = []
+    live: Set[str] = set()
+    dead_files: List[Path] = []
+    try:
+        state_files = sorted(STATE_DIR.glob(f"{prefix}*.json"))
+    except OSError:
+        state_files = []
+    for path in state_files:
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError):
+            dead_files.append(path)
+            continue
+        if not isinstance(data, dict) or data.get("prefix") != prefix:
+            continue
+        if _owner_alive(data.get("owner") or {}):
+            live.update(str(ns) for ns in data.get("namespaces", []))
+        else:
+            dead_files.append(path)
+    removed: List[str] = []
+    for netns in existing:
+        if netns not in live:
+            _delete_netns(netns)
+            removed.append(netns)
+    for directory in etc_dirs:
+        if directory.name not in live:
+            shutil.rmtree(directory, ignore_errors=True)
+    for path in dead_files:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _effective_caps() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def capabilities() -> Dict[str, Any]:
+    """What this process has for topologies: root, capabilities and the paths of the tools."""
+    caps = _effective_caps()
+    return {
+        "root": os.geteuid() == 0,
+        "cap_net_admin": bool(caps >> _CAP_NET_ADMIN & 1),
+        "cap_sys_admin": bool(caps >> _CAP_SYS_ADMIN & 1),
+        "ip": _tool("ip"),
+        "nft": _tool("nft"),
+        "tc": _tool("tc"),
+    }
+
+
+def missing() -> List[str]:
+    """What stops topology scenarios from running here, one sentence each; empty if nothing."""
+    caps = capabilities()
+    problems = []
+    if not caps["root"]:
+        problems.append(f"not running as root (euid {os.geteuid()}): network namespaces need "
+                        "root")
+    if not caps["cap_net_admin"]:
+        problems.append("no CAP_NET_ADMIN in the effective capabilities: cannot configure "
+                        "interfaces or nftables (a container needs --cap-add NET_ADMIN)")
+    if not caps["cap_sys_admin"]:
+        problems.append("no CAP_SYS_ADMIN in the effective capabilities: `ip netns add` cannot "
+                        "mount namespaces (a container needs --cap-add SYS_ADMIN)")
+    if caps["ip"] is None:
+        problems.append("ip not found: apt-get install iproute2")
+    if caps["nft"] is None:
+        problems.append("nft not found: apt-get install nftables")
+    if caps["tc"] is None:
+        problems.append("tc not found: apt-get install iproute2")
+    return problems
