@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,6 +49,7 @@ class RankObservation:
     stacks: str = ""
     stdout_tail: str = ""
     stderr_tail: str = ""
+    native_stacks: str = ""              # py-spy dump --native of a hung rank, where permitted
     released_at: Optional[float] = None  # seconds after the start line
     ended_at: Optional[float] = None     # seconds after the start line (as seen by the supervisor)
 
@@ -74,6 +76,7 @@ class RunObservation:
     wall: float                          # seconds from the start line to the end of the run
     run_dir: str
     t0: float = 0.0                      # the start line, on the monotonic clock
+    port_owners: List[Dict[str, Any]] = field(default_factory=list)  # who held MASTER_PORT
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -141,6 +144,44 @@ def _tail(path: Path) -> str:
         return ""
 
 
+def native_stacks(pid: int) -> str:
+    """``py-spy dump --native``: the C++ frames (TCPStore::ping -> recv ...) of a stuck rank.
+    Empty when py-spy is not installed; its error when not permitted (needs CAP_SYS_PTRACE)."""
+    exe = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if not exe:
+        return ""
+    try:
+        p = subprocess.run([exe, "dump", "--native", "--pid", str(pid)], capture_output=True,
+                           text=True, timeout=20)
+    except (subprocess.TimeoutExpired, OSError) as e:
+        return f"py-spy failed: {e}"
+    if p.returncode == 0:
+        return p.stdout
+    return f"py-spy failed (rc {p.returncode}): {p.stderr[-500:]}"
+
+
+def port_owners(port: int) -> List[Dict[str, Any]]:
+    """Processes with a socket on ``port`` (psutil), e.g. the holder of a busy port."""
+    import psutil
+
+    out = []
+    try:
+        conns = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        return out
+    for c in conns:
+        if c.laddr and c.laddr.port == port:
+            rec: Dict[str, Any] = {"pid": c.pid, "status": c.status,
+                                   "laddr": f"{c.laddr.ip}:{c.laddr.port}"}
+            try:
+                proc = psutil.Process(c.pid) if c.pid else None
+                rec["cmdline"] = " ".join(proc.cmdline())[:200] if proc else ""
+            except psutil.Error:
+                rec["cmdline"] = ""
+            out.append(rec)
+    return out
+
+
 def _sig(name: str) -> int:
     return int(getattr(signal, "SIG" + name))
 
@@ -158,6 +199,9 @@ def _rank_env(rp: RankPlan, ev_fd: int, st_fd: int) -> Dict[str, str]:
     env["HARNESS_EVENT_FD"] = str(ev_fd)
     env["HARNESS_STACK_FD"] = str(st_fd)
     env["PYTHONUNBUFFERED"] = "1"
+    # torch's C++ store/gloo log lines (connect, retry, timeout) land in the rank's stderr
+    if "TORCH_CPP_LOG_LEVEL" not in rp.env:
+        env["TORCH_CPP_LOG_LEVEL"] = "INFO"
     env.setdefault("PYTHONWARNINGS", "ignore")
     # the worker must import this very harness, wherever the supervisor found it
     pkg_root = str(Path(__file__).resolve().parent.parent)
@@ -283,7 +327,10 @@ class Supervisor:
         raise KeyError(label)
 
     def _capture_stacks(self, live: List[_Rank]) -> None:
-        """faulthandler dump of every live rank (SIGUSR1; SIGCONT for a stopped one)."""
+        """py-spy's native stacks where permitted, then the faulthandler dump of every live rank
+        (SIGUSR1; SIGCONT too, so that a stopped rank can write it)."""
+        for r in live:
+            r.obs.native_stacks = native_stacks(r.proc.pid)
         for r in live:
             try:
                 os.kill(r.proc.pid, signal.SIGUSR1)
@@ -309,6 +356,7 @@ class Supervisor:
     def run(self) -> RunObservation:
         self._prepare()
         self._start_holders()
+        owners = port_owners(self.plan.master_port)
         for rp in self.plan.ranks:
             self.ranks.append(self._spawn(rp))
         self._wait_ready()
@@ -350,7 +398,8 @@ class Supervisor:
         wall = time.monotonic() - self.t0
         return RunObservation(plan=self.plan.to_dict(), torch_version=torch_version,
                               ranks=[r.obs for r in self.ranks], holders=self.holders,
-                              wall=round(wall, 3), run_dir=str(self.dir), t0=self.t0)
+                              wall=round(wall, 3), run_dir=str(self.dir), t0=self.t0,
+                              port_owners=owners)
 
     def close(self) -> None:
         """Kill everything this run started (also after an exception), close files."""
@@ -396,10 +445,10 @@ def run_scenario(scn: Scenario, keep: Optional[Path] = None) -> RunObservation:
             finally:
                 sup.close()
         if keep is not None:
-            import shutil
             keep.mkdir(parents=True, exist_ok=True)
             shutil.copytree(rundir.path, keep, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("filestore", "readonly"))
+                            ignore=shutil.ignore_patterns("filestore", "readonly", "owner.json",
+                                                          "pids.jsonl"))
         return obs
     finally:
         rundir.remove()

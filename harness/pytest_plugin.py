@@ -32,8 +32,10 @@ _BROKEN_KEY = pytest.StashKey[int]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("torchdist-harness")
-    group.addoption("--harness-keep", metavar="DIR", default=None,
-                    help="keep every run's evidence (events, stacks, stdout/stderr) under DIR")
+    group.addoption("--harness-evidence", metavar="DIR", default=None,
+                    help="where every run's evidence goes (events, stacks, stdout/stderr, "
+                    "observation.json); default: <rootdir>/.harness/evidence, emptied at the "
+                    "start of each session")
     parser.addini("harness_scenarios", type="args", default=[],
                   help="extra globs of YAML files to collect as scenarios (relative to rootdir)")
 
@@ -41,6 +43,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "scenario: a torchdist-harness scenario case")
     config.stash[_BROKEN_KEY] = 0
+    root = evidence_root(config)
+    if not hasattr(config, "workerinput") and root.name == "evidence" and root.exists():
+        import shutil
+        shutil.rmtree(root, ignore_errors=True)   # only the latest session's evidence is kept
+
+
+def evidence_root(config: pytest.Config) -> Path:
+    opt = config.getoption("harness_evidence", None)
+    return Path(opt) if opt else config.rootpath / ".harness" / "evidence"
 
 
 def _is_scenario(file_path: Path, config: pytest.Config) -> bool:
@@ -56,7 +67,7 @@ def _is_scenario(file_path: Path, config: pytest.Config) -> bool:
     return any(fnmatch.fnmatch(rel, g) for g in config.getini("harness_scenarios"))
 
 
-def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Optional["ScenarioFile"]:
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Optional[ScenarioFile]:
     if _is_scenario(file_path, parent.config):
         return ScenarioFile.from_parent(parent, path=file_path)
     return None
@@ -72,7 +83,7 @@ def pytest_runtestloop(session: pytest.Session) -> None:
 
 
 class ScenarioFile(pytest.File):
-    def collect(self) -> Iterator["ScenarioItem"]:
+    def collect(self) -> Iterator[ScenarioItem]:
         rel = self.path
         try:
             rel = self.path.relative_to(self.config.rootpath)
@@ -99,6 +110,17 @@ def item_name(scn: Scenario) -> str:
     parts = [scn.case] if scn.case else []
     parts += [s for f in resolve(scn) if (s := f.id_suffix())]
     return f"{scn.name}[{','.join(parts)}]" if parts else scn.name
+
+
+def write_evidence(d: Path, run: Dict[str, Any], verdicts: List[Verdict]) -> None:
+    import json
+
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "observation.json").write_text(json.dumps(run, indent=1, default=str))
+    (d / "verdicts.json").write_text(json.dumps([v.to_dict() for v in verdicts], indent=1))
+    for r in run["ranks"]:
+        if r.get("native_stacks"):
+            (d / f"rank-{r['label'].replace(':', '-')}.native").write_text(r["native_stacks"])
 
 
 class ScenarioMismatch(Exception):
@@ -135,12 +157,12 @@ class ScenarioItem(pytest.Item):
         if self.expectation is None:
             ranges = ", ".join(str(b.torch) for b in self.scenario.expect)
             pytest.skip(f"no expectation for torch {env['torch']} (blocks cover: {ranges})")
-        keep = self.config.getoption("harness_keep")
-        keep_dir = Path(keep) / self.nodeid.replace("/", "_").replace("::", "__") if keep \
-            else None
-        obs = run_scenario(self.scenario, keep=keep_dir)
+        safe = "".join(c if c.isalnum() or c in "._=-" else "_" for c in self.nodeid)
+        self.evidence = evidence_root(self.config) / safe
+        obs = run_scenario(self.scenario, keep=self.evidence)
         self.run = obs.to_dict()
         self.verdicts = classify_run(self.run)
+        write_evidence(self.evidence, self.run, self.verdicts)
         self.user_properties.append(("job", job_outcome(self.verdicts)))
 
     def runtest(self) -> None:
@@ -156,7 +178,8 @@ class ScenarioItem(pytest.Item):
             head = (f"scenario {self.scenario.test_id} ({self.path.name}) on torch "
                     f"{self.run.get('torch_version')}: ranks did not end as expected")
             faults = "\n".join(f"  fault: {n}" for n in notes)
-            return f"{head}\n{faults}\n{excinfo.value}".rstrip()
+            where = f"\n  evidence: {self.evidence}" if getattr(self, "evidence", None) else ""
+            return f"{head}\n{faults}\n{excinfo.value}{where}".rstrip()
         if isinstance(excinfo.value, HarnessError):
             return f"harness error (neither pass nor fail): {excinfo.value}"
         return super().repr_failure(excinfo, style=style)

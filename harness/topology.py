@@ -118,8 +118,14 @@ Ports = Union[Literal["all"], int, Sequence[int], Tuple[int, int], Mapping[str, 
 class TopologyError(RuntimeError):
     """The harness could not make, change or remove its network: an error of the test itself."""
 
-    def __init__(self, message: str, *, argv: Optional[Sequence[str]] = None,
-                 returncode: Optional[int] = None, stderr: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        argv: Optional[Sequence[str]] = None,
+        returncode: Optional[int] = None,
+        stderr: str = "",
+    ) -> None:
         super().__init__(message)
         self.argv = list(argv) if argv is not None else None
         self.returncode = returncode
@@ -164,28 +170,41 @@ def _gone(stderr: str) -> bool:
     return any(marker in stderr for marker in _GONE_MARKERS)
 
 
-def _run(argv: Sequence[str], *, stdin: Optional[str] = None,
-         ok_if_gone: bool = False) -> subprocess.CompletedProcess[str]:
+def _run(
+    argv: Sequence[str], *, stdin: Optional[str] = None, ok_if_gone: bool = False
+) -> subprocess.CompletedProcess[str]:
     """Run a command with check semantics; the error names the command and its stderr.
 
     With ``ok_if_gone``, a failure whose stderr says the object does not exist is not an error.
     """
     full = _argv(argv)
     try:
-        proc = subprocess.run(full, input=stdin, capture_output=True, text=True,
-                              timeout=COMMAND_TIMEOUT_S, check=False)
+        proc = subprocess.run(
+            full,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+            check=False,
+        )
     except FileNotFoundError as exc:
-        raise TopologyError(f"`{shlex.join(argv)}` could not start: {exc}; see "
-                            f"harness.topology.missing()", argv=full) from exc
+        raise TopologyError(
+            f"`{shlex.join(argv)}` could not start: {exc}; see harness.topology.missing()",
+            argv=full,
+        ) from exc
     except subprocess.TimeoutExpired as exc:
-        raise TopologyError(f"`{shlex.join(argv)}` did not finish within "
-                            f"{COMMAND_TIMEOUT_S:.0f} s", argv=full) from exc
+        raise TopologyError(
+            f"`{shlex.join(argv)}` did not finish within {COMMAND_TIMEOUT_S:.0f} s", argv=full
+        ) from exc
     if proc.returncode != 0 and not (ok_if_gone and _gone(proc.stderr)):
         detail = (proc.stderr or proc.stdout).strip() or "(no output)"
         where = f"\ninput:\n{stdin.rstrip()}" if stdin else ""
-        raise TopologyError(f"`{shlex.join(argv)}` failed with exit status {proc.returncode}: "
-                            f"{detail}{where}", argv=full, returncode=proc.returncode,
-                            stderr=proc.stderr)
+        raise TopologyError(
+            f"`{shlex.join(argv)}` failed with exit status {proc.returncode}: {detail}{where}",
+            argv=full,
+            returncode=proc.returncode,
+            stderr=proc.stderr,
+        )
     return proc
 
 
@@ -260,11 +279,15 @@ def _owner_alive(owner: Mapping[str, Any]) -> bool:
     return start is not None and _start_time(pid) == start
 
 
-def _write_json_atomically(path: Path, data: Mapping[str, Any]) -> None:
+def _create_json_exclusively(path: Path, data: Mapping[str, Any]) -> None:
+    """Write a JSON file that appears whole or not at all; FileExistsError if it exists."""
     path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    try:
+        os.link(tmp, path)
+    finally:
+        tmp.unlink()
 
 
 def _write_text_atomically(path: Path, text: str) -> None:
@@ -295,8 +318,10 @@ def _port_match(proto: str, ports: Ports) -> Tuple[str, bool]:
     """nft match for the destination ports, and whether it is an 'every port but' match."""
     if isinstance(ports, str):
         if ports != "all":
-            raise ValueError(f"ports must be 'all', a port list, a (low, high) range or "
-                             f"{{'except': [...]}}, got {ports!r}")
+            raise ValueError(
+                f"ports must be 'all', a port list, a (low, high) range or "
+                f"{{'except': [...]}}, got {ports!r}"
+            )
         return f"meta l4proto {proto}", False
     if isinstance(ports, Mapping):
         if set(ports) != {"except"}:
@@ -331,11 +356,19 @@ class Topology:
     loopback-only namespace; several hosts (or ``link=True``) give a bridged link between them.
     """
 
-    def __init__(self, run_id: str, hosts: Sequence[str], *, subnet: str = "10.213.0.0/16",
-                 link: Optional[bool] = None, prefix: str = PREFIX) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        hosts: Sequence[str],
+        *,
+        subnet: str = "10.213.0.0/16",
+        link: Optional[bool] = None,
+        prefix: str = PREFIX,
+    ) -> None:
         if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
-            raise ValueError(f"prefix must be 1-8 lower-case letters/digits and a '-', got "
-                             f"{prefix!r}")
+            raise ValueError(
+                f"prefix must be 1-8 lower-case letters/digits and a '-', got {prefix!r}"
+            )
         if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id):
             raise ValueError(f"run_id must be 1-24 characters of [A-Za-z0-9_], got {run_id!r}")
         if isinstance(hosts, str):
@@ -347,8 +380,10 @@ class Topology:
             raise ValueError(f"at most {MAX_HOSTS} hosts, got {len(names)}")
         for name in names:
             if not isinstance(name, str) or not _HOST_RE.match(name):
-                raise ValueError(f"host name must be 1-16 characters of [A-Za-z0-9_-] starting "
-                                 f"with a letter or digit, got {name!r}")
+                raise ValueError(
+                    f"host name must be 1-16 characters of [A-Za-z0-9_-] starting "
+                    f"with a letter or digit, got {name!r}"
+                )
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate host names: {dupes}")
@@ -377,11 +412,13 @@ class Topology:
                 self._ports[name] = f"p{index}"
             else:
                 addr, ifname = LOOPBACK_ADDR, "lo"
-            self._hosts[name] = HostNet(name=name, netns=f"{prefix}{run_id}-{name}",
-                                        ifname=ifname, addr=addr)
+            self._hosts[name] = HostNet(
+                name=name, netns=f"{prefix}{run_id}-{name}", ifname=ifname, addr=addr
+            )
         self._entered = False
         self._closed = False
         self._made: List[str] = []  # namespaces this object created, in order
+        self._state_written = False
         self._rules: Dict[str, List[_Rule]] = {}
         self._counter = 0
 
@@ -402,8 +439,9 @@ class Topology:
         try:
             return self._hosts[name]
         except KeyError:
-            raise KeyError(f"no host {name!r} in this topology; hosts: "
-                           f"{sorted(self._hosts)}") from None
+            raise KeyError(
+                f"no host {name!r} in this topology; hosts: {sorted(self._hosts)}"
+            ) from None
 
     def exec_prefix(self, host: str) -> List[str]:
         """Argv prefix that runs a command inside the host's namespace (``ip`` as absolute path
@@ -417,21 +455,19 @@ class Topology:
             raise RuntimeError("a Topology can be entered only once")
         self._entered = True
         try:
-            _write_json_atomically(self.state_file, {
-                "run_id": self.run_id,
-                "prefix": self.prefix,
-                "owner": _owner_record(),
-                "namespaces": self.namespaces,
-                "created": time.time(),
-            })
+            self._write_state()
             self._build()
         except BaseException:
             self._teardown()  # best effort: the original error matters; sweep() gets the rest
             raise
         return self
 
-    def __exit__(self, exc_type: Optional[Type[BaseException]],
-                 exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
         problems = self._teardown()
         if problems and exc_type is None:
             raise TopologyError("teardown left things behind:\n" + "\n".join(problems))
@@ -439,6 +475,25 @@ class Topology:
     def close(self) -> None:
         """Tear down now (what ``__exit__`` does); raises TopologyError if anything remains."""
         self.__exit__(None, None, None)
+
+    def _write_state(self) -> None:
+        record = {
+            "run_id": self.run_id,
+            "prefix": self.prefix,
+            "owner": _owner_record(),
+            "namespaces": self.namespaces,
+            "created": time.time(),
+        }
+        try:
+            _create_json_exclusively(self.state_file, record)
+        except FileExistsError:
+            raise TopologyError(
+                f"run id {self.run_id!r} is in use: {self.state_file} exists "
+                f"(a leftover of a dead run is removed by sweep())"
+            ) from None
+        except OSError as exc:
+            raise TopologyError(f"cannot write the owner record {self.state_file}: {exc}") from exc
+        self._state_written = True
 
     def _build(self) -> None:
         for netns in self.namespaces:
@@ -452,13 +507,51 @@ class Topology:
             _run(["ip", "-n", sw, "link", "set", BRIDGE_IFNAME, "addrgenmode", "none", "up"])
             for name, host in self._hosts.items():
                 port = self._ports[name]
-                _run(["ip", "-n", host.netns, "link", "add", LINK_IFNAME, "type", "veth",
-                      "peer", "name", port, "netns", sw])
-                _run(["ip", "-n", sw, "link", "set", port, "master", BRIDGE_IFNAME,
-                      "addrgenmode", "none", "up"])
+                _run(
+                    [
+                        "ip",
+                        "-n",
+                        host.netns,
+                        "link",
+                        "add",
+                        LINK_IFNAME,
+                        "type",
+                        "veth",
+                        "peer",
+                        "name",
+                        port,
+                        "netns",
+                        sw,
+                    ]
+                )
+                _run(
+                    [
+                        "ip",
+                        "-n",
+                        sw,
+                        "link",
+                        "set",
+                        port,
+                        "master",
+                        BRIDGE_IFNAME,
+                        "addrgenmode",
+                        "none",
+                        "up",
+                    ]
+                )
                 _run(["ip", "-n", host.netns, "link", "set", LINK_IFNAME, "addrgenmode", "none"])
-                _run(["ip", "-n", host.netns, "addr", "add",
-                      f"{host.addr}/{self.network.prefixlen}", "dev", LINK_IFNAME])
+                _run(
+                    [
+                        "ip",
+                        "-n",
+                        host.netns,
+                        "addr",
+                        "add",
+                        f"{host.addr}/{self.network.prefixlen}",
+                        "dev",
+                        LINK_IFNAME,
+                    ]
+                )
                 _run(["ip", "-n", host.netns, "link", "set", LINK_IFNAME, "up"])
         table = (
             f"table inet {self.table} {{\n"
@@ -471,7 +564,7 @@ class Topology:
 
     def _teardown(self) -> List[str]:
         """Remove everything this object made, in order; return what could not be removed."""
-        if self._closed:
+        if self._closed or not self._entered:
             return []
         self._closed = True
         problems: List[str] = []
@@ -485,8 +578,19 @@ class Topology:
 
         for host in self._hosts.values():
             if host.netns in made:
-                attempt(["ip", "netns", "exec", host.netns,
-                         "nft", "delete", "table", "inet", self.table])
+                attempt(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        host.netns,
+                        "nft",
+                        "delete",
+                        "table",
+                        "inet",
+                        self.table,
+                    ]
+                )
                 if self.link:
                     attempt(["ip", "-n", host.netns, "link", "delete", LINK_IFNAME])
         if self.switch_netns and self.switch_netns in made:
@@ -499,7 +603,7 @@ class Topology:
         left = sorted(made & set(_list_netns()))
         if left:
             problems.append(f"namespaces still present: {left}")
-        else:
+        elif self._state_written:
             try:
                 self.state_file.unlink()
             except FileNotFoundError:
@@ -516,8 +620,9 @@ class Topology:
     # ---- nftables -------------------------------------------------------------------------
 
     def _nft(self, netns: str, script: str) -> str:
-        return _run(["ip", "netns", "exec", netns, "nft", "--echo", "--handle", "-f", "-"],
-                    stdin=script).stdout
+        return _run(
+            ["ip", "netns", "exec", netns, "nft", "--echo", "--handle", "-f", "-"], stdin=script
+        ).stdout
 
     def _add_rules(self, kind: str, rules: Mapping[str, Sequence[Tuple[str, str]]]) -> str:
         """Add rules (host -> [(chain, rule text)]) atomically per host; return a handle."""
@@ -537,8 +642,9 @@ class Topology:
                 got = [_Rule(host, m.group(1), int(m.group(2))) for m in found if m]
                 if len(got) != len(chain_rules):
                     added.extend(got)
-                    raise TopologyError(f"nft in {netns} did not echo a handle for every rule "
-                                        f"of {handle}:\n{out}")
+                    raise TopologyError(
+                        f"nft in {netns} did not echo a handle for every rule of {handle}:\n{out}"
+                    )
                 added.extend(got)
         except BaseException:
             self._delete_rules(added)
@@ -548,15 +654,41 @@ class Topology:
 
     def _delete_rules(self, rules: Sequence[_Rule]) -> None:
         for rule in rules:
-            _run(["ip", "netns", "exec", self.host(rule.host).netns, "nft", "delete", "rule",
-                  "inet", self.table, rule.chain, "handle", str(rule.nft_handle)],
-                 ok_if_gone=True)
+            _run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    self.host(rule.host).netns,
+                    "nft",
+                    "delete",
+                    "rule",
+                    "inet",
+                    self.table,
+                    rule.chain,
+                    "handle",
+                    str(rule.nft_handle),
+                ],
+                ok_if_gone=True,
+            )
 
     def rules(self, host: str) -> str:
         """The host's nftables table as ``nft -a list table`` prints it (for reports)."""
         self._require_up()
-        return _run(["ip", "netns", "exec", self.host(host).netns, "nft", "-a", "list",
-                     "table", "inet", self.table]).stdout
+        return _run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.host(host).netns,
+                "nft",
+                "-a",
+                "list",
+                "table",
+                "inet",
+                self.table,
+            ]
+        ).stdout
 
     def _peer_addr(self, peer: str) -> str:
         if peer in self._hosts:
@@ -564,12 +696,21 @@ class Topology:
         try:
             return str(ipaddress.IPv4Address(peer))
         except ValueError:
-            raise ValueError(f"peer must be a host of this topology or an IPv4 address, got "
-                             f"{peer!r}") from None
+            raise ValueError(
+                f"peer must be a host of this topology or an IPv4 address, got {peer!r}"
+            ) from None
 
-    def firewall(self, host: str, *, action: Action, direction: Direction, ports: Ports,
-                 proto: Proto = "tcp", peer: Optional[str] = None,
-                 new_only: Optional[bool] = None) -> str:
+    def firewall(
+        self,
+        host: str,
+        *,
+        action: Action,
+        direction: Direction,
+        ports: Ports,
+        proto: Proto = "tcp",
+        peer: Optional[str] = None,
+        new_only: Optional[bool] = None,
+    ) -> str:
         """Drop or reject packets at a host; return a handle for :meth:`remove_rule`.
 
         ``direction="in"`` matches packets arriving at the host whose destination port is in
@@ -592,8 +733,7 @@ class Topology:
             raise ValueError(f"proto must be 'tcp' or 'udp', got {proto!r}")
         parts: List[str] = []
         if peer is not None:
-            parts.append(f"ip {'saddr' if direction == 'in' else 'daddr'} "
-                         f"{self._peer_addr(peer)}")
+            parts.append(f"ip {'saddr' if direction == 'in' else 'daddr'} {self._peer_addr(peer)}")
         match, is_except = _port_match(proto, ports)
         parts.append(match)
         if is_except if new_only is None else new_only:
@@ -692,8 +832,14 @@ class Topology:
             links.append((self.switch_netns, self._ports[host]))
         return links
 
-    def bandwidth(self, host: str, rate: str, burst: Optional[str] = None,
-                  latency: str = "400ms", direction: LossDirection = "out") -> None:
+    def bandwidth(
+        self,
+        host: str,
+        rate: str,
+        burst: Optional[str] = None,
+        latency: str = "400ms",
+        direction: LossDirection = "out",
+    ) -> None:
         """Limit the host's link with a ``tbf`` qdisc (``tc qdisc replace``).
 
         ``out`` shapes what the host sends (its ``eth0``), ``in`` what it receives (the
@@ -708,8 +854,25 @@ class Topology:
             burst = "16kb" if self.link else "80kb"
         _check_tc_value("burst", burst)
         for netns, dev in self._shaped_links(host, direction):
-            _run(["tc", "-n", netns, "qdisc", "replace", "dev", dev, "root", "tbf",
-                  "rate", rate, "burst", burst, "latency", latency])
+            _run(
+                [
+                    "tc",
+                    "-n",
+                    netns,
+                    "qdisc",
+                    "replace",
+                    "dev",
+                    dev,
+                    "root",
+                    "tbf",
+                    "rate",
+                    rate,
+                    "burst",
+                    burst,
+                    "latency",
+                    latency,
+                ]
+            )
 
     def clear_bandwidth(self, host: str, direction: LossDirection = "both") -> None:
         """Remove a limit set by :meth:`bandwidth` (no error if there is none)."""
@@ -745,8 +908,10 @@ class Topology:
                 try:
                     addr = str(ipaddress.ip_address(target))
                 except ValueError:
-                    raise ValueError(f"{name!r} must map to an IP address or a host of this "
-                                     f"topology, got {target!r}") from None
+                    raise ValueError(
+                        f"{name!r} must map to an IP address or a host of this "
+                        f"topology, got {target!r}"
+                    ) from None
             lines.append(f"{addr}\t{name}")
         return self._etc_file(host, "hosts", "\n".join(lines) + "\n")
 
@@ -800,10 +965,14 @@ def sweep(prefix: str = PREFIX) -> List[str]:
         else:
             dead_files.append(path)
     removed: List[str] = []
+    failures: List[str] = []
     for netns in existing:
         if netns not in live:
-            _delete_netns(netns)
-            removed.append(netns)
+            try:
+                _delete_netns(netns)
+                removed.append(netns)
+            except (TopologyError, OSError) as exc:
+                failures.append(str(exc))
     for directory in etc_dirs:
         if directory.name not in live:
             shutil.rmtree(directory, ignore_errors=True)
@@ -812,6 +981,8 @@ def sweep(prefix: str = PREFIX) -> List[str]:
             path.unlink()
         except FileNotFoundError:
             pass
+    if failures:
+        raise TopologyError(f"sweep removed {removed} but failed on:\n" + "\n".join(failures))
     return removed
 
 
@@ -843,14 +1014,17 @@ def missing() -> List[str]:
     caps = capabilities()
     problems = []
     if not caps["root"]:
-        problems.append(f"not running as root (euid {os.geteuid()}): network namespaces need "
-                        "root")
+        problems.append(f"not running as root (euid {os.geteuid()}): network namespaces need root")
     if not caps["cap_net_admin"]:
-        problems.append("no CAP_NET_ADMIN in the effective capabilities: cannot configure "
-                        "interfaces or nftables (a container needs --cap-add NET_ADMIN)")
+        problems.append(
+            "no CAP_NET_ADMIN in the effective capabilities: cannot configure "
+            "interfaces or nftables (a container needs --cap-add NET_ADMIN)"
+        )
     if not caps["cap_sys_admin"]:
-        problems.append("no CAP_SYS_ADMIN in the effective capabilities: `ip netns add` cannot "
-                        "mount namespaces (a container needs --cap-add SYS_ADMIN)")
+        problems.append(
+            "no CAP_SYS_ADMIN in the effective capabilities: `ip netns add` cannot "
+            "mount namespaces (a container needs --cap-add SYS_ADMIN)"
+        )
     if caps["ip"] is None:
         problems.append("ip not found: apt-get install iproute2")
     if caps["nft"] is None:

@@ -15,7 +15,7 @@ import sys
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 import pytest
 
@@ -126,21 +126,31 @@ def _root_links() -> List[str]:
 
 
 def _root_ruleset() -> str:
-    return subprocess.run(["nft", "list", "ruleset"], capture_output=True, text=True,
-                          check=True).stdout
+    return subprocess.run(
+        ["nft", "list", "ruleset"], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def _in_ns(topo: Topology, host: str, argv: Sequence[str], timeout: float = 15.0) -> str:
-    proc = subprocess.run([*topo.exec_prefix(host), *argv], capture_output=True, text=True,
-                          timeout=timeout, check=True)
+    proc = subprocess.run(
+        [*topo.exec_prefix(host), *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    )
     return proc.stdout
 
 
 @contextmanager
 def _serve(topo: Topology, host: str, program: str, *args: object) -> Iterator[None]:
     """Run a server program inside a host until the block ends; it is always killed."""
-    proc = subprocess.Popen([*topo.exec_prefix(host), PY, "-c", program, *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*topo.exec_prefix(host), PY, "-c", program, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         with selectors.DefaultSelector() as sel:
@@ -157,14 +167,16 @@ def _serve(topo: Topology, host: str, program: str, *args: object) -> Iterator[N
         proc.wait(timeout=5)
 
 
-def _connect_all(topo: Topology, probes: Sequence[Tuple[str, str, int]],
-                 timeout: float = CONNECT_TIMEOUT_S) -> List[Tuple[str, float]]:
+def _connect_all(
+    topo: Topology, probes: Sequence[Tuple[str, str, int]], timeout: float = CONNECT_TIMEOUT_S
+) -> List[Tuple[str, float]]:
     """Run connects (source host, destination address, port) at once; (result, seconds) each."""
     started = []
     for src, addr, port in probes:
         argv = [*topo.exec_prefix(src), PY, "-c", CLIENT, addr, str(port), str(timeout)]
-        started.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         text=True))
+        started.append(
+            subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
     results = []
     for proc in started:
         try:
@@ -179,8 +191,9 @@ def _connect_all(topo: Topology, probes: Sequence[Tuple[str, str, int]],
     return results
 
 
-def _connect(topo: Topology, src: str, addr: str, port: int,
-             timeout: float = CONNECT_TIMEOUT_S) -> Tuple[str, float]:
+def _connect(
+    topo: Topology, src: str, addr: str, port: int, timeout: float = CONNECT_TIMEOUT_S
+) -> Tuple[str, float]:
     return _connect_all(topo, [(src, addr, port)], timeout)[0]
 
 
@@ -222,8 +235,9 @@ def test_two_hosts_reach_each_other_and_nothing_is_made_in_the_root_namespace() 
         links = _in_ns(topo, "a", ["ip", "-o", "link", "show"])
         assert " lo:" in links and "UP" in links and " eth0@" in links
         with _serve(topo, "a", SERVER, 29500), _serve(topo, "b", SERVER, 29500):
-            results = _connect_all(topo, [("a", b.addr, 29500), ("b", a.addr, 29500),
-                                          ("a", a.addr, 29500)], timeout=5)
+            results = _connect_all(
+                topo, [("a", b.addr, 29500), ("b", a.addr, 29500), ("a", a.addr, 29500)], timeout=5
+            )
             assert [r for r, _ in results] == ["ok", "ok", "ok"]
         assert _root_links() == links_before
         assert _root_ruleset() == rules_before
@@ -271,8 +285,18 @@ def test_failed_enter_rolls_back_what_it_made_and_spares_what_it_did_not() -> No
     assert _ours(run_id) == []
 
 
-@pytest.mark.parametrize("subnet", ["10.213.0.0/25", "fd00::/64", "not a net", "10.213.0.1/16",
-                                    "127.0.0.0/8"])
+def test_a_run_id_in_use_is_refused_without_harming_its_owner(topology) -> None:
+    first = topology(["a", "b"])
+    second = Topology(first.run_id, ["a", "b"])
+    with pytest.raises(TopologyError, match="in use"):
+        second.__enter__()
+    assert first.state_file.exists()
+    assert sorted(_ours(first.run_id)) == sorted(first.namespaces)
+
+
+@pytest.mark.parametrize(
+    "subnet", ["10.213.0.0/25", "fd00::/64", "not a net", "10.213.0.1/16", "127.0.0.0/8"]
+)
 def test_bad_subnet_is_refused_before_anything_is_made(subnet: str) -> None:
     run_id = _new_run_id()
     with pytest.raises(ValueError, match="subnet"):
@@ -280,9 +304,18 @@ def test_bad_subnet_is_refused_before_anything_is_made(subnet: str) -> None:
     assert _ours(run_id) == []
 
 
-@pytest.mark.parametrize("run_id, hosts", [("has-dash", ["a"]), ("", ["a"]), ("ok", []),
-                                           ("ok", ["a", "a"]), ("ok", ["a.b"]), ("ok", "ab"),
-                                           ("ok", ["x" * 17])])
+@pytest.mark.parametrize(
+    "run_id, hosts",
+    [
+        ("has-dash", ["a"]),
+        ("", ["a"]),
+        ("ok", []),
+        ("ok", ["a", "a"]),
+        ("ok", ["a.b"]),
+        ("ok", "ab"),
+        ("ok", ["x" * 17]),
+    ],
+)
 def test_bad_names_are_refused(run_id: str, hosts: List[str]) -> None:
     with pytest.raises(ValueError):
         Topology(run_id, hosts)
@@ -315,8 +348,9 @@ def test_firewall_outbound_only_hits_the_given_peer(topology) -> None:
     topo = topology(["a", "b", "c"])
     with _serve(topo, "b", SERVER, 29600), _serve(topo, "c", SERVER, 29600):
         handle = topo.firewall("a", action="drop", direction="out", ports="all", peer="b")
-        results = _connect_all(topo, [("a", topo.host("b").addr, 29600),
-                                      ("a", topo.host("c").addr, 29600)])
+        results = _connect_all(
+            topo, [("a", topo.host("b").addr, 29600), ("a", topo.host("c").addr, 29600)]
+        )
         assert [r for r, _ in results] == ["timeout", "ok"]
         topo.remove_rule("a", handle)
         topo.firewall("a", action="reject", direction="out", ports=29600)
@@ -324,17 +358,21 @@ def test_firewall_outbound_only_hits_the_given_peer(topology) -> None:
 
 
 def test_firewall_except_master_port_lets_the_store_through_and_blocks_new_mesh_links(
-        topology) -> None:
+    topology,
+) -> None:
     topo = topology(["a", "b"])
     a, b = topo.host("a"), topo.host("b")
     with _serve(topo, "a", SERVER, 29601), _serve(topo, "b", SERVER, 29500, 29601):
         handle = topo.firewall("b", action="drop", direction="in", ports={"except": [29500]})
         assert "ct state new" in topo.rules("b")
-        results = _connect_all(topo, [
-            ("a", b.addr, 29500),  # the store port still works
-            ("a", b.addr, 29601),  # a new connection to any other port of b is dropped
-            ("b", a.addr, 29601),  # b's own outgoing connections get their replies
-        ])
+        results = _connect_all(
+            topo,
+            [
+                ("a", b.addr, 29500),  # the store port still works
+                ("a", b.addr, 29601),  # a new connection to any other port of b is dropped
+                ("b", a.addr, 29601),  # b's own outgoing connections get their replies
+            ],
+        )
         assert [r for r, _ in results] == ["ok", "timeout", "ok"]
         topo.remove_rule("b", handle)
         assert _connect(topo, "a", b.addr, 29601)[0] == "ok"
@@ -342,10 +380,18 @@ def test_firewall_except_master_port_lets_the_store_through_and_blocks_new_mesh_
 
 def test_firewall_rejects_bad_arguments(topology) -> None:
     topo = topology(["a", "b"])
-    for kwargs in [dict(ports=[0]), dict(ports=(5, 1)), dict(ports={"only": [1]}),
-                   dict(ports="some"), dict(ports=[]), dict(ports=[1], peer="nohost"),
-                   dict(ports=[1], action="accept"), dict(ports=[1], direction="both")]:
-        args = {"action": "drop", "direction": "in", **kwargs}
+    bad: List[Dict[str, Any]] = [
+        dict(ports=[0]),
+        dict(ports=(5, 1)),
+        dict(ports={"only": [1]}),
+        dict(ports="some"),
+        dict(ports=[]),
+        dict(ports=[1], peer="nohost"),
+        dict(ports=[1], action="accept"),
+        dict(ports=[1], direction="both"),
+    ]
+    for kwargs in bad:
+        args: Dict[str, Any] = {"action": "drop", "direction": "in", **kwargs}
         with pytest.raises(ValueError):
             topo.firewall("b", **args)
     with pytest.raises(KeyError):
@@ -363,8 +409,10 @@ def test_firewall_rule_text_for_each_kind(topology) -> None:
     rules = topo.rules("a")
     # icmpx port-unreachable is the default of reject in an inet table: nft prints it bare
     assert "meta l4proto udp reject comment" in rules
-    assert f"ip daddr {topo.host('b').addr} tcp dport {{ 29400, 29500 }} reject with tcp reset" \
+    assert (
+        f"ip daddr {topo.host('b').addr} tcp dport {{ 29400, 29500 }} reject with tcp reset"
         in rules
+    )
     assert "tcp dport 1000-2000 ct state new drop" in rules
 
 
@@ -374,11 +422,21 @@ def test_firewall_rule_text_for_each_kind(topology) -> None:
 def test_partition_cuts_both_ways_and_heal_restores(topology) -> None:
     topo = topology(["a", "b", "c"])
     a, b, c = (topo.host(n) for n in "abc")
-    with _serve(topo, "a", SERVER, 29500), _serve(topo, "b", SERVER, 29500), \
-            _serve(topo, "c", SERVER, 29500):
+    with (
+        _serve(topo, "a", SERVER, 29500),
+        _serve(topo, "b", SERVER, 29500),
+        _serve(topo, "c", SERVER, 29500),
+    ):
         handle = topo.partition(["a"], ["b", "c"])
-        results = _connect_all(topo, [("a", b.addr, 29500), ("b", a.addr, 29500),
-                                      ("c", a.addr, 29500), ("b", c.addr, 29500)])
+        results = _connect_all(
+            topo,
+            [
+                ("a", b.addr, 29500),
+                ("b", a.addr, 29500),
+                ("c", a.addr, 29500),
+                ("b", c.addr, 29500),
+            ],
+        )
         assert [r for r, _ in results] == ["timeout", "timeout", "timeout", "ok"]
         topo.heal(handle)
         results = _connect_all(topo, [("a", b.addr, 29500), ("b", a.addr, 29500)], timeout=5)
@@ -422,8 +480,12 @@ def test_bandwidth_installs_tbf_on_the_link_and_slows_a_transfer(topology) -> No
     assert fast < 0.5 < slow, (fast, slow)
     topo.bandwidth("b", "2mbit", direction="in")
     assert topo.switch_netns is not None
-    switch_qdisc = subprocess.run(["tc", "-n", topo.switch_netns, "qdisc", "show", "dev", "p1"],
-                                  capture_output=True, text=True, check=True).stdout
+    switch_qdisc = subprocess.run(
+        ["tc", "-n", topo.switch_netns, "qdisc", "show", "dev", "p1"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "tbf" in switch_qdisc and "rate 2Mbit" in switch_qdisc
 
 
@@ -466,8 +528,14 @@ def test_sweep_removes_a_dead_runs_leftovers_and_spares_a_live_run(topology) -> 
     live = topology(["a", "b"])
     dead_id = _new_run_id()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    owner = subprocess.Popen([PY, "-c", OWNER, dead_id], stdout=subprocess.PIPE, text=True,
-                             env=env, cwd=REPO, start_new_session=True)
+    owner = subprocess.Popen(
+        [PY, "-c", OWNER, dead_id],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+        start_new_session=True,
+    )
     rank_pid = None
     try:
         assert owner.stdout is not None
@@ -487,8 +555,10 @@ def test_sweep_removes_a_dead_runs_leftovers_and_spares_a_live_run(topology) -> 
     assert _ours(dead_id) == []
     assert not (STATE_DIR / f"thx-{dead_id}.json").exists()
     assert not (NETNS_ETC_DIR / f"thx-{dead_id}-a").exists()
-    assert not Path(f"/proc/{rank_pid}").exists() or \
-        Path(f"/proc/{rank_pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    assert (
+        not Path(f"/proc/{rank_pid}").exists()
+        or Path(f"/proc/{rank_pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    )
     assert sorted(_ours(live.run_id)) == sorted(live.namespaces)
     assert not set(live.namespaces) & set(removed)
 
