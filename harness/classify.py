@@ -31,6 +31,12 @@ TIMEOUT_RULES: List[Tuple[str, str]] = [
     ("TimeoutError", r""),
 ]
 
+# checked first: a message that says the peer refused is an error even if gloo's wording also
+# says "timed out connecting" (gloo: "timed out connecting: SO_ERROR: Connection refused")
+NOT_TIMEOUT_RULES: List[Tuple[str, str]] = [
+    ("RuntimeError", r"connection refused"),
+]
+
 OUTCOME_SEVERITY = ["ok", "error", "timeout", "crash", "hang"]
 
 
@@ -54,7 +60,7 @@ class Verdict:
 
 
 def mro_names(mro: Sequence[str]) -> List[str]:
-    """Both short and qualified names: 'torch.distributed.DistStoreError' -> also 'DistStoreError'."""
+    """Short and qualified names: 'torch.distributed.DistStoreError' -> also 'DistStoreError'."""
     out = []
     for q in mro:
         out += [q, q.rsplit(".", 1)[-1]]
@@ -64,6 +70,10 @@ def mro_names(mro: Sequence[str]) -> List[str]:
 def is_timeout(mro: Sequence[str], message: str,
                rules: Sequence[Tuple[str, str]] = TIMEOUT_RULES) -> bool:
     names = set(mro_names(mro))
+    if rules is TIMEOUT_RULES:
+        for cls, pattern in NOT_TIMEOUT_RULES:
+            if cls in names and re.search(pattern, message, re.I):
+                return False
     for cls, pattern in rules:
         if cls in names and re.search(pattern, message, re.I):
             return True

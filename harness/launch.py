@@ -10,6 +10,7 @@ every rank has ended or the deadline passes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -77,6 +78,8 @@ class RunObservation:
     run_dir: str
     t0: float = 0.0                      # the start line, on the monotonic clock
     port_owners: List[Dict[str, Any]] = field(default_factory=list)  # who held MASTER_PORT
+    net_log: List[Dict[str, Any]] = field(default_factory=list)  # network changes and when
+    rules: Dict[str, str] = field(default_factory=dict)           # nft rules per host at the end
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -182,6 +185,14 @@ def port_owners(port: int) -> List[Dict[str, Any]]:
     return out
 
 
+def _netem(host: Any, delay_ms: float, jitter_ms: float) -> None:
+    argv = ["tc", "-n", host.netns, "qdisc", "replace", "dev", host.ifname, "root", "netem",
+            "delay", f"{delay_ms}ms"] + ([f"{jitter_ms}ms"] if jitter_ms else [])
+    p = subprocess.run(argv, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise HarnessError(f"latency: {' '.join(argv)} failed: {p.stderr.strip()}")
+
+
 def _sig(name: str) -> int:
     return int(getattr(signal, "SIG" + name))
 
@@ -213,8 +224,12 @@ def _rank_env(rp: RankPlan, ev_fd: int, st_fd: int) -> Dict[str, str]:
 class Supervisor:
     """Runs one RunPlan. Use ``run_scenario`` unless you build plans yourself."""
 
-    def __init__(self, plan: RunPlan, run_dir: RunDir):
+    def __init__(self, plan: RunPlan, run_dir: RunDir, topo: Any = None):
         self.plan = plan
+        self.topo = topo                 # harness.topology.Topology when the run has namespaces
+        self._net_done: Dict[int, float] = {}      # net action index -> when it was done
+        self._net_handles: Dict[int, Any] = {}
+        self._net_undone: set = set()
         self.rundir = run_dir
         self.dir = Path(plan.run_dir)
         self.ranks: List[_Rank] = []
@@ -240,10 +255,17 @@ class Supervisor:
             else:
                 raise HarnessError(f"unknown preparation {prep.kind!r}")
 
+    def _prefix(self, host: str) -> List[str]:
+        return self.topo.exec_prefix(host) if self.topo is not None else []
+
+    def _master_host(self) -> str:
+        return self.plan.ranks[0].host
+
     def _start_holders(self) -> None:
         for h in self.plan.holders:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.portholder", str(h.port), h.mode],
+                self._prefix(self._master_host())
+                + [sys.executable, "-m", "harness.portholder", str(h.port), h.mode],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                 env=_rank_env(self.plan.ranks[0], -1, -1))
             self.rundir.record_pid(proc.pid)
@@ -272,11 +294,16 @@ class Supervisor:
             kwargs.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.worker", json.dumps(spec)],
+                self._prefix(rp.host) + [sys.executable, "-m", "harness.worker", json.dumps(spec)],
                 stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=(ev_fd, st_fd),
                 start_new_session=True, env=_rank_env(rp, ev_fd, st_fd), cwd="/", **kwargs)
         self.rundir.record_pid(proc.pid)
-        return _Rank(rp, proc, ev_path, st_path, out_path, err_path)
+        rank = _Rank(rp, proc, ev_path, st_path, out_path, err_path)
+        if self.plan.hosts:
+            h = self.plan.host(rp.host) if any(x.name == rp.host for x in self.plan.hosts) \
+                else self.plan.hosts[0]
+            rank.obs.addr = h.addr
+        return rank
 
     def _wait_ready(self) -> None:
         limit = time.monotonic() + READY_TIMEOUT
@@ -320,6 +347,61 @@ class Supervisor:
                 proc.wait()
                 h["released_at"] = round(now, 3)
 
+    def _net_do(self, i: int, now: Optional[float]) -> None:
+        a = self.plan.net_actions[i]
+        if self.topo is None:
+            raise HarnessError(f"{a.why}: needs the run's network namespaces, and it has none")
+        t, args = self.topo, a.args
+        if a.op == "firewall":
+            h = t.firewall(args["host"], action=args["action"], direction=args["direction"],
+                           ports=args["ports"])
+        elif a.op == "partition":
+            h = t.partition(args["a"], args["b"])
+        elif a.op == "packet_loss":
+            h = t.packet_loss(args["host"], args["percent"], args["direction"])
+        elif a.op == "bandwidth":
+            t.bandwidth(args["host"], args["rate"], direction=args["direction"])
+            h = None
+        elif a.op == "latency":
+            h = _netem(t.host(args["host"]), args["delay_ms"], args["jitter_ms"])
+        elif a.op == "hosts_file":
+            h = t.set_hosts_file(args["host"], args["entries"])
+        elif a.op == "resolv_conf":
+            h = t.set_resolv_conf(args["host"], args["lines"])
+        else:
+            raise HarnessError(f"unknown network action {a.op!r}")
+        self._net_handles[i] = h
+        self._net_done[i] = now if now is not None else 0.0
+
+    def _net_undo(self, i: int) -> None:
+        a, h = self.plan.net_actions[i], self._net_handles.get(i)
+        if a.op in ("firewall", "packet_loss"):
+            self.topo.remove_rule(a.args["host"], h)
+        elif a.op == "partition":
+            self.topo.heal(h)
+        elif a.op == "bandwidth":
+            self.topo.clear_bandwidth(a.args["host"], a.args["direction"])
+        self._net_undone.add(i)
+
+    def _fire_net(self, now: float) -> None:
+        for i, a in enumerate(self.plan.net_actions):
+            if i not in self._net_done:
+                if a.at is None and a.at_phase is None:
+                    continue
+                r = self._rank(a.target)
+                due = now >= a.at if a.at is not None else self._due(
+                    ActionPlan(target=a.target, signal="", at_phase=a.at_phase, after=a.after),
+                    r, now)
+                if due:
+                    self._net_do(i, now)
+                    self.net_log.append({"op": a.op, "t": round(now, 3), "why": a.why,
+                                         "args": a.args})
+            elif a.undo_after is not None and i not in self._net_undone and \
+                    now >= self._net_done[i] + a.undo_after:
+                self._net_undo(i)
+                self.net_log.append({"op": a.op + " off", "t": round(now, 3), "why": a.why,
+                                     "args": a.args})
+
     def _rank(self, label: str) -> _Rank:
         for r in self.ranks:
             if r.plan.label == label:
@@ -354,6 +436,11 @@ class Supervisor:
             r.obs.stacks = r.st_path.read_text(errors="replace") if r.st_path.exists() else ""
 
     def run(self) -> RunObservation:
+        self.net_log: List[Dict[str, Any]] = []
+        for i, a in enumerate(self.plan.net_actions):   # set-up time network changes
+            if a.at is None and a.at_phase is None:
+                self._net_do(i, None)
+                self.net_log.append({"op": a.op, "t": 0.0, "why": a.why, "args": a.args})
         self._prepare()
         self._start_holders()
         owners = port_owners(self.plan.master_port)
@@ -377,6 +464,7 @@ class Supervisor:
                     r.obs.returncode = r.proc.returncode
                     r.obs.ended_at = round(time.monotonic() - self.t0, 3)
             self._fire_actions(now)
+            self._fire_net(now)
             if all(r.ended for r in self.ranks) or now >= deadline:
                 break
             time.sleep(POLL)
@@ -399,7 +487,15 @@ class Supervisor:
         return RunObservation(plan=self.plan.to_dict(), torch_version=torch_version,
                               ranks=[r.obs for r in self.ranks], holders=self.holders,
                               wall=round(wall, 3), run_dir=str(self.dir), t0=self.t0,
-                              port_owners=owners)
+                              port_owners=owners, net_log=self.net_log,
+                              rules={h.name: self._rules(h.name) for h in self.plan.hosts}
+                              if self.topo is not None else {})
+
+    def _rules(self, host: str) -> str:
+        try:
+            return str(self.topo.rules(host))
+        except Exception as e:  # evidence only: never fail the run for it
+            return f"(could not list: {e})"
 
     def close(self) -> None:
         """Kill everything this run started (also after an exception), close files."""
@@ -434,16 +530,28 @@ def run_scenario(scn: Scenario, keep: Optional[Path] = None) -> RunObservation:
 
     ``keep``: copy the run directory (events, stacks, stdout/stderr) there before removal.
     """
+    from . import topology
+
+    can_netns = not topology.missing()
     sweep()
+    if can_netns:
+        topology.sweep()
     rundir = RunDir()
     try:
         with PortLease(rundir.base) as lease:
-            plan = make_plan(scn, str(rundir.path), lease.take)
-            sup = Supervisor(plan, rundir)
-            try:
-                obs = sup.run()
-            finally:
-                sup.close()
+            plan = make_plan(scn, str(rundir.path), lease.take, netns=can_netns,
+                             run_id=rundir.id)
+            if plan.netns and not can_netns:
+                raise HarnessError("this scenario needs network namespaces: "
+                                   + "; ".join(topology.missing()))
+            topo = (topology.Topology(plan.run_id, [h.name for h in plan.hosts],
+                                      link=plan.link or None) if plan.netns else None)
+            with (topo if topo is not None else contextlib.nullcontext()):
+                sup = Supervisor(plan, rundir, topo)
+                try:
+                    obs = sup.run()
+                finally:
+                    sup.close()
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
             shutil.copytree(rundir.path, keep, dirs_exist_ok=True,

@@ -20,7 +20,7 @@ from .schema import Scenario
 class InitSpec:
     method: str                      # env | tcp | file
     url: Optional[str] = None        # tcp://addr:port or file:///path; None for env
-    rank: Optional[int] = None       # passed to init_process_group (tcp/file); None: torch reads env
+    rank: Optional[int] = None       # for init_process_group (tcp/file); None: torch reads env
     world_size: Optional[int] = None
 
 
@@ -67,6 +67,31 @@ class PrepPlan:
 
 
 @dataclass
+class HostPlan:
+    name: str
+    addr: str                        # the host's address on the run's private link
+    ifname: str                      # its link interface ("lo" for a host without a link)
+    netns: str = ""                  # its network namespace ("" when the run has none)
+
+
+@dataclass
+class NetActionPlan:
+    """A change to the network, done by the topology: at set-up (``at`` and ``at_phase`` both
+    None), at ``at`` s after the start line, or ``after`` s after rank ``target`` enters
+    ``at_phase``; undone ``undo_after`` s after it was done (e.g. a partition that heals)."""
+
+    op: str                          # firewall | partition | packet_loss | bandwidth | latency |
+    #                                  hosts_file | resolv_conf
+    args: Dict[str, Any]
+    at: Optional[float] = None
+    at_phase: Optional[str] = None
+    target: str = "0"
+    after: float = 0.0
+    undo_after: Optional[float] = None
+    why: str = ""
+
+
+@dataclass
 class RunPlan:
     scenario: str
     case: Optional[str]
@@ -84,6 +109,11 @@ class RunPlan:
     actions: List[ActionPlan] = field(default_factory=list)
     preps: List[PrepPlan] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)   # what each fault did, for humans
+    hosts: List[HostPlan] = field(default_factory=list)
+    netns: bool = False              # ranks run in network namespaces made for this run
+    link: bool = False               # hosts are joined by a bridge (multi-host, or a fault asks)
+    run_id: str = ""
+    net_actions: List[NetActionPlan] = field(default_factory=list)
     take_port: Optional[Callable[[], int]] = field(default=None, repr=False, compare=False)
 
     def rank(self, label: Any) -> RankPlan:
@@ -98,6 +128,12 @@ class RunPlan:
         if selected is None:
             return main
         return [r for r in main if int(r.label) in selected]
+
+    def host(self, name: str) -> HostPlan:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(f"no host {name!r} in the plan")
 
     def new_port(self) -> int:
         if self.take_port is None:
@@ -122,38 +158,70 @@ def init_spec(scn: Scenario, addr: str, port: int, rank: int, world: int, run_di
     return InitSpec("file", f"file://{file_store_path(run_dir)}", rank, world)
 
 
-def base_env(scn: Scenario, addr: str, port: int, rank: int, world: int) -> Dict[str, str]:
+def base_env(scn: Scenario, addr: str, port: int, rank: int, world: int,
+             local_rank: Optional[int] = None, local_world: Optional[int] = None
+             ) -> Dict[str, str]:
     env = {
         "MASTER_ADDR": addr,
         "MASTER_PORT": str(port),
         "RANK": str(rank),
         "WORLD_SIZE": str(world),
-        "LOCAL_RANK": str(rank),
-        "LOCAL_WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(rank if local_rank is None else local_rank),
+        "LOCAL_WORLD_SIZE": str(world if local_world is None else local_world),
     }
     env.update(scn.env)
     return env
 
 
-def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int]) -> RunPlan:
-    """Build the RunPlan for one scenario case. ``take_port`` hands out ports reserved for this
-    run (the supervisor's port lease; tests pass a counter)."""
+def plan_hosts(scn: Scenario, run_id: str, netns: bool, link: bool) -> List[HostPlan]:
+    """Hosts with the addresses the topology will give them (its constructor is pure)."""
+    names = scn.host_names()
+    if not netns:
+        return [HostPlan(n, "127.0.0.1", "lo") for n in names]
+    from .topology import Topology
+
+    topo = Topology(run_id, names, link=link or None)
+    return [HostPlan(h.name, h.addr, h.ifname, h.netns) for h in topo.hosts.values()]
+
+
+def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
+              netns: bool = False, run_id: Optional[str] = None) -> RunPlan:
+    """Build the RunPlan for one scenario case (pure). ``take_port`` hands out ports reserved
+    for this run (the supervisor's port lease; tests pass a counter). ``netns``: the harness can
+    make network namespaces (a multi-host scenario or a network fault needs them; a single-host
+    one uses them when ``isolate`` allows)."""
     from .faults import resolve
 
+    faults = resolve(scn)
+    run_id = run_id or Path(run_dir).name.replace("run-", "").replace("-", "_")
+    multi = scn.hosts is not None and len(scn.hosts) > 1
+    needs_ns = multi or any(f.needs_netns for f in faults) or scn.isolate == "always"
+    use_ns = needs_ns or (netns and scn.isolate == "auto")
+    link = multi or any(f.needs_link for f in faults)
+    hosts = plan_hosts(scn, run_id, use_ns, link)
+    master = next(h for h in hosts if h.name == (scn.master_host or hosts[0].name))
+    addr = master.addr if link else scn.master_addr
     port = take_port()
     ranks = []
-    for r in range(scn.world_size):
-        ranks.append(RankPlan(
-            label=str(r), rank=r,
-            env=base_env(scn, scn.master_addr, port, r, scn.world_size),
-            init=init_spec(scn, scn.master_addr, port, r, scn.world_size, run_dir),
-        ))
+    counts = [h.ranks for h in scn.hosts] if scn.hosts else [scn.world_size]
+    r = 0
+    for host, count in zip(hosts, counts):
+        for local in range(count):
+            env = base_env(scn, addr, port, r, scn.world_size, local, count)
+            if link:   # as a careful user would: gloo/NCCL use the host's link
+                for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+                    env.setdefault(var, host.ifname)
+            ranks.append(RankPlan(
+                label=str(r), rank=r, env=env, host=host.name,
+                init=init_spec(scn, addr, port, r, scn.world_size, run_dir)))
+            r += 1
     plan = RunPlan(
         scenario=scn.name, case=scn.case, backend=scn.backend, world_size=scn.world_size,
         timeout=scn.timeout, deadline=scn.deadline, steps=list(scn.workload.steps),
-        destroy=scn.workload.destroy, master_addr=scn.master_addr, master_port=port,
-        run_dir=run_dir, ranks=ranks, take_port=take_port,
+        destroy=scn.workload.destroy, master_addr=addr, master_port=port,
+        run_dir=run_dir, ranks=ranks, take_port=take_port, hosts=hosts, netns=use_ns,
+        link=link, run_id=run_id,
     )
-    for fault in resolve(scn):
+    for fault in faults:
         fault.apply(plan, scn)
     return plan

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 from typing import Any, Dict, Optional
@@ -23,6 +24,23 @@ def skip_reason(scn: Scenario, env: Dict[str, Any]) -> Optional[str]:
         if env.get("gpus", 0) < scn.world_size:
             return (f"backend nccl: needs {scn.world_size} CUDA GPUs (one per rank), "
                     f"this machine has {env.get('gpus', 0)}")
+    from .faults import resolve
+
+    faults = resolve(scn)
+    multi = scn.hosts is not None and len(scn.hosts) > 1
+    needs = [f.kind for f in faults if f.needs_netns]
+    if multi or needs or scn.isolate == "always":
+        from .topology import missing
+
+        gaps = missing()
+        if gaps:
+            what = "several hosts" if multi else (f"the fault {needs[0]}" if needs
+                                                 else "isolate: always")
+            return f"{what} needs network namespaces, and: " + "; ".join(gaps)
+    if any(f.kind == "latency" for f in faults):
+        why = netem_missing()
+        if why:
+            return why
     for f in scn.faults:
         if f.kind == "file_init" and getattr(f, "mode", None) == "unwritable_dir" \
                 and os.geteuid() == 0:
@@ -32,3 +50,25 @@ def skip_reason(scn: Scenario, env: Dict[str, Any]) -> Optional[str]:
                 return "file_init unwritable_dir: running as root, the ranks must run as " \
                        "user 'nobody' (root writes anywhere), and there is no such user"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def netem_missing() -> Optional[str]:
+    """Whether tc's netem qdisc works here (tried in a scratch namespace); None if it does."""
+    import subprocess
+    import uuid
+
+    ns = f"thx-netem{uuid.uuid4().hex[:6]}"
+    try:
+        subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True)
+        p = subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem",
+                            "delay", "1ms"], capture_output=True, text=True)
+        if p.returncode != 0:
+            return ("latency: not supported on this kernel: the netem qdisc is missing "
+                    f"(tc said: {p.stderr.strip()[:120]}); the harness has no user-space "
+                    "delay proxy yet")
+        return None
+    except (OSError, subprocess.CalledProcessError) as e:
+        return f"latency: could not try netem: {e}"
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)

@@ -8,10 +8,11 @@ plugin models (``harness.faults``); here they are carried as ``FaultSpec`` and r
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Literal, Optional, Tuple
+from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Union
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, field_validator,
+                      model_validator)
 
 OUTCOMES = ("ok", "error", "timeout", "hang", "crash")
 Outcome = Literal["ok", "error", "timeout", "hang", "crash"]
@@ -45,7 +46,9 @@ class RankExpect(Strict):
         None, description="phase the rank ended in: start, import, init, workload step N, destroy, "
         "exit")
 
-    _outcome = field_validator("outcome", mode="before")(_as_outcome_set)
+    # json_schema_input_type: the exported JSON Schema must accept the shorthands too
+    _outcome = field_validator("outcome", mode="before", json_schema_input_type=Optional[
+        Union[Outcome, List[Outcome]]])(_as_outcome_set)
 
     @field_validator("message")
     @classmethod
@@ -78,7 +81,8 @@ class Expect(Strict):
         description="per rank (key: rank number, a label such as 'job2:0', or '*' for every rank "
         "not listed); a value may be an outcome or a list of outcomes as shorthand")
 
-    _job = field_validator("job", mode="before")(_as_outcome_set)
+    _job = field_validator("job", mode="before", json_schema_input_type=Optional[
+        Union[Outcome, List[Outcome]]])(_as_outcome_set)
 
     @field_validator("torch")
     @classmethod
@@ -90,7 +94,8 @@ class Expect(Strict):
                 raise ValueError(f"not a version range: {v!r} (write e.g. '>=2.4,<2.6')") from None
         return v
 
-    @field_validator("ranks", mode="before")
+    @field_validator("ranks", mode="before", json_schema_input_type=Dict[
+        str, Union[RankExpect, Outcome, List[Outcome]]])
     @classmethod
     def _shorthand(cls, v: Any) -> Any:
         if isinstance(v, dict):
@@ -111,8 +116,29 @@ def base_version(v: str) -> str:
     return v.split("+", 1)[0]
 
 
+def _step(s: str) -> str:
+    if not STEP_RE.match(s):
+        raise ValueError(f"unknown step {s!r}: use barrier, all_reduce, broadcast or "
+                         "'sleep SECONDS'")
+    return s
+
+
+def _workload_shorthand(v: Any) -> Any:
+    if isinstance(v, str):
+        return {"steps": [] if v == "init" else [v]}
+    if isinstance(v, list):
+        return {"steps": v}
+    return v
+
+
+def _marker(m: str) -> str:
+    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", m):
+        raise ValueError(f"{m!r} is not a valid pytest marker name")
+    return m
+
+
 class Workload(Strict):
-    steps: List[str] = Field(
+    steps: List[Annotated[str, AfterValidator(_step)]] = Field(
         default_factory=lambda: ["all_reduce"],
         description="after init: barrier | all_reduce (sum checked) | broadcast (value checked) | "
         "'sleep S'; [] means init only")
@@ -121,20 +147,7 @@ class Workload(Strict):
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            return {"steps": [] if v == "init" else [v]}
-        if isinstance(v, list):
-            return {"steps": v}
-        return v
-
-    @field_validator("steps")
-    @classmethod
-    def _steps(cls, v: List[str]) -> List[str]:
-        for s in v:
-            if not STEP_RE.match(s):
-                raise ValueError(f"unknown step {s!r}: use barrier, all_reduce, broadcast or "
-                                 "'sleep SECONDS'")
-        return v
+        return _workload_shorthand(v)
 
 
 class FaultSpec(BaseModel):
@@ -142,6 +155,11 @@ class FaultSpec(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     kind: str
+
+
+class Host(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,16}$", description="host name (a namespace)")
+    ranks: int = Field(1, ge=1, le=64, description="ranks on this host")
 
 
 class Scenario(Strict):
@@ -157,17 +175,60 @@ class Scenario(Strict):
     deadline: float = Field(
         60.0, gt=0, description="the harness's wall-clock bound for the run from the start line, s;"
         " ranks alive then are 'hang'")
-    master_addr: str = Field("127.0.0.1", description="MASTER_ADDR given to every rank")
+    master_addr: str = Field("127.0.0.1", description="MASTER_ADDR given to every rank (single "
+                             "host); with hosts, the master host's address is used")
+    hosts: Optional[List[Host]] = Field(
+        None, description="several hosts, each a network namespace linked by a bridge; ranks are "
+        "numbered host by host in this order")
+    nodes: Optional[int] = Field(None, ge=1, le=16, description="shorthand for hosts: node0..")
+    ranks_per_node: Optional[int] = Field(None, ge=1, le=64, description="with nodes")
+    master_host: Optional[str] = Field(None, description="host of rank 0's store; default: the "
+                                       "first host")
+    isolate: Literal["auto", "always", "never"] = Field(
+        "auto", description="run a single-host scenario in a private network namespace (private "
+        "ports, a firewall on lo touches nothing else): auto = when the harness can")
     env: Dict[str, str] = Field(default_factory=dict, description="extra env for every rank")
     workload: Workload = Field(default_factory=Workload)
     faults: List[FaultSpec] = Field(default_factory=list)
     expect: List[Expect] = Field(
         default_factory=lambda: [Expect()], description="one block, or a list of torch-scoped "
         "blocks (the first whose 'torch' range holds is used)")
-    marks: List[str] = Field(default_factory=list, description="pytest markers for -m")
+    marks: List[Annotated[str, AfterValidator(_marker)]] = Field(
+        default_factory=list, description="pytest markers for -m")
     case: Optional[str] = Field(None, description="set by the loader: the case id")
 
-    @field_validator("env", mode="before")
+    @field_validator("workload", mode="before", json_schema_input_type=Union[
+        Workload, List[str], str])
+    @classmethod
+    def _workload(cls, v: Any) -> Any:
+        return _workload_shorthand(v)
+
+    @model_validator(mode="after")
+    def _hosts(self) -> "Scenario":
+        if self.nodes is not None or self.ranks_per_node is not None:
+            if self.hosts is not None:
+                raise ValueError("give either hosts or nodes x ranks_per_node, not both")
+            n, per = self.nodes or 1, self.ranks_per_node or 1
+            self.hosts = [Host(name=f"node{i}", ranks=per) for i in range(n)]
+        if self.hosts is not None:
+            names = [h.name for h in self.hosts]
+            if len(set(names)) != len(names):
+                raise ValueError(f"host names must be unique: {names}")
+            total = sum(h.ranks for h in self.hosts)
+            if "world_size" in self.model_fields_set and self.world_size != total:
+                raise ValueError(f"world_size {self.world_size} but the hosts hold {total} ranks")
+            self.world_size = total
+            if self.master_host is not None and self.master_host not in names:
+                raise ValueError(f"master_host {self.master_host!r} is not one of {names}")
+        elif self.master_host is not None:
+            raise ValueError("master_host needs hosts (or nodes)")
+        return self
+
+    def host_names(self) -> List[str]:
+        return [h.name for h in self.hosts] if self.hosts else ["local"]
+
+    @field_validator("env", mode="before", json_schema_input_type=Dict[
+        str, Union[str, int, float]])
     @classmethod
     def _env_str(cls, v: Any) -> Any:
         if isinstance(v, dict):
@@ -175,18 +236,10 @@ class Scenario(Strict):
                     for k, x in v.items()}
         return v
 
-    @field_validator("expect", mode="before")
+    @field_validator("expect", mode="before", json_schema_input_type=Union[Expect, List[Expect]])
     @classmethod
     def _one_block(cls, v: Any) -> Any:
         return [v] if isinstance(v, dict) else v
-
-    @field_validator("marks")
-    @classmethod
-    def _marks(cls, v: List[str]) -> List[str]:
-        for m in v:
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", m):
-                raise ValueError(f"{m!r} is not a valid pytest marker name")
-        return v
 
     @property
     def test_id(self) -> str:

@@ -27,8 +27,10 @@ class Fault(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: str
     summary: ClassVar[str] = ""
+    needs_netns: ClassVar[bool] = False   # network faults: the run must have namespaces
+    needs_link: ClassVar[bool] = False    # ... and hosts joined by a real link (not only lo)
 
-    def check(self, scn: "Scenario") -> List[Problem]:
+    def check(self, scn: Scenario) -> List[Problem]:
         """Problems the schema cannot see (ranks outside the world, wrong init method...)."""
         problems: List[Problem] = []
         for name in ("ranks", "rank"):
@@ -42,10 +44,10 @@ class Fault(BaseModel):
                                           f"{scn.world_size}: ranks 0..{scn.world_size - 1})"))
         return problems
 
-    def apply(self, plan: "RunPlan", scn: "Scenario") -> None:
+    def apply(self, plan: RunPlan, scn: Scenario) -> None:
         raise NotImplementedError
 
-    def extra_labels(self, scn: "Scenario") -> List[str]:
+    def extra_labels(self, scn: Scenario) -> List[str]:
         """Labels of ranks this fault adds (beyond the scenario's own 0..world_size-1)."""
         return []
 
@@ -58,7 +60,10 @@ FAULTS: Dict[str, Type[Fault]] = {}
 
 BUILTIN = ["wrong_port", "wrong_addr", "rank_collision", "rank_out_of_range",
            "world_size_mismatch", "missing_env", "malformed_env", "delayed_rank", "busy_port",
-           "signal_rank", "file_init", "concurrent_job"]
+           "signal_rank", "file_init", "concurrent_job",
+           # network faults: need the run's network namespaces (root, ip, nft, tc)
+           "firewall", "partition", "unreachable_master", "unresolvable_host", "wrong_interface",
+           "bandwidth", "packet_loss", "latency"]
 
 
 def register(cls: Type[Fault]) -> Type[Fault]:
@@ -83,7 +88,7 @@ def _load() -> None:
         pass
 
 
-def resolve(scn: "Scenario") -> List[Fault]:
+def resolve(scn: Scenario) -> List[Fault]:
     """The scenario's faults as validated plugin objects (the loader has already checked them)."""
     return [FAULTS[f.kind].model_validate(f.model_dump()) for f in scn.faults]
 

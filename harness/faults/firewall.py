@@ -1,0 +1,46 @@
+"""firewall: nftables drop or reject on a host, for the master port, data ports, a range or all."""
+
+from typing import List, Literal, Optional, Union
+
+from pydantic import Field
+
+from . import register
+from ._net import NetFault
+
+PortSel = Union[Literal["master", "data", "all"], List[int]]
+
+
+@register
+class Firewall(NetFault):
+    kind: Literal["firewall"] = "firewall"
+    summary = "nftables drop/reject on a host (inbound or outbound; master port, data ports...)"
+    host: Optional[str] = Field(None, description="the host whose firewall it is (default: the "
+                                "master host)")
+    action: Literal["drop", "reject"] = "drop"
+    direction: Literal["in", "out"] = "in"
+    ports: PortSel = Field("master", description="master (MASTER_PORT), data (every new "
+                           "connection but to MASTER_PORT: gloo's mesh), all, or a list of ports")
+    port_range: Optional[List[int]] = Field(None, min_length=2, max_length=2,
+                                            description="[low, high] instead of ports")
+
+    def check(self, scn):
+        return self.check_hosts(scn, [self.host] if self.host else [], "host")
+
+    def apply(self, plan, scn):
+        host = self.host or scn.master_host or plan.hosts[0].name
+        if self.port_range:
+            ports = tuple(self.port_range)
+            shown = f"ports {self.port_range[0]}-{self.port_range[1]}"
+        elif self.ports == "master":
+            ports, shown = [plan.master_port], f"master port {plan.master_port}"
+        elif self.ports == "data":
+            ports, shown = {"except": [plan.master_port]}, "new connections to every port " \
+                f"but {plan.master_port}"
+        elif self.ports == "all":
+            ports, shown = "all", "all ports"
+        else:
+            ports, shown = list(self.ports), f"ports {self.ports}"
+        plan.net_actions.append(self.net_action("firewall", host=host, action=self.action,
+                                            direction=self.direction, ports=ports))
+        plan.notes.append(f"firewall: {self.action} {self.direction}bound {shown} on host "
+                          f"{host}, {self.when()}")

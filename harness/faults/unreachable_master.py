@@ -1,0 +1,28 @@
+"""unreachable_master: MASTER_ADDR is an address on the run's own link where no host answers."""
+
+import ipaddress
+from typing import List, Literal, Optional
+
+from pydantic import Field
+
+from . import Fault, register
+
+
+@register
+class UnreachableMaster(Fault):
+    kind: Literal["unreachable_master"] = "unreachable_master"
+    summary = "MASTER_ADDR points at an address where no host answers"
+    needs_netns = True
+    needs_link = True
+    ranks: Optional[List[int]] = Field(None, description="default: every rank")
+    host_number: int = Field(250, ge=100, le=254, description="the last octet of the silent "
+                             "address in the run's private /24")
+
+    def apply(self, plan, scn):
+        net = ipaddress.ip_interface(f"{plan.hosts[0].addr}/24").network
+        addr = str(net.network_address + self.host_number)
+        for r in plan.main_ranks(self.ranks):
+            r.env["MASTER_ADDR"] = addr
+            if r.init.method == "tcp":
+                r.init.url = f"tcp://{addr}:{r.env['MASTER_PORT']}"
+        plan.notes.append(f"unreachable_master: MASTER_ADDR={addr}, where no host is")
