@@ -76,6 +76,7 @@ def failure_table(verdicts: Sequence[Verdict], exp: Optional[Expect],
 
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     bad = {m.label for m in mismatches}
     t = Table(show_lines=True, expand=False)
@@ -101,8 +102,9 @@ def failure_table(verdicts: Sequence[Verdict], exp: Optional[Expect],
         mark = "✗ " if v.label in bad else ""
         dur = "?" if v.duration is None else f"{v.duration:.1f} s"
         host = v.host + (f" {v.addr}" if v.addr else "")
-        t.add_row(mark + v.label, "\n".join(want) or "-", v.outcome, dur, v.phase, host,
-                  _shorten(exc, 600))
+        cells = [mark + v.label, "\n".join(want) or "-", v.outcome, dur, v.phase, host,
+                 _shorten(exc, 600)]
+        t.add_row(*(Text(c) for c in cells))   # Text: gloo's "[file.cc:78]" is not markup
     buf = StringIO()
     Console(file=buf, width=width, no_color=True, highlight=False).print(t)
     lines = [f"  {m.label}: {m.field}: expected {m.expected}, observed {_shorten(m.observed, 200)}"

@@ -96,6 +96,7 @@ class _Rank:
         self._partial = b""
         self.released = False
         self.ended = False
+        self.cutoff: Optional[int] = None    # events after the deadline are not the run's
 
     def read_events(self) -> List[Dict[str, Any]]:
         new: List[Dict[str, Any]] = []
@@ -147,10 +148,18 @@ def _tail(path: Path) -> str:
         return ""
 
 
+def _py_spy() -> Optional[str]:
+    return shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+
+
+def native_stacks_available() -> bool:
+    return _py_spy() is not None
+
+
 def native_stacks(pid: int) -> str:
     """``py-spy dump --native``: the C++ frames (TCPStore::ping -> recv ...) of a stuck rank.
     Empty when py-spy is not installed; its error when not permitted (needs CAP_SYS_PTRACE)."""
-    exe = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    exe = _py_spy()
     if not exe:
         return ""
     try:
@@ -158,8 +167,9 @@ def native_stacks(pid: int) -> str:
                            text=True, timeout=20)
     except (subprocess.TimeoutExpired, OSError) as e:
         return f"py-spy failed: {e}"
-    if p.returncode == 0:
-        return p.stdout
+    if p.returncode == 0:   # pybind11's template frames run to thousands of characters
+        return "\n".join(ln if len(ln) <= 200 else ln[:150] + " ... " + ln[ln.rfind("("):]
+                         for ln in p.stdout.splitlines()) + "\n"
     return f"py-spy failed (rc {p.returncode}): {p.stderr[-500:]}"
 
 
@@ -167,7 +177,7 @@ def port_owners(port: int) -> List[Dict[str, Any]]:
     """Processes with a socket on ``port`` (psutil), e.g. the holder of a busy port."""
     import psutil
 
-    out = []
+    out: List[Dict[str, Any]] = []
     try:
         conns = psutil.net_connections(kind="inet")
     except (psutil.Error, OSError):
@@ -363,7 +373,8 @@ class Supervisor:
             t.bandwidth(args["host"], args["rate"], direction=args["direction"])
             h = None
         elif a.op == "latency":
-            h = _netem(t.host(args["host"]), args["delay_ms"], args["jitter_ms"])
+            _netem(t.host(args["host"]), args["delay_ms"], args["jitter_ms"])
+            h = None
         elif a.op == "hosts_file":
             h = t.set_hosts_file(args["host"], args["entries"])
         elif a.op == "resolv_conf":
@@ -410,9 +421,21 @@ class Supervisor:
 
     def _capture_stacks(self, live: List[_Rank]) -> None:
         """py-spy's native stacks where permitted, then the faulthandler dump of every live rank
-        (SIGUSR1; SIGCONT too, so that a stopped rank can write it)."""
+        (SIGUSR1; SIGCONT too, so that a stopped rank can write it). What a resumed rank does
+        after the deadline is not part of the run: its events are cut at the deadline."""
+        import psutil
+
         for r in live:
-            r.obs.native_stacks = native_stacks(r.proc.pid)
+            r.read_events()
+            r.cutoff = len(r.obs.events)
+            try:
+                stopped = psutil.Process(r.proc.pid).status() == psutil.STATUS_STOPPED
+            except psutil.Error:
+                stopped = False
+            r.obs.native_stacks = (
+                "(no native stacks: the rank is stopped (SIGSTOP) and py-spy cannot attach to a "
+                "stopped process)" if stopped and native_stacks_available()
+                else native_stacks(r.proc.pid))
         for r in live:
             try:
                 os.kill(r.proc.pid, signal.SIGUSR1)
@@ -443,13 +466,13 @@ class Supervisor:
                 self.net_log.append({"op": a.op, "t": 0.0, "why": a.why, "args": a.args})
         self._prepare()
         self._start_holders()
-        owners = port_owners(self.plan.master_port)
+        owners = self._port_owners()
         for rp in self.plan.ranks:
             self.ranks.append(self._spawn(rp))
         self._wait_ready()
         self.t0 = time.monotonic()
-        torch_version = next((e.get("torch") for r in self.ranks for e in r.obs.events
-                              if e.get("ev") == "ready"), "unknown")
+        torch_version = str(next((e.get("torch") for r in self.ranks for e in r.obs.events
+                                  if e.get("ev") == "ready"), "unknown"))
         deadline = self.plan.deadline
         while True:
             now = time.monotonic() - self.t0
@@ -477,6 +500,8 @@ class Supervisor:
         for r in self.ranks:
             r.proc.wait()
             r.read_events()
+            if r.cutoff is not None:
+                del r.obs.events[r.cutoff:]
             if r.obs.returncode is None:
                 r.obs.returncode = r.proc.returncode
                 r.obs.ended_at = round(time.monotonic() - self.t0, 3)
@@ -490,6 +515,21 @@ class Supervisor:
                               port_owners=owners, net_log=self.net_log,
                               rules={h.name: self._rules(h.name) for h in self.plan.hosts}
                               if self.topo is not None else {})
+
+    def _port_owners(self) -> List[Dict[str, Any]]:
+        """Who holds MASTER_PORT, seen from the master host (inside its namespace if any:
+        psutil only sees the network namespace it runs in)."""
+        if self.topo is None:
+            return port_owners(self.plan.master_port)
+        code = ("import json,sys; from harness.launch import port_owners; "
+                f"print(json.dumps(port_owners({self.plan.master_port})))")
+        try:
+            p = subprocess.run(self._prefix(self._master_host()) + [sys.executable, "-c", code],
+                               capture_output=True, text=True, timeout=60,
+                               env=_rank_env(self.plan.ranks[0], -1, -1))
+            return list(json.loads(p.stdout.strip().splitlines()[-1]))
+        except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
+            return []
 
     def _rules(self, host: str) -> str:
         try:

@@ -34,7 +34,8 @@ class Problem:
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
-        return f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+        return f"{where}: {self.field}: {self.message}" if self.field \
+            else f"{where}: {self.message}"
 
 
 class ScenarioFileError(Exception):
@@ -61,6 +62,68 @@ def _lines(node: yaml.Node, path: Path_, out: Dict[Path_, int]) -> None:
         for i, item in enumerate(node.value):
             out.setdefault(path + (str(i),), item.start_mark.line + 1)
             _lines(item, path + (str(i),), out)
+
+
+def _key_problems(file: str, node: yaml.Node, path: Tuple[Any, ...] = ()) -> List[Problem]:
+    """Keys given twice in one mapping (PyYAML silently keeps the last, which would hide the
+    first: two ``expect:`` blocks, two case ids), and keys YAML reads as booleans or null
+    (``yes:``, ``on:``, ``~:``), which no field of a scenario can be."""
+    out: List[Problem] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: Dict[str, int] = {}
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode):
+                key, line = str(k.value), k.start_mark.line + 1
+                if k.tag in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:null"):
+                    out.append(Problem(file, line, _field(path + (key,)),
+                                       f"YAML reads the key {key!r} as "
+                                       f"{'a boolean' if k.tag.endswith('bool') else 'null'}, "
+                                       f"not as text: quote it ('{key}') if you mean the name"))
+                if key in seen:
+                    out.append(Problem(file, line, _field(path + (key,)),
+                                       f"duplicate key {key!r} (first at line {seen[key]}); "
+                                       "YAML would silently keep only the last one"))
+                else:
+                    seen[key] = line
+            out += _key_problems(file, v, path + (str(k.value),))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            out += _key_problems(file, item, path + (i,))
+    return out
+
+
+def _child(value: Any, key: Any) -> Tuple[bool, Any]:
+    """The YAML value under ``key`` (mapping keys compared as text: YAML ``0`` and ``"0"``)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if str(k) == str(key):
+                return True, v
+    elif isinstance(value, list) and isinstance(key, int) and 0 <= key < len(value):
+        return True, value[key]
+    return False, None
+
+
+def _yaml_loc(data: Any, loc: Sequence[Any]) -> Tuple[Any, ...]:
+    """A model error location -> the path as written in the YAML, shorthands undone: ``expect``
+    written as one block has no ``[0]``, ``workload: [...]`` and ``workload: init`` have no
+    ``steps``, and a rank written as ``1: timeout`` has no ``outcome``."""
+    out: List[Any] = []
+    node = data
+    for key in loc:
+        found, child = _child(node, key)
+        if found:
+            out.append(key)
+            node = child
+        elif (key == 0 and isinstance(node, dict) and out == ["expect"]) or \
+                (key == "steps" and isinstance(node, (list, str)) and out == ["workload"]) or \
+                (key == "outcome" and isinstance(node, (list, str))):
+            continue      # a level of the model that the shorthand leaves out
+        elif isinstance(node, str) and isinstance(key, int):
+            break         # workload: barrier -> steps[0]
+        else:
+            out.append(key)
+            node = None
+    return tuple(out)
 
 
 def _line_of(lines: Dict[Path_, int], loc: Sequence[Any]) -> Optional[int]:
@@ -114,11 +177,11 @@ def _drop_replaced(lines: Dict[Path_, int], over: Dict[str, Any], prefix: Path_ 
                 del lines[q]
 
 
-def _pydantic_problems(file: str, lines: Dict[Path_, int], e: ValidationError,
+def _pydantic_problems(file: str, lines: Dict[Path_, int], e: ValidationError, data: Any,
                        prefix: Tuple[Any, ...] = ()) -> List[Problem]:
     out = []
     for err in e.errors():
-        loc = prefix + tuple(err["loc"])
+        loc = _yaml_loc(data, prefix + tuple(err["loc"]))
         out.append(Problem(file, _line_of(lines, loc), _field(loc), _message(err)))
     return out
 
@@ -133,7 +196,7 @@ def validate_case(data: Dict[str, Any], file: str, lines: Dict[Path_, int]) -> S
     try:
         scn = Scenario.model_validate(data)
     except ValidationError as e:
-        problems = _pydantic_problems(file, lines, e)
+        problems = _pydantic_problems(file, lines, e, data)
         for p in problems:
             if p.message == "unknown field" and "." not in p.field and "[" not in p.field:
                 p.message += f" (known: {_known_fields(Scenario)}, cases)"
@@ -151,7 +214,7 @@ def validate_case(data: Dict[str, Any], file: str, lines: Dict[Path_, int]) -> S
         try:
             fault = cls.model_validate(spec.model_dump())
         except ValidationError as e:
-            ps = _pydantic_problems(file, lines, e, loc)
+            ps = _pydantic_problems(file, lines, e, data, loc)
             for p in ps:
                 if p.message == "unknown field":
                     p.message += f" of {spec.kind} (known: {_known_fields(cls)})"
@@ -172,8 +235,7 @@ def validate_case(data: Dict[str, Any], file: str, lines: Dict[Path_, int]) -> S
     for j, block in enumerate(scn.expect):
         for key in block.ranks:
             if key not in labels:
-                loc = ("expect", j, "ranks", key) if isinstance(data.get("expect"), list) \
-                    else ("expect", "ranks", key)
+                loc = _yaml_loc(data, ("expect", j, "ranks", key))
                 problems.append(Problem(file, _line_of(lines, loc), _field(loc),
                                         f"rank {key} is outside the world (world_size "
                                         f"{scn.world_size}: ranks 0..{scn.world_size - 1})"))
@@ -196,19 +258,37 @@ def load_text(text: str, file: str = "<string>") -> List[Scenario]:
             loader.dispose()
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
+        context = e.context or ""
+        if e.context_mark is not None and e.problem_mark is not None \
+                and e.context_mark.line != e.problem_mark.line:
+            if not text[e.problem_mark.index:].strip():
+                # an unclosed bracket or quote: the line where it was opened, not the file's end
+                mark = e.context_mark
+                context += " (started here, never closed):"
+            else:
+                context += f" (from line {e.context_mark.line + 1})"
         line = mark.line + 1 if mark else None
-        what = " ".join(x for x in (e.context, e.problem) if x)
+        what = " ".join(x for x in (context, e.problem) if x)
         raise ScenarioFileError([Problem(file, line, "", f"not valid YAML: {what}")]) from None
+    except yaml.reader.ReaderError as e:   # a character YAML does not allow (a control char)
+        line = text.count("\n", 0, e.position) + 1
+        char = chr(e.character) if isinstance(e.character, int) else str(e.character)
+        raise ScenarioFileError([Problem(file, line, "", f"not valid YAML: character {char!r} "
+                                         f"is not allowed ({e.reason})")]) from None
     except yaml.YAMLError as e:
         raise ScenarioFileError([Problem(file, None, "", f"not valid YAML: {e}")]) from None
     if data is None:
         raise ScenarioFileError([Problem(file, 1, "", "empty file: a scenario needs at least "
                                                       "name, about and expect")])
+    assert node is not None   # data is not None
     if not isinstance(data, dict):
         raise ScenarioFileError([Problem(file, node.start_mark.line + 1, "",
                                          "a scenario file is one YAML mapping (name: ..., "
                                          f"about: ...), not a {type(data).__name__}")])
-    lines: Dict[Path_, int] = {}
+    key_problems = _key_problems(file, node)
+    if key_problems:
+        raise ScenarioFileError(key_problems)
+    lines: Dict[Path_, int] = {(): node.start_mark.line + 1}   # a missing top-level field
     _lines(node, (), lines)
 
     cases = data.pop("cases", None)
@@ -253,15 +333,22 @@ def load_text(text: str, file: str = "<string>") -> List[Scenario]:
 def load_file(path: Union[str, Path]) -> List[Scenario]:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        raw = p.read_bytes()
+    except OSError as e:
         raise ScenarioFileError([Problem(str(p), None, "", f"cannot read: {e}")]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ScenarioFileError([Problem(str(p), line, "", f"not UTF-8 text: byte "
+                                         f"{raw[e.start]:#04x} ({e.reason})")]) from None
     return load_text(text, str(p))
 
 
 def json_schema() -> Dict[str, Any]:
     """JSON Schema of a scenario file (for editors), faults as a union of the registered kinds."""
-    from typing import Annotated, Union as U
+    from typing import Annotated
+    from typing import Union as U
 
     from pydantic import Field, create_model
 
@@ -269,7 +356,7 @@ def json_schema() -> Dict[str, Any]:
     model = create_model(  # type: ignore[call-overload]
         "ScenarioFile", __base__=Scenario,
         faults=(List[Annotated[fault_union, Field(discriminator="kind")]], []),
-        cases=(Optional[Dict[str, Dict[str, Any]]],
+        cases=(Optional[Dict[str, Optional[Dict[str, Any]]]],
                Field(None, description="case id -> fields that override the top level; each "
                      "case is its own test")),
     )

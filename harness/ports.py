@@ -83,7 +83,7 @@ class PortLease:
             os.close(fd)
         self._held.clear()
 
-    def __enter__(self) -> "PortLease":
+    def __enter__(self) -> PortLease:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -37,7 +37,7 @@ print(json.dumps(out))
 """
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def probe() -> Dict[str, Any]:
     p = subprocess.run([sys.executable, "-c", _CODE], capture_output=True, text=True,
                        timeout=300)

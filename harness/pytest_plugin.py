@@ -36,6 +36,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="where every run's evidence goes (events, stacks, stdout/stderr, "
                     "observation.json); default: <rootdir>/.harness/evidence, emptied at the "
                     "start of each session")
+    group.addoption("--harness-report", metavar="PATH", default=None,
+                    help="write the session's JSON report (environment, every scenario case and "
+                    "rank) to PATH; works under pytest-xdist")
+    group.addoption("--harness-html", metavar="PATH", default=None,
+                    help="write a self-contained HTML report (timelines, stacks) to PATH")
     parser.addini("harness_scenarios", type="args", default=[],
                   help="extra globs of YAML files to collect as scenarios (relative to rootdir)")
 
@@ -43,6 +48,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "scenario: a torchdist-harness scenario case")
     config.stash[_BROKEN_KEY] = 0
+    report, html = config.getoption("harness_report"), config.getoption("harness_html")
+    if report or html:
+        from .report import SessionRecorder
+        config.pluginmanager.register(SessionRecorder(config, report, html), "harness-report")
     root = evidence_root(config)
     if not hasattr(config, "workerinput") and root.name == "evidence" and root.exists():
         import shutil
@@ -57,11 +66,18 @@ def evidence_root(config: pytest.Config) -> Path:
 def _is_scenario(file_path: Path, config: pytest.Config) -> bool:
     if file_path.suffix not in SUFFIXES:
         return False
-    if "scenarios" in file_path.parts:
-        return True
+    path = file_path.resolve()
     args = {Path(a.split("::")[0]).resolve() for a in config.args}
-    if file_path.resolve() in args:
+    if path in args:
         return True
+    # a folder named "scenarios" counts below the rootdir or below a path given on the command
+    # line, never above them (a checkout that happens to live in ~/scenarios/ is not a catalog)
+    for base in {config.rootpath.resolve(), *args}:
+        if base in path.parents:
+            parts = (base.name,) + path.relative_to(base).parts[:-1] if base in args \
+                else path.relative_to(base).parts[:-1]
+            if "scenarios" in parts:
+                return True
     rel = str(file_path.relative_to(config.rootpath)) if file_path.is_relative_to(
         config.rootpath) else str(file_path)
     return any(fnmatch.fnmatch(rel, g) for g in config.getini("harness_scenarios"))
@@ -84,14 +100,17 @@ def pytest_runtestloop(session: pytest.Session) -> None:
 
 class ScenarioFile(pytest.File):
     def collect(self) -> Iterator[ScenarioItem]:
-        rel = self.path
+        import os
+
+        shown = os.path.relpath(self.path, self.config.invocation_params.dir)
+        if shown.startswith(".."):
+            shown = str(self.path)
         try:
-            rel = self.path.relative_to(self.config.rootpath)
-        except ValueError:
-            pass
-        try:
-            cases = load_file(rel if not rel.is_absolute() else self.path)
+            cases = load_file(self.path)
         except ScenarioFileError as e:
+            for p in e.problems:   # name the file as the user typed it, relative to the cwd
+                if p.file == str(self.path):
+                    p.file = shown
             raise self.CollectError(e.short()) from None
         for scn in cases:
             yield ScenarioItem.from_parent(self, name=item_name(scn), scenario=scn)
@@ -101,7 +120,7 @@ class ScenarioFile(pytest.File):
 def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
     outcome = yield
     if isinstance(collector, ScenarioFile):
-        rep = outcome.get_result()
+        rep = outcome.get_result()  # type: ignore[attr-defined]
         if rep.failed:
             collector.config.stash[_BROKEN_KEY] += 1
 
@@ -110,6 +129,18 @@ def item_name(scn: Scenario) -> str:
     parts = [scn.case] if scn.case else []
     parts += [s for f in resolve(scn) if (s := f.id_suffix())]
     return f"{scn.name}[{','.join(parts)}]" if parts else scn.name
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A failure of the harness itself (in the item's setup) is one line, said as such."""
+    outcome = yield
+    from .launch import HarnessError
+
+    if isinstance(item, ScenarioItem) and call.excinfo is not None \
+            and isinstance(call.excinfo.value, HarnessError):
+        rep = outcome.get_result()  # type: ignore[attr-defined]
+        rep.longrepr = f"harness error (neither pass nor fail): {call.excinfo.value}"
 
 
 def write_evidence(d: Path, run: Dict[str, Any], verdicts: List[Verdict]) -> None:
@@ -166,6 +197,7 @@ class ScenarioItem(pytest.Item):
         self.user_properties.append(("job", job_outcome(self.verdicts)))
 
     def runtest(self) -> None:
+        assert self.expectation is not None
         mismatches = check(self.expectation, self.verdicts)
         if mismatches:
             raise ScenarioMismatch(failure_table(self.verdicts, self.expectation, mismatches))

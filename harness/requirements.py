@@ -52,7 +52,7 @@ def skip_reason(scn: Scenario, env: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def netem_missing() -> Optional[str]:
     """Whether tc's netem qdisc works here (tried in a scratch namespace); None if it does."""
     import subprocess

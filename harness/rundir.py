@@ -69,7 +69,7 @@ def _rmtree(path: Path) -> None:
 
 
 def kill_recorded(run: Path) -> List[int]:
-    killed = []
+    killed: List[int] = []
     pids = run / "pids.jsonl"
     if not pids.exists():
         return killed

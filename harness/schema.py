@@ -11,8 +11,7 @@ import re
 from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Union
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, field_validator,
-                      model_validator)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 OUTCOMES = ("ok", "error", "timeout", "hang", "crash")
 Outcome = Literal["ok", "error", "timeout", "hang", "crash"]
@@ -188,11 +187,12 @@ class Scenario(Strict):
         "auto", description="run a single-host scenario in a private network namespace (private "
         "ports, a firewall on lo touches nothing else): auto = when the harness can")
     env: Dict[str, str] = Field(default_factory=dict, description="extra env for every rank")
-    workload: Workload = Field(default_factory=Workload)
+    workload: Workload = Field(default_factory=lambda: Workload())
     faults: List[FaultSpec] = Field(default_factory=list)
     expect: List[Expect] = Field(
-        default_factory=lambda: [Expect()], description="one block, or a list of torch-scoped "
-        "blocks (the first whose 'torch' range holds is used)")
+        default_factory=lambda: [Expect()],
+        description="one block, or a list of torch-scoped blocks (the first whose 'torch' range "
+        "holds is used)")
     marks: List[Annotated[str, AfterValidator(_marker)]] = Field(
         default_factory=list, description="pytest markers for -m")
     case: Optional[str] = Field(None, description="set by the loader: the case id")
@@ -204,7 +204,7 @@ class Scenario(Strict):
         return _workload_shorthand(v)
 
     @model_validator(mode="after")
-    def _hosts(self) -> "Scenario":
+    def _hosts(self) -> Scenario:
         if self.nodes is not None or self.ranks_per_node is not None:
             if self.hosts is not None:
                 raise ValueError("give either hosts or nodes x ranks_per_node, not both")

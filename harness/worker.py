@@ -74,6 +74,11 @@ def run_workload(spec: Dict[str, Any], dist: Any, torch: Any) -> None:
         kwargs["init_method"] = "env://"
     else:
         kwargs["init_method"] = init["url"]
+        if init["method"] == "file":
+            # nothing else makes the run's file-store directory, and torch's FileStore retries
+            # open() of a path in a missing directory far past the group's timeout (a healthy
+            # 'init: file' run hung to the deadline); an existing (even unwritable) one is kept
+            os.makedirs(os.path.dirname(init["url"][len("file://"):]), exist_ok=True)
         kwargs["rank"] = init["rank"]
         kwargs["world_size"] = init["world_size"]
     device = torch.device("cpu")

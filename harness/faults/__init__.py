@@ -81,7 +81,7 @@ def _load() -> None:
         from importlib.metadata import entry_points
         eps = entry_points()
         group = (eps.select(group="torchdist_harness.faults") if hasattr(eps, "select")
-                 else eps.get("torchdist_harness.faults", []))  # type: ignore[attr-defined]
+                 else eps.get("torchdist_harness.faults", []))  # type: ignore
         for ep in group:
             register(ep.load())
     except Exception:  # a broken third-party plugin must not hide the built-in faults

@@ -2,7 +2,7 @@
 
 from typing import List, Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from . import Fault, register
 
@@ -36,7 +36,15 @@ class MalformedEnv(Fault):
     vars: List[str] = Field(default_factory=lambda: ["MASTER_PORT"], min_length=1,
                             description=f"any of {', '.join(ALLOWED)}")
     seed: int = Field(0, description="faker seed; it is part of the test id")
-    values: Optional[dict] = Field(None, description="explicit values instead of faker's")
+    values: Optional[dict] = Field(None, description="explicit values instead of faker's; "
+                                   "without 'vars', the variables are the keys of 'values'")
+
+    @model_validator(mode="after")
+    def _vars_of_values(self):
+        # values: {RANK: x} alone means RANK=x (not: MASTER_PORT garbage and RANK ignored)
+        if self.values and "vars" not in self.model_fields_set:
+            self.vars = [str(k) for k in self.values]
+        return self
 
     def check(self, scn):
         problems = super().check(scn)
@@ -45,6 +53,10 @@ class MalformedEnv(Fault):
                 why = (" (a garbage MASTER_ADDR could send a DNS query off the machine: use "
                        "wrong_addr or unresolvable_host)" if v == "MASTER_ADDR" else "")
                 problems.append((("vars", i), f"{v} is not one of {', '.join(ALLOWED)}{why}"))
+        for k in self.values or {}:
+            if k not in self.vars:
+                problems.append((("values", k), f"{k} is not in vars ({', '.join(self.vars)}): "
+                                                "its value would be ignored"))
         return problems
 
     def value_of(self, var: str) -> str:
@@ -60,4 +72,5 @@ class MalformedEnv(Fault):
         plan.notes.append(f"malformed_env: {shown} (faker seed {self.seed})")
 
     def id_suffix(self):
-        return None if self.values else f"seed={self.seed}"
+        made_by_faker = [v for v in self.vars if not (self.values and v in self.values)]
+        return f"seed={self.seed}" if made_by_faker else None

@@ -1,0 +1,841 @@
+"""The command line front door: ``harness COMMAND`` (also ``python -m harness``). Thin: the
+rooms do the work, and ``harness run`` is pytest with the harness plugin, so the CLI and
+``pytest`` collect, run and report scenarios the same way.
+
+Commands: run, validate, list, show, diff, html, doctor, schema, new. Exit codes: 0 fine,
+1 something found (a failing scenario, an invalid file, a behaviour change), 2 bad input
+(a missing file, a bad option). ``harness run`` returns pytest's own exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+SKIP_DIRS = {".git", ".hg", ".svn", ".harness", ".venv", "venv", "node_modules", "__pycache__",
+             "site-packages", ".tox", ".nox", "build", "dist"}
+
+
+class UsageError(Exception):
+    """Bad input: exit code 2."""
+
+
+def _console(stderr: bool = False) -> Any:
+    from rich.console import Console
+    con = Console(stderr=stderr, highlight=False, soft_wrap=False)
+    if not con.is_terminal and "COLUMNS" not in os.environ:
+        con.width = 160   # a log file or a pipe: wide tables rather than wrapped ids
+    return con
+
+
+def _text(s: str, style: str = "") -> Any:
+    from rich.text import Text
+    return Text(s, style=style)
+
+
+# -- finding scenario files ----------------------------------------------------------------------
+
+def find_scenarios(paths: Sequence[str]) -> List[Path]:
+    """YAML files named, or found under the folders named (hidden and venv folders skipped)."""
+    out: List[Path] = []
+    for p in map(Path, paths):
+        if p.is_file():
+            out.append(p)
+        elif p.is_dir():
+            for root, dirs, files in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
+                for f in sorted(files):
+                    if f.endswith((".yaml", ".yml")):
+                        out.append(Path(root) / f)
+        else:
+            raise UsageError(f"{p}: no such file or directory")
+    seen, uniq = set(), []
+    for path in out:
+        if path.resolve() not in seen:
+            seen.add(path.resolve())
+            uniq.append(path)
+    return uniq
+
+
+# -- validate ------------------------------------------------------------------------------------
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .loader import ScenarioFileError, load_file
+
+    files = find_scenarios(args.paths)
+    if not files:
+        raise UsageError(f"no scenario files (*.yaml, *.yml) under {' '.join(args.paths)}")
+    con = _console()
+    bad = problems = cases = 0
+    for f in files:
+        try:
+            loaded = load_file(f)
+        except ScenarioFileError as e:
+            bad += 1
+            problems += len(e.problems)
+            con.print(_text(f"✗ {f}: {len(e.problems)} problem{'s' * (len(e.problems) > 1)}",
+                            "bold red"))
+            for p in e.problems:
+                con.print(_text(f"  {p}"))
+            continue
+        cases += len(loaded)
+        if not args.quiet:
+            con.print(_text(f"✓ {f} ({len(loaded)} case{'s' * (len(loaded) != 1)})", "green"))
+    summary = (f"{len(files)} file{'s' * (len(files) != 1)}, {cases} case"
+               f"{'s' * (cases != 1)}")
+    if bad:
+        con.print(_text(f"{bad} invalid file{'s' * (bad != 1)} ({problems} problems) of "
+                        f"{summary}", "bold red"))
+        return 1
+    con.print(_text(f"all valid: {summary}", "bold green"))
+    return 0
+
+
+# -- list ----------------------------------------------------------------------------------------
+
+def expectation_summary(exp: Any) -> str:
+    parts = []
+    if exp.torch:
+        parts.append(f"[torch {exp.torch}]")
+    if exp.job:
+        parts.append("job " + "|".join(exp.job))
+    for label, e in exp.ranks.items():
+        bits = ["|".join(e.outcome)] if e.outcome else []
+        if e.exception:
+            bits.append(e.exception)
+        if e.phase:
+            bits.append(f"in {e.phase}")
+        if e.within:
+            bits.append(f"{e.within[0]:g}..{e.within[1]:g} s")
+        if e.message:
+            bits.append(f"/{e.message}/")
+        parts.append(f"{label}: {' '.join(bits) or 'any'}")
+    return "; ".join(parts) or "(nothing checked)"
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from .loader import ScenarioFileError, load_file
+    from .pytest_plugin import item_name
+
+    files = find_scenarios(args.paths)
+    rows: List[Dict[str, Any]] = []
+    broken: List[str] = []
+    for f in files:
+        try:
+            loaded = load_file(f)
+        except ScenarioFileError as e:
+            broken.append(e.short())
+            continue
+        for scn in loaded:
+            rows.append({
+                "id": f"{f.as_posix()}::{item_name(scn)}", "file": f.as_posix(),
+                "scenario": scn.name, "case": scn.case, "marks": list(scn.marks),
+                "faults": [x.kind for x in scn.faults], "backend": scn.backend,
+                "world_size": scn.world_size, "deadline": scn.deadline,
+                "expect": [expectation_summary(b) for b in scn.expect],
+            })
+    if args.json:
+        print(json.dumps({"cases": rows, "invalid": broken}, indent=1))
+        return 1 if broken else 0
+    from rich.table import Table
+
+    con = _console()
+    t = Table(show_lines=False)
+    for col in ("id", "marks", "faults", "backend", "world", "expect"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        t.add_row(_text(r["id"]), _text(" ".join(r["marks"])), _text(" ".join(r["faults"])),
+                  _text(r["backend"]), _text(str(r["world_size"])),
+                  _text("\n".join(r["expect"])))
+    con.print(t)
+    con.print(_text(f"{len(rows)} scenario cases in {len(files) - len(broken)} files"))
+    for b in broken:
+        con.print(_text(f"✗ {b}", "red"))
+    return 1 if broken else 0
+
+
+# -- show ----------------------------------------------------------------------------------------
+
+def plan_for_show(scn: Any) -> Dict[str, Any]:
+    """The scenario's RunPlan as a dict, with real ports reserved (and released) from the
+    harness's range and an example run directory."""
+    from .plan import make_plan
+    from .ports import PortLease
+    from .rundir import base_dir
+
+    base = base_dir()
+    try:
+        from . import topology
+        can_netns = not topology.missing()
+    except ImportError:
+        can_netns = False
+    with PortLease(base) as lease:
+        try:
+            plan = make_plan(scn, str(base / "run-example0"), lease.take, netns=can_netns,
+                             run_id="example0")
+        except TypeError:   # a plan module without namespaces
+            plan = make_plan(scn, str(base / "run-example0"), lease.take)
+    return plan.to_dict()
+
+
+def _kv(d: Dict[str, Any]) -> str:
+    return "\n".join(f"{k}={v}" for k, v in d.items())
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from .loader import ScenarioFileError, load_file
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    try:
+        cases = load_file(path)
+    except ScenarioFileError as e:
+        con = _console()
+        for p in e.problems:
+            con.print(_text(str(p), "red"))
+        return 1
+    if args.case is not None:
+        chosen = [c for c in cases if c.case == args.case]
+        if not chosen:
+            ids = ", ".join(str(c.case) for c in cases)
+            raise UsageError(f"{path}: no case {args.case!r} (cases: {ids})")
+        cases = chosen
+    plans = [(scn, plan_for_show(scn)) for scn in cases]
+    if args.json:
+        print(json.dumps([p for _, p in plans], indent=1, default=str))
+        return 0
+    for scn, plan in plans:
+        show_plan(scn, plan)
+    return 0
+
+
+def show_plan(scn: Any, plan: Dict[str, Any]) -> None:
+    from rich.table import Table
+
+    con = _console()
+    con.rule(_text(scn.test_id + ("" if scn.case is None else f"  (case {scn.case})"), "bold"))
+    con.print(_text(scn.about.strip(), "dim"))
+    con.print(_text(
+        f"backend {plan['backend']} · world_size {plan['world_size']} · init {scn.init} · "
+        f"torch timeout {plan['timeout']:g} s · deadline {plan['deadline']:g} s (from the start "
+        f"line) · workload {' → '.join(plan['steps']) or '(init only)'}"
+        f"{' → destroy' if plan.get('destroy') else ''}"))
+    con.print(_text(f"master {plan['master_addr']}:{plan['master_port']} · ports and the run "
+                    "directory are examples: every run reserves its own", "dim"))
+    if plan.get("hosts"):
+        t = Table(title="hosts", title_justify="left")
+        for col in ("host", "address", "interface", "namespace"):
+            t.add_column(col)
+        for h in plan["hosts"]:
+            t.add_row(_text(h["name"]), _text(h["addr"]), _text(h["ifname"]),
+                      _text(h.get("netns") or "(none: this machine's network)"))
+        con.print(t)
+    if plan.get("notes"):
+        con.print(_text("faults:", "bold"))
+        for n in plan["notes"]:
+            con.print(_text(f"  • {n}"))
+    t = Table(title="ranks", title_justify="left", show_lines=True)
+    for col in ("rank", "host", "released", "init", "env", "unset", "user"):
+        t.add_column(col, overflow="fold")
+    for r in plan["ranks"]:
+        init = r["init"]
+        how = init["method"] + (f" {init['url']}" if init.get("url") else "")
+        if init.get("rank") is not None:
+            how += f"\nrank={init['rank']} world_size={init['world_size']}"
+        t.add_row(_text(r["label"]), _text(r.get("host", "local")),
+                  _text(f"+{r['start_delay']:g} s" if r.get("start_delay") else "at start"),
+                  _text(how), _text(_kv(r["env"])), _text(" ".join(r.get("unset", []))),
+                  _text(r.get("user") or ""))
+    con.print(t)
+    if plan.get("holders"):
+        t = Table(title="port holders", title_justify="left")
+        for col in ("port", "mode", "released"):
+            t.add_column(col)
+        for h in plan["holders"]:
+            rel = "held to the end" if h.get("release_after") is None else \
+                f"{h['release_after']:g} s after the start line"
+            t.add_row(_text(str(h["port"])), _text(h["mode"]), _text(rel))
+        con.print(t)
+    if plan.get("actions"):
+        t = Table(title="timed actions", title_justify="left")
+        for col in ("target", "signal", "when", "why"):
+            t.add_column(col)
+        for a in plan["actions"]:
+            when = f"{a['at']:g} s after the start line" if a.get("at") is not None else \
+                f"{a.get('after', 0):g} s after entering {a.get('at_phase')}"
+            t.add_row(_text(f"rank {a['target']}"), _text(f"SIG{a['signal']}"), _text(when),
+                      _text(a.get("why", "")))
+        con.print(t)
+    if plan.get("net_actions"):
+        t = Table(title="network actions", title_justify="left")
+        for col in ("op", "args", "when", "undone", "why"):
+            t.add_column(col, overflow="fold")
+        for a in plan["net_actions"]:
+            if a.get("at") is None and a.get("at_phase") is None:
+                when = "at set-up"
+            elif a.get("at") is not None:
+                when = f"{a['at']:g} s after the start line"
+            else:
+                when = f"{a.get('after', 0):g} s after rank {a.get('target')} enters " \
+                       f"{a['at_phase']}"
+            undo = "" if a.get("undo_after") is None else f"{a['undo_after']:g} s later"
+            t.add_row(_text(a["op"]), _text(json.dumps(a.get("args", {}))), _text(when),
+                      _text(undo), _text(a.get("why", "")))
+        con.print(t)
+    for p in plan.get("preps", []):
+        con.print(_text(f"prepared before launch: {p['kind']} at {p['path']}"))
+    con.print(_text("expectations:", "bold"))
+    for b in scn.expect:
+        con.print(_text(f"  {expectation_summary(b)}"))
+
+
+# -- run -----------------------------------------------------------------------------------------
+
+class _Progress:
+    """pytest plugin: a progress bar on a terminal, one line per case otherwise."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.total: Optional[int] = None
+        self.done = 0
+        self.counts: Dict[str, int] = {}
+        self.status: Dict[str, str] = {}
+        self.bar: Any = None
+        self.task: Any = None
+        self.con = _console(stderr=True)
+
+    def _start(self) -> None:
+        if not self.enabled or self.bar is not None or not self.con.is_terminal:
+            return
+        from rich import progress as rp
+        self.bar = rp.Progress(rp.TextColumn("[bold]scenarios"), rp.BarColumn(),
+                               rp.MofNCompleteColumn(), rp.TimeElapsedColumn(),
+                               rp.TextColumn("{task.description}"), console=self.con,
+                               transient=True, redirect_stdout=False, redirect_stderr=False)
+        self.bar.start()
+        self.task = self.bar.add_task("", total=self.total)
+
+    def pytest_collection_finish(self, session: Any) -> None:
+        if self.total is None and session.items:
+            self.total = len(session.items)
+        self._start()
+
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: Sequence[str]) -> None:
+        """(an xdist hook; registered as optional in ``_progress_plugin``)"""
+        if self.total is None:
+            self.total = len(ids)
+            self._start()
+            if self.bar is not None:
+                self.bar.update(self.task, total=self.total)
+
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        nid = report.nodeid
+        if report.when == "setup" and report.skipped:
+            self.status[nid] = "skipped"
+        elif report.failed:
+            self.status[nid] = "failed" if report.when == "call" else "error"
+        elif report.when == "call" and nid not in self.status:
+            self.status[nid] = "passed"
+        if report.when != "teardown":
+            return
+        self.done += 1
+        st = self.status.get(nid, "passed")
+        self.counts[st] = self.counts.get(st, 0) + 1
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, description=f"{st}: {nid}")
+        else:
+            total = self.total if self.total is not None else "?"
+            self.con.print(_text(f"[{self.done}/{total}] {st:7} {nid}"))
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+def _progress_plugin(enabled: bool) -> _Progress:
+    import pytest
+
+    # an xdist hook: optional, so that a session without xdist does not reject the plugin
+    pytest.hookimpl(optionalhook=True)(_Progress.pytest_xdist_node_collection_finished)
+    return _Progress(enabled)
+
+
+def _ranks_cell(case: Dict[str, Any]) -> str:
+    parts = []
+    for r in case.get("ranks", []):
+        d = r.get("duration")
+        parts.append(f"{r.get('label')}: {r.get('outcome')}"
+                     + ("" if d is None else f" {d:.2f}s" if d < 10 else f" {d:.1f}s")
+                     + (f" {r['exception']}" if r.get("exception") else ""))
+    return "\n".join(parts)
+
+
+STATUS_STYLE = {"passed": "green", "failed": "bold red", "error": "bold magenta",
+                "skipped": "yellow"}
+
+
+def print_summary(rep: Dict[str, Any], con: Any, show_failures: bool = True) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"torch {rep['environment'].get('torch')} · "
+                    f"{rep['environment'].get('kernel')}", title_justify="left")
+    for col in ("case", "status", "job", "ranks", "time"):
+        t.add_column(col, overflow="fold")
+    for c in rep["cases"]:
+        st = c.get("status") or "?"
+        t.add_row(_text(c["id"]), _text(st, STATUS_STYLE.get(st, "")), _text(c.get("job") or ""),
+                  _text(_ranks_cell(c) or (c.get("reason") or "")),
+                  _text("" if c.get("duration") is None else f"{c['duration']:.1f}s"))
+    con.print(t)
+    if show_failures:
+        for c in rep["cases"]:
+            if c.get("status") in ("failed", "error"):
+                con.rule(_text(f"{c.get('status')}: {c['id']}", STATUS_STYLE[c["status"]]))
+                text = c.get("failure") or c.get("reason") or ""
+                text = "\n".join(ln for ln in text.splitlines() if not ln.startswith("[gw"))
+                con.print(_text(text), soft_wrap=True)
+                if c.get("evidence") and c["evidence"] not in text:
+                    con.print(_text(f"evidence: {c['evidence']}", "dim"))
+    for e in rep.get("collect_errors", []):
+        con.rule(_text(f"invalid scenario file: {e.get('file')}", "bold red"))
+        con.print(_text(e.get("message", "")))
+    s = rep["summary"]
+    parts = [f"{s[k]} {k}" for k in ("passed", "failed", "error", "skipped") if s.get(k)]
+    if s.get("collect_errors"):
+        parts.append(f"{s['collect_errors']} invalid files")
+    bad = s.get("failed") or s.get("error") or s.get("collect_errors")
+    con.print(_text(", ".join(parts) or "no scenario cases ran", "bold red" if bad else
+                    "bold green"))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import contextlib
+    import io
+    import tempfile
+
+    import pytest
+
+    from . import report as report_mod
+
+    files = find_scenarios(args.paths)
+    if not files:
+        raise UsageError(f"no scenario files (*.yaml, *.yml) under {' '.join(args.paths)}")
+    if args.n is not None:
+        try:
+            import xdist  # noqa: F401
+        except ImportError:
+            raise UsageError("-n needs pytest-xdist: pip install pytest-xdist") from None
+    tmpdir = None
+    report_path = args.report
+    if report_path is None:
+        tmpdir = tempfile.mkdtemp(prefix="harness-run-")
+        report_path = os.path.join(tmpdir, "report.json")
+    pargs: List[str] = [str(f) for f in files]
+    pargs += ["-p", "no:cacheprovider", "--capture=sys", "--harness-report", report_path]
+    if args.html:
+        pargs += ["--harness-html", args.html]
+    if args.keep:
+        pargs += ["--harness-evidence", args.keep]
+    if args.k:
+        pargs += ["-k", args.k]
+    if args.m:
+        pargs += ["-m", args.m]
+    if args.n is not None:
+        pargs += ["-n", str(args.n)]
+    if args.x:
+        pargs += ["-x"]
+    pargs += list(getattr(args, "pytest_args", None) or [])
+    con = _console()
+    progress = _progress_plugin(enabled=not args.no_progress and not args.verbose)
+    out = io.StringIO()
+    try:
+        if args.verbose:
+            rc = pytest.main(pargs + ["-v"], plugins=[progress])
+        else:
+            with contextlib.redirect_stdout(out):
+                rc = pytest.main(pargs + ["-q", "--no-header", "-rN"], plugins=[progress])
+    finally:
+        progress.stop()
+    rc = int(rc)
+    try:
+        rep = report_mod.read(report_path)
+    except report_mod.ReportError:
+        rep = None
+    if rep is None or rc in (2, 3, 4):
+        # interrupted, internal error or a usage error: pytest's own words matter
+        sys.stdout.write(out.getvalue()[-6000:])
+    if rep is not None and not args.verbose:
+        print_summary(rep, con)
+    elif rep is not None:
+        print_summary(rep, con, show_failures=False)
+    if rc == 5:
+        con.print(_text("no scenario case was selected (check -k / -m)", "yellow"))
+    for label, p in (("report", args.report), ("html", args.html), ("evidence", args.keep)):
+        if p:
+            con.print(_text(f"{label}: {p}", "dim"))
+    if tmpdir:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return rc
+
+
+# -- diff and html -------------------------------------------------------------------------------
+
+def _fraction(s: str) -> float:
+    try:
+        v = float(s[:-1]) / 100 if s.endswith("%") else float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r}: give a fraction (0.5) or a percentage (50%)"
+                                         ) from None
+    if v < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return v
+
+
+def _seconds(s: str) -> float:
+    try:
+        v = float(s[:-1]) if s.endswith("s") else float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r}: give seconds, e.g. 2 or 2s") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return v
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from . import report as report_mod
+    from .diff import KINDS, diff_reports, render_table
+
+    try:
+        old, new = report_mod.read(args.old), report_mod.read(args.new)
+    except report_mod.ReportError as e:
+        raise UsageError(str(e)) from None
+    ignore = [k.strip() for x in args.ignore for k in x.split(",") if k.strip()]
+    bad = [k for k in ignore if k not in KINDS]
+    if bad:
+        raise UsageError(f"--ignore {','.join(bad)}: unknown change kind; known: "
+                         f"{', '.join(KINDS)}")
+    res = diff_reports(old, new, rel_tol=args.tolerance, abs_tol=args.abs_tolerance,
+                       ignore=ignore)
+    if args.json:
+        d = res.to_dict()
+        d["old"], d["new"] = str(args.old), str(args.new)
+        print(json.dumps(d, indent=1, default=str))
+    else:
+        render_table(res, str(args.old), str(args.new), old.get("environment"),
+                     new.get("environment"), console=_console())
+    return 1 if res.changes else 0
+
+
+def cmd_html(args: argparse.Namespace) -> int:
+    from . import report as report_mod
+    from .html import write_html
+
+    try:
+        rep = report_mod.read(args.report)
+    except report_mod.ReportError as e:
+        raise UsageError(str(e)) from None
+    out = args.output or str(Path(args.report).with_suffix(".html"))
+    write_html(rep, out)
+    _console().print(_text(f"wrote {out}"))
+    return 0
+
+
+# -- doctor --------------------------------------------------------------------------------------
+
+def _free_ports() -> Dict[str, Any]:
+    from .ports import HIGH, LOW, ephemeral_range, port_is_free
+
+    eph_lo, eph_hi = ephemeral_range()
+    hi = min(HIGH, eph_lo - 1)
+    free = sum(1 for p in range(LOW, hi + 1) if port_is_free(p)) if hi >= LOW else 0
+    return {"range": [LOW, hi], "free": free, "size": max(0, hi - LOW + 1),
+            "ephemeral": [eph_lo, eph_hi]}
+
+
+def _ptrace_ok() -> Dict[str, Any]:
+    try:
+        scope = int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip())
+    except (OSError, ValueError):
+        scope = None
+    caps = 0
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                caps = int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    cap_ptrace = bool(caps >> 19 & 1)
+    return {"ptrace_scope": scope, "cap_sys_ptrace": cap_ptrace,
+            "allowed": cap_ptrace or os.geteuid() == 0 or scope in (0, None)}
+
+
+def doctor_facts() -> Dict[str, Any]:
+    from .probe import probe
+    from .rundir import leftovers
+
+    env = dict(probe())
+    facts: Dict[str, Any] = {"torch": env, "root": os.geteuid() == 0, "euid": os.geteuid()}
+    facts["tools"] = {t: shutil.which(t) for t in ("ip", "nft", "tc", "py-spy", "chromium")}
+    try:
+        from . import topology
+        facts["topology_missing"] = topology.missing()
+        prefix = getattr(topology, "PREFIX", "thx-")
+        try:
+            names = topology._list_netns()
+        except Exception:  # noqa: BLE001 - only a hint for the reader
+            names = []
+        facts["namespaces"] = [n for n in names if n.startswith(prefix)]
+    except ImportError:
+        facts["topology_missing"] = ["harness.topology is not installed"]
+        facts["namespaces"] = []
+    facts["ptrace"] = _ptrace_ok()
+    facts["ports"] = _free_ports()
+    facts["leftovers"] = leftovers()
+    try:
+        import xdist  # noqa: F401
+        facts["xdist"] = True
+    except ImportError:
+        facts["xdist"] = False
+    return facts
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    con = _console()
+    cleaned: Dict[str, List[str]] = {}
+    if args.clean:
+        from .rundir import sweep
+        cleaned["run directories"] = sweep()
+        try:
+            from . import topology
+            if not topology.missing():
+                cleaned["namespaces"] = topology.sweep()
+        except ImportError:
+            pass
+    facts = doctor_facts()
+    if args.json:
+        print(json.dumps({**facts, "cleaned": cleaned}, indent=1, default=str))
+        return 0 if facts["torch"].get("torch") not in (None, "none") else 1
+    t = facts["torch"]
+    ok, warn, bad = "✓", "!", "✗"
+    lines: List[tuple] = []
+    if t.get("torch") in (None, "none"):
+        lines.append((bad, "torch", f"not importable by {sys.executable}: {t.get('error', '')}"))
+    else:
+        lines.append((ok, "torch", f"{t['torch']} (git {str(t.get('torch_git'))[:12]}) · "
+                      f"Python {t.get('python')}"))
+        lines.append((ok if t.get("gloo") else bad, "gloo",
+                      "available" if t.get("gloo") else "missing: gloo scenarios are skipped"))
+        nccl = "available" + (f" (NCCL {t['nccl_version']})" if t.get("nccl_version") else "") \
+            + f", {t.get('gpus', 0)} GPU(s)" if t.get("nccl") else \
+            "missing (a CPU build): nccl scenarios are skipped"
+        lines.append((ok if t.get("nccl") and t.get("gpus") else warn, "nccl", nccl))
+        lines.append((ok if t.get("mpi") else warn, "mpi",
+                      "available" if t.get("mpi") else "not built in (not used by scenarios)"))
+        lines.append((ok, "libuv store", "default" if t.get("libuv_store_default") else
+                      "not the default (torch < 2.4 or USE_LIBUV=0)"))
+    lines.append((ok if facts["root"] else warn, "root", "yes" if facts["root"] else
+                  f"no (euid {facts['euid']}): network scenarios and file_init unwritable_dir "
+                  "are skipped"))
+    for tool in ("ip", "nft", "tc"):
+        p = facts["tools"][tool]
+        lines.append((ok if p else warn, tool, p or "not found: apt-get install "
+                      + ("nftables" if tool == "nft" else "iproute2")))
+    miss = facts["topology_missing"]
+    lines.append((ok if not miss else warn, "namespaces", "network scenarios can run" if not miss
+                  else "network scenarios are skipped: " + "; ".join(miss)))
+    spy, pt = facts["tools"]["py-spy"], facts["ptrace"]
+    if spy and pt["allowed"]:
+        lines.append((ok, "py-spy", f"{spy}: native stacks of hung ranks are captured"))
+    elif spy:
+        lines.append((warn, "py-spy", f"{spy}, but ptrace is not permitted (ptrace_scope "
+                      f"{pt['ptrace_scope']}, no CAP_SYS_PTRACE): no native stacks"))
+    else:
+        lines.append((warn, "py-spy", "not found (pip install py-spy): hung ranks get Python "
+                      "stacks only"))
+    lines.append((ok if facts["xdist"] else warn, "pytest-xdist", "installed (-n N works)"
+                  if facts["xdist"] else "not installed: `harness run -n` is unavailable"))
+    pr = facts["ports"]
+    lines.append((ok if pr["free"] > 100 else bad, "ports",
+                  f"{pr['free']} of {pr['size']} free in {pr['range'][0]}..{pr['range'][1]} "
+                  f"(below the ephemeral range {pr['ephemeral'][0]}..{pr['ephemeral'][1]})"))
+    left = facts["leftovers"]
+    lines.append((ok if not left else warn, "leftovers",
+                  "none" if not left else f"{len(left)} run directories of dead runs "
+                  "(`harness doctor --clean` removes them)"))
+    if facts["namespaces"]:
+        lines.append((warn, "namespaces", f"{len(facts['namespaces'])} harness namespaces exist "
+                      "(live runs keep theirs; --clean removes those of dead runs)"))
+    from rich.table import Table
+
+    tab = Table(show_header=False, box=None)
+    tab.add_column("")
+    tab.add_column("", style="bold")
+    tab.add_column("", overflow="fold")
+    style = {ok: "green", warn: "yellow", bad: "bold red"}
+    for mark, name, text in lines:
+        tab.add_row(_text(mark, style[mark]), _text(name), _text(text))
+    con.print(tab)
+    for p in left:
+        con.print(_text(f"  leftover: {p}", "dim"))
+    for what, items in cleaned.items():
+        con.print(_text(f"cleaned {what}: {', '.join(items) if items else 'nothing to clean'}"))
+    return 0 if t.get("torch") not in (None, "none") else 1
+
+
+# -- schema and new ------------------------------------------------------------------------------
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from .loader import json_schema
+
+    text = json.dumps(json_schema(), indent=2)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+        _console(stderr=True).print(_text(f"wrote {args.output}"))
+    else:
+        print(text)
+    return 0
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    import re
+
+    from .templates import new_scenario
+
+    if not re.match(r"^[A-Za-z0-9_.-]+$", args.name):
+        raise UsageError(f"{args.name!r}: a scenario name may use letters, digits, . _ - only")
+    text = new_scenario(args.name)
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+        return 0
+    out = Path(args.output)
+    if out.exists() and not args.force:
+        raise UsageError(f"{out} exists (use --force to overwrite)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    _console(stderr=True).print(_text(f"wrote {out}: fill in the TODOs, then `harness validate "
+                                      f"{out}` and `harness run {out}`"))
+    return 0
+
+
+# -- the parser ----------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+    from .diff import DEFAULT_ABS_TOL, DEFAULT_REL_TOL
+
+    p = argparse.ArgumentParser(
+        prog="harness", description="torchdist-harness: fault-injection scenarios for PyTorch "
+        "distributed start-up. See docs/reports-and-cli.md.")
+    p.add_argument("--version", action="version", version=f"torchdist-harness {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    r = sub.add_parser("run", help="run scenarios (pytest with the harness plugin)",
+                       description="Run scenario files or folders; print a summary table. "
+                       "Arguments after -- go to pytest unchanged. Exit code: pytest's.")
+    r.add_argument("paths", nargs="+", metavar="PATH", help="scenario files or folders")
+    r.add_argument("-k", metavar="EXPR", help="only cases whose id/keywords match (pytest -k); "
+                   "fault kinds, backend and init method are keywords")
+    r.add_argument("-m", metavar="MARKEXPR", help="only cases whose marks match (pytest -m)")
+    r.add_argument("--report", metavar="PATH", help="write the JSON session report here")
+    r.add_argument("--html", metavar="PATH", help="write the self-contained HTML report here")
+    r.add_argument("--keep", metavar="DIR", help="keep every run's evidence under DIR (default: "
+                   ".harness/evidence under pytest's rootdir)")
+    r.add_argument("-n", type=int, metavar="N", help="run N scenarios at a time (pytest-xdist)")
+    r.add_argument("-x", action="store_true", help="stop at the first failing case")
+    r.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output "
+                   "live (no progress bar)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar or lines")
+    r.set_defaults(func=cmd_run)
+
+    v = sub.add_parser("validate", help="check scenario files; every problem with file:line",
+                       description="Check scenario files without running them. Exit 1 if any "
+                       "file is invalid.")
+    v.add_argument("paths", nargs="+", metavar="PATH")
+    v.add_argument("-q", "--quiet", action="store_true", help="print only the problems")
+    v.set_defaults(func=cmd_validate)
+
+    ls = sub.add_parser("list", help="list scenario cases: ids, marks, faults, expectations")
+    ls.add_argument("paths", nargs="+", metavar="PATH")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.set_defaults(func=cmd_list)
+
+    sh = sub.add_parser("show", help="the expanded run plan of a scenario",
+                        description="Hosts, ranks (env, init, start delay), faults, port "
+                        "holders, timed actions, deadline and expectations, as the harness "
+                        "would run it here. Ports are reserved briefly from the harness's range.")
+    sh.add_argument("file", metavar="FILE")
+    sh.add_argument("--case", metavar="ID", help="only this case of a file with cases:")
+    sh.add_argument("--json", action="store_true", help="the plan(s) as JSON")
+    sh.set_defaults(func=cmd_show)
+
+    d = sub.add_parser("diff", help="behaviour changes between two JSON reports",
+                       description="Compare two session reports case by case and rank by rank. "
+                       "Exit 0: no behaviour change; 1: changes found; 2: bad input.")
+    d.add_argument("old", metavar="OLD.json")
+    d.add_argument("new", metavar="NEW.json")
+    d.add_argument("--tolerance", type=_fraction, default=DEFAULT_REL_TOL, metavar="REL",
+                   help="relative duration tolerance, e.g. 0.5 or 50%% (default 50%%)")
+    d.add_argument("--abs-tolerance", type=_seconds, default=DEFAULT_ABS_TOL, metavar="SECONDS",
+                   help=f"absolute duration tolerance (default {DEFAULT_ABS_TOL:g} s); a duration"
+                   " changed only when beyond both")
+    d.add_argument("--ignore", action="append", default=[], metavar="KIND[,KIND]",
+                   help="do not count these change kinds (e.g. duration,family)")
+    d.add_argument("--json", action="store_true", help="machine-readable output")
+    d.set_defaults(func=cmd_diff)
+
+    h = sub.add_parser("html", help="render the HTML report from a JSON report")
+    h.add_argument("report", metavar="REPORT.json")
+    h.add_argument("-o", "--output", metavar="OUT.html", help="default: REPORT.html")
+    h.set_defaults(func=cmd_html)
+
+    doc = sub.add_parser("doctor", help="what this machine can run; leftovers of killed runs")
+    doc.add_argument("--clean", action="store_true", help="remove leftovers of dead runs "
+                     "(run directories, their processes, network namespaces)")
+    doc.add_argument("--json", action="store_true", help="machine-readable output")
+    doc.set_defaults(func=cmd_doctor)
+
+    s = sub.add_parser("schema", help="print the JSON Schema of scenario files")
+    s.add_argument("-o", "--output", metavar="FILE", help="write it to FILE")
+    s.set_defaults(func=cmd_schema)
+
+    n = sub.add_parser("new", help="a commented template scenario for reproducing a hang")
+    n.add_argument("name", metavar="NAME", help="the scenario's name (letters, digits, . _ -)")
+    n.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
+    n.add_argument("--force", action="store_true", help="overwrite FILE")
+    n.set_defaults(func=cmd_new)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: List[str] = []
+    if "--" in argv:   # `harness run PATHS -- PYTEST_ARGS`: the rest goes to pytest unchanged
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    args = parser.parse_args(argv)
+    if extra and args.command != "run":
+        parser.error("arguments after -- are passed to pytest, only by `harness run`")
+    args.pytest_args = extra
+    try:
+        return int(args.func(args))
+    except UsageError as e:
+        _console(stderr=True).print(_text(f"harness {args.command}: {e}", "bold red"))
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

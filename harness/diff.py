@@ -1,0 +1,220 @@
+"""Behaviour changes between two session reports (pure): e.g. the same catalog on two images.
+
+Cases are matched by id (pytest node id), ranks by label. A change is one of ``KINDS``; the
+environment's differences (torch version, backends, kernel, env vars) are listed as context, not
+counted as changes. ``harness diff`` exits 1 when any change is left after ``--ignore``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+KINDS: Dict[str, str] = {
+    "added": "a scenario case only in the new report",
+    "removed": "a scenario case only in the old report",
+    "skipped": "ran before, skipped now",
+    "unskipped": "skipped before, runs now",
+    "status": "test status changed (passed / failed / error)",
+    "job": "the job's outcome changed",
+    "rank_added": "a rank only in the new run",
+    "rank_removed": "a rank only in the old run",
+    "outcome": "a rank's outcome changed (ok, error, timeout, hang, crash)",
+    "exception": "a rank raised another exception class",
+    "family": "a rank's message says something else (not only other numbers, ports, paths)",
+    "phase": "a rank ended in another phase",
+    "duration": "a rank's duration moved beyond the tolerance",
+}
+ENV_KEYS = ("torch", "torch_git", "cuda", "gloo", "nccl", "nccl_version", "mpi",
+            "libuv_store_default", "python", "kernel", "platform", "hostname", "harness")
+DEFAULT_REL_TOL = 0.5
+DEFAULT_ABS_TOL = 2.0
+
+
+@dataclass
+class Change:
+    case: str                   # case id
+    rank: Optional[str]         # rank label; None for a case-level change
+    kind: str                   # one of KINDS
+    old: Any
+    new: Any
+    note: str = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class DiffResult:
+    changes: List[Change] = field(default_factory=list)
+    environment: List[Dict[str, Any]] = field(default_factory=list)   # {key, old, new}
+    compared: int = 0           # cases in both reports
+    ignored: int = 0            # changes dropped by ``ignore``
+    rel_tol: float = DEFAULT_REL_TOL
+    abs_tol: float = DEFAULT_ABS_TOL
+
+    @property
+    def changed_cases(self) -> List[str]:
+        return sorted({c.case for c in self.changes})
+
+    def to_dict(self) -> Dict[str, Any]:
+        kinds: Dict[str, int] = {}
+        for c in self.changes:
+            kinds[c.kind] = kinds.get(c.kind, 0) + 1
+        return {
+            "format": 1,
+            "summary": {"changes": len(self.changes), "cases_changed": len(self.changed_cases),
+                        "cases_compared": self.compared, "ignored": self.ignored,
+                        "by_kind": kinds},
+            "tolerance": {"relative": self.rel_tol, "absolute": self.abs_tol},
+            "environment": self.environment,
+            "changes": [c.to_dict() for c in self.changes],
+        }
+
+
+def duration_changed(old: Optional[float], new: Optional[float], rel_tol: float = DEFAULT_REL_TOL,
+                     abs_tol: float = DEFAULT_ABS_TOL) -> bool:
+    """Beyond tolerance: the difference exceeds BOTH ``abs_tol`` seconds and ``rel_tol`` of the
+    shorter of the two durations (symmetric: 7 s -> 13 s and 13 s -> 7 s are changes, 0.05 s ->
+    0.9 s is noise)."""
+    if old is None or new is None:
+        return False
+    d = abs(float(new) - float(old))
+    return d > abs_tol and d > rel_tol * min(abs(float(old)), abs(float(new)))
+
+
+def _fmt(x: Any) -> str:
+    return "-" if x is None or x == "" else str(x)
+
+
+def environment_changes(old: Dict[str, Any], new: Dict[str, Any]) -> List[Dict[str, Any]]:
+    out = []
+    for k in ENV_KEYS:
+        if old.get(k) != new.get(k):
+            out.append({"key": k, "old": old.get(k), "new": new.get(k)})
+    oe, ne = old.get("env") or {}, new.get("env") or {}
+    for k in sorted(set(oe) | set(ne)):
+        if oe.get(k) != ne.get(k):
+            out.append({"key": f"env {k}", "old": oe.get(k), "new": ne.get(k)})
+    return out
+
+
+def _rank_changes(cid: str, o: Dict[str, Any], n: Dict[str, Any], rel_tol: float,
+                  abs_tol: float) -> List[Change]:
+    label = str(n.get("label"))
+    out: List[Change] = []
+    if o.get("outcome") != n.get("outcome"):
+        def what(r: Dict[str, Any]) -> str:
+            bits = [r.get("exception") or "", r.get("family") or ""]
+            return ": ".join(b for b in bits if b)
+        note = "; ".join(f"{side} {w}" for side, w in (("was", what(o)), ("now", what(n))) if w)
+        out.append(Change(cid, label, "outcome", o.get("outcome"), n.get("outcome"), note))
+        return out
+    if o.get("exception") != n.get("exception"):
+        out.append(Change(cid, label, "exception", o.get("exception"), n.get("exception")))
+    if (o.get("family") or "") != (n.get("family") or ""):
+        out.append(Change(cid, label, "family", o.get("family") or "", n.get("family") or "",
+                          f"now: {(n.get('message') or '').strip().splitlines()[0][:200]}"
+                          if n.get("message") else ""))
+    if o.get("phase") != n.get("phase"):
+        out.append(Change(cid, label, "phase", o.get("phase"), n.get("phase")))
+    if duration_changed(o.get("duration"), n.get("duration"), rel_tol, abs_tol):
+        d = float(n["duration"]) - float(o["duration"])
+        out.append(Change(cid, label, "duration", o.get("duration"), n.get("duration"),
+                          f"{d:+.2f} s"))
+    return out
+
+
+def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFAULT_REL_TOL,
+                 abs_tol: float = DEFAULT_ABS_TOL, ignore: Sequence[str] = ()) -> DiffResult:
+    """Every behaviour change from ``old`` to ``new`` (both session reports as dicts)."""
+    unknown = set(ignore) - set(KINDS)
+    if unknown:
+        raise ValueError(f"unknown change kind(s) {sorted(unknown)}; known: {', '.join(KINDS)}")
+    res = DiffResult(rel_tol=rel_tol, abs_tol=abs_tol,
+                     environment=environment_changes(old.get("environment") or {},
+                                                     new.get("environment") or {}))
+    ocases = {c["id"]: c for c in old.get("cases", [])}
+    ncases = {c["id"]: c for c in new.get("cases", [])}
+    changes: List[Change] = []
+    for cid in list(ocases) + [c for c in ncases if c not in ocases]:
+        o, n = ocases.get(cid), ncases.get(cid)
+        if o is None:
+            changes.append(Change(cid, None, "added", None, n.get("status") if n else None))
+            continue
+        if n is None:
+            changes.append(Change(cid, None, "removed", o.get("status"), None))
+            continue
+        res.compared += 1
+        os_, ns = o.get("status"), n.get("status")
+        if ns == "skipped" and os_ != "skipped":
+            changes.append(Change(cid, None, "skipped", os_, ns, n.get("reason") or ""))
+            continue
+        if os_ == "skipped" and ns != "skipped":
+            changes.append(Change(cid, None, "unskipped", os_, ns, o.get("reason") or ""))
+            continue
+        if os_ == "skipped":
+            continue
+        if os_ != ns:
+            changes.append(Change(cid, None, "status", os_, ns, n.get("reason") or ""))
+        if o.get("job") != n.get("job"):
+            changes.append(Change(cid, None, "job", o.get("job"), n.get("job")))
+        oranks = {str(r.get("label")): r for r in o.get("ranks", [])}
+        nranks = {str(r.get("label")): r for r in n.get("ranks", [])}
+        for label in list(oranks) + [x for x in nranks if x not in oranks]:
+            orank, nrank = oranks.get(label), nranks.get(label)
+            if orank is None:
+                changes.append(Change(cid, label, "rank_added", None,
+                                      nrank.get("outcome") if nrank else None))
+            elif nrank is None:
+                changes.append(Change(cid, label, "rank_removed", orank.get("outcome"), None))
+            else:
+                changes += _rank_changes(cid, orank, nrank, rel_tol, abs_tol)
+    res.changes = [c for c in changes if c.kind not in ignore]
+    res.ignored = len(changes) - len(res.changes)
+    return res
+
+
+def render_table(res: DiffResult, old_name: str = "old", new_name: str = "new",
+                 old_env: Optional[Dict[str, Any]] = None,
+                 new_env: Optional[Dict[str, Any]] = None, console: Any = None) -> None:
+    """Print the diff as rich tables (environment context, then the changes, then a summary)."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    con = console or Console()
+    oe, ne = old_env or {}, new_env or {}
+    con.print(Text(f"old: {old_name} (torch {oe.get('torch', '?')})"))
+    con.print(Text(f"new: {new_name} (torch {ne.get('torch', '?')})"))
+    if res.environment:
+        con.print(Text("environment differences (context, not counted as changes):"))
+        t = Table()
+        for col in ("", "old", "new"):
+            t.add_column(col, overflow="fold")
+        for e in res.environment:
+            t.add_row(Text(e["key"]), Text(_fmt(e["old"])), Text(_fmt(e["new"])))
+        con.print(t)
+    if res.changes:
+        styles = {"outcome": "bold red", "removed": "red", "added": "green", "skipped": "yellow",
+                  "unskipped": "yellow", "duration": "yellow", "status": "bold red",
+                  "job": "bold red", "exception": "red", "family": "magenta", "phase": "red"}
+        con.print(Text("behaviour changes:", style="bold"))
+        t = Table(show_lines=False)
+        for col in ("case", "rank", "change", "old", "new", "note"):
+            t.add_column(col, overflow="fold")
+        last = None
+        for c in res.changes:
+            t.add_row(Text("" if c.case == last else c.case), Text(_fmt(c.rank)),
+                      Text(c.kind, style=styles.get(c.kind, "")), Text(_fmt(c.old)),
+                      Text(_fmt(c.new)), Text(c.note))
+            last = c.case
+        con.print(t)
+    n, k = len(res.changes), len(res.changed_cases)
+    tail = f" ({res.ignored} ignored)" if res.ignored else ""
+    if n:
+        con.print(Text(f"{n} behaviour change{'s' * (n != 1)} in {k} case{'s' * (k != 1)} "
+                       f"({res.compared} compared){tail}", style="bold red"))
+    else:
+        con.print(Text(f"no behaviour change ({res.compared} cases compared, duration tolerance "
+                       f"{res.rel_tol:.0%} and {res.abs_tol:g} s){tail}", style="bold green"))

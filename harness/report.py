@@ -1,0 +1,445 @@
+"""The session report: one JSON file per test session, from pytest or from ``harness run``.
+
+It owns the report's format (``FORMAT``), the environment fingerprint, the per-case and per-rank
+records built from a run's observation and verdicts, the message families that let ``harness
+diff`` tell "same error, different port" from a real change, and the pytest plugin part that
+collects those records (also under pytest-xdist: each worker attaches a case's record to its test
+report, the controller gathers them and writes the file once at the end of the session).
+
+Layout of a report (``"format": 1``)::
+
+    {"format": 1, "tool": "torchdist-harness 0.1.0", "created": ISO time, "source": "pytest",
+     "argv": [...], "duration": s, "environment": {...},
+     "summary": {"total", "passed", "failed", "skipped", "error", "collect_errors"},
+     "collect_errors": [{"file", "message"}],
+     "cases": [{"id", "file", "scenario", "case", "name", "test_id", "about", "marks", "faults",
+                "notes", "backend", "world_size", "status", "reason", "failure", "mismatches",
+                "job", "expectation", "torch_version", "duration", "wall", "deadline",
+                "timeout", "evidence", "port_owners", "rules", "ranks": [...],
+                "timeline": {...}}]}
+
+See docs/reports-and-cli.md for every field.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+
+import pytest
+
+FORMAT = 1
+STATUSES = ("passed", "failed", "skipped", "error")
+ENV_PREFIXES = ("TORCH", "PYTORCH_", "NCCL_", "GLOO_", "MASTER_", "TP_SOCKET", "CUDA_", "HARNESS_",
+                "USE_LIBUV", "OMP_NUM_THREADS", "FI_", "UCX_", "NVIDIA_")
+ENV_EXACT = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+
+
+class ReportError(ValueError):
+    """A file that is not a usable session report (missing, not JSON, wrong format)."""
+
+
+# -- environment ---------------------------------------------------------------------------------
+
+def relevant_env(environ: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The environment variables that change how torch.distributed starts (sorted)."""
+    env = os.environ if environ is None else environ
+    return {k: env[k] for k in sorted(env)
+            if k.startswith(ENV_PREFIXES) or k in ENV_EXACT}
+
+
+def environment() -> Dict[str, Any]:
+    """The fingerprint of this machine and image: torch (version, git hash, backends), Python,
+    kernel, the libuv store default and the relevant environment variables."""
+    from . import __version__
+    from .probe import probe
+
+    info = dict(probe())
+    return {
+        "torch": info.get("torch"),
+        "torch_git": info.get("torch_git"),
+        "cuda": info.get("cuda"),
+        "gpus": info.get("gpus", 0),
+        "distributed": info.get("distributed"),
+        "gloo": info.get("gloo"),
+        "nccl": info.get("nccl"),
+        "nccl_version": info.get("nccl_version"),
+        "mpi": info.get("mpi"),
+        "libuv_store_default": info.get("libuv_store_default"),
+        "probe_error": info.get("error"),
+        "python": info.get("python") or platform.python_version(),
+        "python_executable": sys.executable,
+        "kernel": platform.release(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "hostname": platform.node(),
+        "cpus": os.cpu_count(),
+        "euid": os.geteuid(),
+        "harness": __version__,
+        "env": relevant_env(),
+    }
+
+
+# -- message families ----------------------------------------------------------------------------
+
+_FAMILY_RULES = [
+    (re.compile(r"\[enforce fail at [^\]]*\]", re.I), "[enforce fail]"),
+    (re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.I), "<url>"),
+    (re.compile(r"(?<![\w/])(?:[A-Za-z]:)?(?:/[\w.@+-]*){2,}(?::\d+)?"), "<path>"),
+    (re.compile(r"\[?\b(?:[0-9a-f]{0,4}:){2,7}[0-9a-f]{0,4}\]?", re.I), "<addr>"),
+    (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b"), "<addr>"),
+    (re.compile(r"\b0x[0-9a-f]+\b", re.I), "<hex>"),
+    (re.compile(r"(?<![A-Za-z_])\d+(?:\.\d+)?"), "<n>"),
+    (re.compile(r"'[^']*'|\"[^\"]*\""), "<str>"),
+    (re.compile(r"^\[(?:<path>|<n>)\]\s*"), ""),
+]
+FAMILY_MAX = 160
+
+
+def message_family(message: Optional[str]) -> str:
+    """A short key for what a message says, without what varies between runs.
+
+    The first non-empty line, with URLs, paths, addresses, hex and numbers replaced, quoted
+    strings replaced, lower-cased and cut at ``FAMILY_MAX`` characters::
+
+        "The client socket has timed out after 5000ms while trying to connect to
+         (127.0.0.1, 29500)."  ->
+        "the client socket has timed out after <n>ms while trying to connect to (<addr>, <n>)."
+    """
+    if not message:
+        return ""
+    first = next((ln.strip() for ln in message.splitlines() if ln.strip()), "")
+    for pattern, repl in _FAMILY_RULES:
+        first = pattern.sub(repl, first)
+    first = re.sub(r"\s+", " ", first).strip().lower()
+    return first[:FAMILY_MAX]
+
+
+# -- records -------------------------------------------------------------------------------------
+
+_EVENT_KEEP = ("phase", "step", "rank", "world_size", "status")
+
+
+def _rel(t: Optional[float], t0: float) -> Optional[float]:
+    return None if t is None or not t0 else round(t - t0, 4)
+
+
+def rank_record(verdict: Dict[str, Any], obs: Dict[str, Any], t0: float) -> Dict[str, Any]:
+    """One rank: its verdict, message family, and the evidence worth keeping in a report."""
+    result = next((e for e in obs.get("events", []) if e.get("ev") == "result"), None) or {}
+    exc = result.get("exc") or {}
+    events = obs.get("events", [])
+    start = next((e["t"] for e in events if e.get("ev") == "phase"
+                  and e.get("phase") == "start"), None)
+    ready = next((e["t"] for e in events if e.get("ev") == "ready"), None)
+    rec: Dict[str, Any] = {
+        "label": verdict.get("label", obs.get("label")),
+        "outcome": verdict.get("outcome"),
+        "phase": verdict.get("phase"),
+        "duration": verdict.get("duration"),
+        "exception": verdict.get("exception"),
+        "exception_mro": verdict.get("exception_mro", []),
+        "message": verdict.get("message", ""),
+        "family": message_family(verdict.get("message")),
+        "reason": verdict.get("reason", ""),
+        "returncode": verdict.get("returncode"),
+        "host": verdict.get("host", obs.get("host", "local")),
+        "addr": verdict.get("addr") or obs.get("addr", ""),
+        "pid": obs.get("pid"),
+        "import_s": round(ready - start, 3) if start is not None and ready is not None else None,
+    }
+    for key, value in (("traceback", exc.get("traceback")),
+                       ("stacks", obs.get("stacks") or verdict.get("stacks")),
+                       ("native_stacks", obs.get("native_stacks")),
+                       ("stdout_tail", obs.get("stdout_tail")),
+                       ("stderr_tail", obs.get("stderr_tail"))):
+        if value:
+            rec[key] = value
+    return rec
+
+
+def timeline(run: Dict[str, Any]) -> Dict[str, Any]:
+    """What the HTML chart draws: events, signals and holders, in seconds from the start line."""
+    t0 = run.get("t0") or 0.0
+    plan = run.get("plan") or {}
+    ranks = []
+    for r in run.get("ranks", []):
+        events = []
+        for e in r.get("events", []):
+            ev = {"ev": e.get("ev"), "t": _rel(e.get("t"), t0)}
+            ev.update({k: e[k] for k in _EVENT_KEEP if k in e})
+            events.append(ev)
+        ranks.append({
+            "label": r.get("label"),
+            "host": r.get("host", "local"),
+            "released_at": r.get("released_at"),
+            "ended_at": r.get("ended_at"),
+            "killed_at_deadline": bool(r.get("killed_at_deadline")),
+            "signals": list(r.get("signals", [])),
+            "events": events,
+        })
+    return {
+        "deadline": plan.get("deadline"),
+        "timeout": plan.get("timeout"),
+        "wall": run.get("wall"),
+        "master_port": plan.get("master_port"),
+        "ranks": ranks,
+        "holders": list(run.get("holders", [])),
+        "actions": list(plan.get("actions", [])),
+        "net_log": list(run.get("net_log", [])),
+    }
+
+
+def _jsonable(x: Any) -> Any:
+    return json.loads(json.dumps(x, default=str))
+
+
+def case_record(*, nodeid: str, file: str, name: str, scenario: Any = None,
+                run: Optional[Dict[str, Any]] = None, verdicts: Sequence[Any] = (),
+                expectation: Any = None, mismatches: Sequence[Any] = (),
+                evidence: Optional[str] = None) -> Dict[str, Any]:
+    """A scenario case as far as it got: static facts, then the run's ranks if it ran.
+
+    ``status``, ``reason``, ``failure`` and ``duration`` are filled in from pytest's reports.
+    """
+    from .classify import OUTCOME_SEVERITY
+
+    run = run or {}
+    plan = run.get("plan") or {}
+    vds = [v if isinstance(v, dict) else v.to_dict() for v in verdicts]
+    by_label = {r.get("label"): r for r in run.get("ranks", [])}
+    rec: Dict[str, Any] = {
+        "id": nodeid, "file": file, "name": name,
+        "scenario": getattr(scenario, "name", None),
+        "case": getattr(scenario, "case", None),
+        "test_id": getattr(scenario, "test_id", name),
+        "about": (getattr(scenario, "about", "") or "").strip(),
+        "marks": list(getattr(scenario, "marks", []) or []),
+        "faults": [f.kind for f in getattr(scenario, "faults", []) or []],
+        "backend": getattr(scenario, "backend", None),
+        "world_size": getattr(scenario, "world_size", None),
+        "notes": list(plan.get("notes", [])),
+        "status": None, "reason": "", "failure": "",
+        "mismatches": [m if isinstance(m, dict) else
+                       {"label": m.label, "field": m.field, "expected": m.expected,
+                        "observed": m.observed} for m in mismatches],
+        "job": max((v["outcome"] for v in vds), key=OUTCOME_SEVERITY.index) if vds else None,
+        "expectation": (expectation.model_dump(exclude_none=True)
+                        if hasattr(expectation, "model_dump") else expectation),
+        "torch_version": run.get("torch_version"),
+        "duration": None,
+        "wall": run.get("wall"),
+        "deadline": plan.get("deadline", getattr(scenario, "deadline", None)),
+        "timeout": plan.get("timeout", getattr(scenario, "timeout", None)),
+        "evidence": evidence,
+        "port_owners": run.get("port_owners") or [],
+        "rules": run.get("rules") or {},
+        "ranks": [rank_record(v, by_label.get(v.get("label"), {}), run.get("t0") or 0.0)
+                  for v in vds],
+        "timeline": timeline(run) if run else None,
+    }
+    return _jsonable(rec)
+
+
+def summarize(cases: Iterable[Dict[str, Any]], collect_errors: Sequence[Any] = ()
+              ) -> Dict[str, int]:
+    out = {s: 0 for s in STATUSES}
+    total = 0
+    for c in cases:
+        total += 1
+        if c.get("status") in out:
+            out[c["status"]] += 1
+    return {"total": total, **out, "collect_errors": len(collect_errors)}
+
+
+def build(cases: Sequence[Dict[str, Any]], *, env: Optional[Dict[str, Any]] = None,
+          collect_errors: Sequence[Dict[str, str]] = (), source: str = "pytest",
+          argv: Optional[Sequence[str]] = None, duration: Optional[float] = None
+          ) -> Dict[str, Any]:
+    """The whole report (cases in the order given)."""
+    from . import __version__
+
+    return {
+        "format": FORMAT,
+        "tool": f"torchdist-harness {__version__}",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "source": source,
+        "argv": list(argv if argv is not None else sys.argv),
+        "duration": None if duration is None else round(duration, 3),
+        "environment": env if env is not None else environment(),
+        "summary": summarize(cases, collect_errors),
+        "collect_errors": list(collect_errors),
+        "cases": list(cases),
+    }
+
+
+def write(report: Dict[str, Any], path: Union[str, Path]) -> Path:
+    """Write atomically (a reader never sees half a file)."""
+    p = Path(path)
+    if p.parent and not p.parent.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(report, indent=1, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, p)
+    return p
+
+
+def read(path: Union[str, Path]) -> Dict[str, Any]:
+    """Load a report, or raise ReportError saying what is wrong with the file."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ReportError(f"{p}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReportError(f"{p}: cannot read: {e}") from None
+    except ValueError as e:
+        raise ReportError(f"{p}: not JSON: {e}") from None
+    if not isinstance(data, dict) or "format" not in data or not isinstance(
+            data.get("cases"), list):
+        raise ReportError(f"{p}: not a harness session report (no 'format' and 'cases'; write "
+                          "one with `harness run --report` or `pytest --harness-report`)")
+    if not isinstance(data["format"], int) or data["format"] > FORMAT:
+        raise ReportError(f"{p}: report format {data['format']!r} is newer than this harness "
+                          f"reads (format {FORMAT}); upgrade torchdist-harness")
+    for i, c in enumerate(data["cases"]):
+        if not isinstance(c, dict) or "id" not in c or not isinstance(c.get("ranks", []), list):
+            raise ReportError(f"{p}: cases[{i}] is not a case record (needs 'id' and 'ranks')")
+    return data
+
+
+# -- the pytest side -----------------------------------------------------------------------------
+
+def _evidence_of(item: Any) -> Optional[str]:
+    """The item's evidence directory (absolute), wherever the plugin keeps it."""
+    for attr in ("evidence_dir", "evidence"):
+        v = getattr(item, attr, None)
+        if v:
+            return os.path.abspath(str(v))
+    run = getattr(item, "run", None) or {}
+    for key in ("evidence_dir", "evidence"):
+        if run.get(key):
+            return os.path.abspath(str(run[key]))
+    try:
+        keep = item.config.getoption("harness_keep")
+    except ValueError:
+        keep = None
+    if keep and run:
+        return str(Path(keep) / item.nodeid.replace("/", "_").replace("::", "__"))
+    return None
+
+
+def item_record(item: Any) -> Dict[str, Any]:
+    """The case record of a ScenarioItem (duck-typed: no import of the plugin)."""
+    from .expect import check
+
+    expectation = getattr(item, "expectation", None)
+    verdicts = list(getattr(item, "verdicts", []) or [])
+    mismatches = check(expectation, verdicts) if expectation is not None and verdicts else []
+    nodeid = item.nodeid
+    return case_record(
+        nodeid=nodeid, file=nodeid.split("::", 1)[0], name=item.name,
+        scenario=item.scenario, run=getattr(item, "run", None) or {}, verdicts=verdicts,
+        expectation=expectation, mismatches=mismatches, evidence=_evidence_of(item))
+
+
+def _skip_reason(rep: Any) -> str:
+    lr = rep.longrepr
+    if isinstance(lr, (tuple, list)) and len(lr) == 3:
+        msg = str(lr[2])
+    else:
+        msg = getattr(rep, "longreprtext", "") or str(lr or "")
+    return msg[len("Skipped: "):] if msg.startswith("Skipped: ") else msg
+
+
+class SessionRecorder:
+    """pytest plugin object (registered by ``harness.pytest_plugin`` when ``--harness-report``
+    or ``--harness-html`` is given). On an xdist worker it only attaches records to reports;
+    the controller (or a plain session) gathers them and writes the files."""
+
+    def __init__(self, config: Any, report_path: Optional[str], html_path: Optional[str]):
+        self.config = config
+        self.report_path, self.html_path = report_path, html_path
+        self.is_worker = hasattr(config, "workerinput")
+        self.cases: Dict[str, Dict[str, Any]] = {}
+        self.durations: Dict[str, float] = {}
+        self.collect_errors: List[Dict[str, str]] = []
+        self.started = time.monotonic()
+        self.written: List[Path] = []
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: Any, call: Any):  # type: ignore[no-untyped-def]
+        outcome = yield
+        if getattr(item, "scenario", None) is None:
+            return
+        rep = outcome.get_result()
+        if rep.when == "call" or (rep.when == "setup" and not rep.passed):
+            rep.harness_case = item_record(item)
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        if self.is_worker:
+            return
+        data = getattr(report, "harness_case", None)
+        nid = report.nodeid
+        self.durations[nid] = self.durations.get(nid, 0.0) + (report.duration or 0.0)
+        if data is None and nid not in self.cases:
+            return
+        rec = self.cases.setdefault(nid, {})
+        if data is not None:
+            keep = {k: rec[k] for k in ("status", "reason", "failure") if k in rec}
+            rec.update(data)
+            rec.update({k: v for k, v in keep.items() if v not in (None, "")})
+        rec["duration"] = round(self.durations[nid], 3)
+        if report.skipped and report.when in ("setup", "call"):
+            rec["status"] = "skipped"
+            rec["reason"] = _skip_reason(report)
+        elif report.failed:
+            text = getattr(report, "longreprtext", "") or ""
+            if report.when == "call":
+                rec["status"] = "failed"
+                rec["failure"] = text
+                rec["reason"] = "ranks did not end as expected" if rec.get("mismatches") \
+                    else text.strip().splitlines()[-1][:300] if text.strip() else "failed"
+            else:
+                rec["status"] = "error"
+                rec["failure"] = (rec.get("failure", "") + "\n" + text).strip()
+                rec["reason"] = f"error in {report.when}: " + (
+                    text.strip().splitlines()[-1][:300] if text.strip() else "")
+        elif report.when == "call" and report.passed and rec.get("status") is None:
+            rec["status"] = "passed"
+
+    def pytest_collectreport(self, report: Any) -> None:
+        if self.is_worker or not report.failed:
+            return
+        nid = report.nodeid or ""
+        if nid.endswith((".yaml", ".yml")):
+            self.collect_errors.append({"file": nid,
+                                        "message": getattr(report, "longreprtext", "")})
+
+    def pytest_sessionfinish(self, session: Any) -> None:
+        if self.is_worker:
+            return
+        cases = list(self.cases.values())
+        for c in cases:
+            if c.get("status") is None:  # e.g. interrupted between setup and call
+                c["status"] = "error"
+                c["reason"] = c.get("reason") or "did not finish"
+        rep = build(cases, collect_errors=self.collect_errors, source="pytest",
+                    argv=list(self.config.invocation_params.args),
+                    duration=time.monotonic() - self.started)
+        if self.report_path:
+            self.written.append(write(rep, self.report_path))
+        if self.html_path:
+            from .html import write_html
+            self.written.append(write_html(rep, self.html_path))
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        for p in self.written:
+            terminalreporter.write_line(f"harness: wrote {p}")

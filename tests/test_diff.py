@@ -1,0 +1,170 @@
+"""``harness diff``'s comparison (pure): a real report against hand-edited copies of itself."""
+
+import copy
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import report
+from harness.diff import KINDS, diff_reports, duration_changed, render_table
+
+COMMITTED = Path(__file__).parent / "data" / "report-gloo.json"
+
+
+@pytest.fixture
+def old():
+    return report.read(COMMITTED)
+
+
+@pytest.fixture
+def new(old):
+    return copy.deepcopy(old)
+
+
+def case(rep, test_id):
+    return next(c for c in rep["cases"] if c["test_id"] == test_id)
+
+
+def rank(rep, test_id, label):
+    return next(r for r in case(rep, test_id)["ranks"] if r["label"] == label)
+
+
+def kinds(res):
+    return [(c.case.split("::")[-1], c.rank, c.kind) for c in res.changes]
+
+
+def test_a_report_has_no_change_against_itself(old, new):
+    res = diff_reports(old, new)
+    assert res.changes == [] and res.compared == len(old["cases"]) and res.environment == []
+
+
+def test_outcome_change_is_one_change_with_the_new_exception_in_the_note(old, new):
+    r = rank(new, "healthy", "1")
+    r.update(outcome="timeout", exception="DistStoreError",
+             message="Timed out after 6 seconds waiting for clients. 1/2 clients joined.")
+    r["family"] = report.message_family(r["message"])
+    res = diff_reports(old, new)
+    assert kinds(res) == [("healthy", "1", "outcome")]
+    ch = res.changes[0]
+    assert (ch.old, ch.new) == ("ok", "timeout")
+    assert "DistStoreError" in ch.note and "clients joined" in ch.note
+
+
+def test_exception_class_change_with_the_same_outcome(old, new):
+    rank(new, "busy_port_released", "1")["exception"] = "DistStoreError"
+    res = diff_reports(old, new)
+    assert kinds(res) == [("busy_port_released", "1", "exception")]
+    assert (res.changes[0].old, res.changes[0].new) == ("DistNetworkError", "DistStoreError")
+
+
+def test_other_port_and_timeout_in_the_message_is_the_same_family(old, new):
+    r = rank(new, "busy_port_released", "1")
+    r["message"] = ("The client socket has timed out after 9000ms while trying to connect to "
+                    "(127.0.0.1, 12345).")
+    r["family"] = report.message_family(r["message"])
+    assert r["family"] == rank(old, "busy_port_released", "1")["family"]
+    assert diff_reports(old, new).changes == []
+
+
+def test_other_words_in_the_message_are_a_family_change(old, new):
+    r = rank(new, "busy_port_released", "1")
+    r["message"] = "wait timeout after 5000ms, keys: /default_pg/0//cpu//0/0"
+    r["family"] = report.message_family(r["message"])
+    res = diff_reports(old, new)
+    assert kinds(res) == [("busy_port_released", "1", "family")]
+    assert res.changes[0].new == "wait timeout after <n>ms, keys: <path>"
+    assert "wait timeout after 5000ms" in res.changes[0].note
+
+
+def test_phase_change(old, new):
+    rank(new, "stopped_rank", "0")["phase"] = "init"
+    assert kinds(diff_reports(old, new)) == [("stopped_rank", "0", "phase")]
+
+
+@pytest.mark.parametrize("old_d,new_d,changed", [
+    (0.05, 0.9, False),      # 18x slower, but under the 2 s absolute tolerance: noise
+    (7.0, 9.5, False),       # +2.5 s, but within 50 %
+    (7.0, 13.0, True),       # +6 s and +86 %
+    (13.0, 7.0, True),       # faster counts too
+    (None, 3.0, False),
+])
+def test_duration_needs_both_tolerances_exceeded(old_d, new_d, changed):
+    assert duration_changed(old_d, new_d, 0.5, 2.0) is changed
+
+
+def test_duration_change_in_a_report_and_the_tolerance_options(old, new):
+    rank(new, "delayed_rank", "0")["duration"] = 9.0
+    res = diff_reports(old, new)
+    assert kinds(res) == [("delayed_rank", "0", "duration")]
+    assert res.changes[0].note.startswith("+7.9")
+    assert diff_reports(old, new, abs_tol=10.0).changes == []
+    assert diff_reports(old, new, rel_tol=10.0).changes == []
+
+
+def test_newly_skipped_and_unskipped(old, new):
+    c = case(new, "healthy")
+    c.update(status="skipped", reason="backend gloo: missing", ranks=[], job=None)
+    res = diff_reports(old, new)
+    assert kinds(res) == [("healthy", None, "skipped")]
+    assert res.changes[0].note == "backend gloo: missing"
+    back = diff_reports(new, old)
+    assert kinds(back) == [("healthy", None, "unskipped")]
+
+
+def test_added_and_removed_cases_and_ranks(old, new):
+    gone = case(new, "healthy")
+    new["cases"].remove(gone)
+    extra = copy.deepcopy(gone)
+    extra["id"] = "scenarios/other.yaml::other"
+    new["cases"].append(extra)
+    case(new, "delayed_rank")["ranks"].pop()
+    res = diff_reports(old, new)
+    assert set(kinds(res)) == {("healthy", None, "removed"), ("other", None, "added"),
+                               ("delayed_rank", "1", "rank_removed")}
+
+
+def test_status_and_job_changes(old, new):
+    c = case(new, "stopped_rank")
+    c.update(status="failed", job="timeout", reason="ranks did not end as expected")
+    rank(new, "stopped_rank", "1").update(outcome="timeout")
+    got = kinds(diff_reports(old, new))
+    assert got == [("stopped_rank", None, "status"), ("stopped_rank", None, "job"),
+                   ("stopped_rank", "1", "outcome")]
+
+
+def test_ignore_drops_kinds_and_counts_them(old, new):
+    rank(new, "delayed_rank", "0")["duration"] = 9.0
+    rank(new, "stopped_rank", "0")["phase"] = "init"
+    res = diff_reports(old, new, ignore=["duration"])
+    assert kinds(res) == [("stopped_rank", "0", "phase")] and res.ignored == 1
+    with pytest.raises(ValueError, match="unknown change kind"):
+        diff_reports(old, new, ignore=["durations"])
+
+
+def test_environment_differences_are_context_not_changes(old, new):
+    new["environment"]["torch"] = "2.4.1+cpu"
+    new["environment"]["env"] = {"USE_LIBUV": "0"}
+    res = diff_reports(old, new)
+    assert res.changes == []
+    assert {"key": "torch", "old": old["environment"]["torch"], "new": "2.4.1+cpu"} in \
+        res.environment
+    assert {"key": "env USE_LIBUV", "old": None, "new": "0"} in res.environment
+
+
+def test_json_form_and_table(old, new):
+    rank(new, "healthy", "0")["outcome"] = "hang"
+    res = diff_reports(old, new)
+    d = json.loads(json.dumps(res.to_dict()))
+    assert d["summary"]["changes"] == 1 and d["summary"]["by_kind"] == {"outcome": 1}
+    assert d["changes"][0]["case"] == "scenarios/healthy.yaml::healthy"
+    assert set(KINDS) >= {c["kind"] for c in d["changes"]}
+    from rich.console import Console
+
+    buf = io.StringIO()
+    render_table(res, "a.json", "b.json", old["environment"], new["environment"],
+                 console=Console(file=buf, width=200, no_color=True))
+    out = buf.getvalue()
+    assert "scenarios/healthy.yaml::healthy" in out and "outcome" in out and "hang" in out
+    assert "1 behaviour change in 1 case" in out

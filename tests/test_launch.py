@@ -1,0 +1,340 @@
+"""Launch and supervise (harness.launch), for real: real ranks importing real torch, real signals.
+
+Each test runs one small scenario (2 ranks, gloo, a few seconds) and then checks that nothing of
+the run is left: no rank or port-holder process, no run directory. Timings are bounds with
+slack (the machine is shared), never tight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from harness.classify import classify_run, job_outcome
+from harness.launch import run_scenario
+from harness.loader import load_text
+from harness.rundir import base_dir, sweep
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def scenario(text: str):
+    (scn,) = load_text(textwrap.dedent(text), "launch.yaml")
+    return scn
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def harness_descendants():
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if ("harness.worker" in cmd or "harness.portholder" in cmd) and alive(p.pid):
+            out.append(f"{p.pid} {cmd[:100]}")
+    return out
+
+
+def our_run_dirs():
+    out = []
+    for run in base_dir().glob("run-*"):
+        try:
+            owner = json.loads((run / "owner.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if owner.get("pid") == os.getpid():
+            out.append(run.name)
+    return out
+
+
+def assert_nothing_left(o):
+    pids = [r["pid"] for r in o["ranks"]] + [h["pid"] for h in o["holders"]]
+    assert [p for p in pids if alive(p)] == []
+    assert harness_descendants() == []
+    assert not Path(o["run_dir"]).exists()
+    assert our_run_dirs() == []
+
+
+def run(text: str):
+    o = run_scenario(scenario(text)).to_dict()
+    return o, {v.label: v for v in classify_run(o)}
+
+
+def events(o, label):
+    return next(r for r in o["ranks"] if r["label"] == label)["events"]
+
+
+# -- a healthy run ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def healthy():
+    return run("""
+        name: healthy
+        about: two ranks, barrier and all_reduce
+        world_size: 2
+        timeout: 20
+        deadline: 90
+        workload: [barrier, all_reduce]
+    """)
+
+
+def test_healthy_run_is_ok(healthy):
+    _, vs = healthy
+    assert {k: v.outcome for k, v in vs.items()} == {"0": "ok", "1": "ok"}
+    assert job_outcome(vs.values()) == "ok"
+
+
+def test_healthy_ranks_go_through_every_phase(healthy):
+    o, _ = healthy
+    phases = [e["phase"] for e in events(o, "1") if e["ev"] == "phase"]
+    assert phases == ["start", "import", "init", "workload step 1", "workload step 2",
+                      "destroy", "exit"]
+
+
+def test_healthy_run_records_the_torch_version(healthy):
+    o, _ = healthy
+    from importlib.metadata import version
+
+    assert o["torch_version"] == version("torch")
+
+
+def test_healthy_run_leaves_nothing(healthy):
+    assert_nothing_left(healthy[0])
+
+
+def test_built_observations_have_the_shape_of_a_real_one(healthy, obs):
+    """tests/conftest.py builds the observations classify and expect are tested on: they must
+    have the keys, the events and the event fields of a real one."""
+    real = healthy[0]
+    built = obs.run(obs.rank("0"))
+    assert sorted(built) == sorted(real)
+    real_rank, built_rank = real["ranks"][0], built["ranks"][0]
+    assert sorted(built_rank) == sorted(real_rank)
+    assert [(e["ev"], e.get("phase")) for e in built_rank["events"]] == \
+        [(e["ev"], e.get("phase")) for e in real_rank["events"]]
+    assert [sorted(e) for e in built_rank["events"]] == [sorted(e) for e in real_rank["events"]]
+
+
+# -- the start line -------------------------------------------------------------------------------
+
+def test_delayed_rank_is_released_after_its_delay_from_the_start_line():
+    o, vs = run("""
+        name: late
+        about: rank 1 starts 3 s late, well within the timeout
+        world_size: 2
+        timeout: 20
+        deadline: 90
+        workload: init
+        faults:
+          - kind: delayed_rank
+            ranks: [1]
+            delay: 3
+    """)
+    released = {r["label"]: next(e["t"] for e in r["events"] if e["ev"] == "released") - o["t0"]
+                for r in o["ranks"]}
+    assert released["1"] >= 3.0
+    assert released["0"] < 3.0
+    assert [vs["0"].outcome, vs["1"].outcome] == ["ok", "ok"]
+    assert_nothing_left(o)
+
+
+# -- a rank killed mid-workload --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def killed():
+    return run("""
+        name: killed
+        about: rank 1 is SIGKILLed as it starts its first workload step
+        world_size: 2
+        timeout: 10
+        deadline: 60
+        workload: [sleep 0.5, barrier]
+        faults:
+          - kind: kill_rank
+            rank: 1
+            phase: workload step 1
+            after: 0.1
+    """)
+
+
+def test_rank_killed_mid_workload_is_crash(killed):
+    _, vs = killed
+    assert (vs["1"].outcome, vs["1"].reason) == ("crash", "killed by SIGKILL (sent by the fault)")
+    assert vs["1"].phase == "workload step 1"
+
+
+def test_killed_rank_events_before_the_kill_survive(killed):
+    o, _ = killed
+    evs = [e["ev"] for e in events(o, "1")]
+    assert {"ready", "released", "joined"} <= set(evs) and "result" not in evs
+    assert any(e.get("phase") == "workload step 1" for e in events(o, "1"))
+
+
+def test_killed_rank_returncode_is_the_signal(killed):
+    o, _ = killed
+    assert next(r for r in o["ranks"] if r["label"] == "1")["returncode"] == -signal.SIGKILL
+
+
+def test_the_peer_of_a_killed_rank_does_not_end_ok(killed):
+    _, vs = killed
+    assert vs["0"].outcome in ("error", "timeout")
+
+
+def test_built_exception_record_has_the_shape_of_a_real_one(killed, obs):
+    o, _ = killed
+    real = next(e for e in events(o, "0") if e["ev"] == "result")
+    built = next(e for e in obs.rank("0", reached="workload step 2",
+                                     exc=obs.exc("RuntimeError", "x"))["events"]
+                 if e["ev"] == "result")
+    assert real["status"] == built["status"] == "exception"
+    assert sorted(built) == sorted(real) and sorted(built["exc"]) == sorted(real["exc"])
+    assert real["exc"]["mro"][-3:] == ["builtins.Exception", "builtins.BaseException",
+                                       "builtins.object"]
+
+
+def test_killed_run_leaves_nothing(killed):
+    assert_nothing_left(killed[0])
+
+
+# -- the deadline ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def stopped():
+    return run("""
+        name: stopped
+        about: rank 1 is SIGSTOPped in its workload; the deadline comes before torch's timeout
+        world_size: 2
+        timeout: 60
+        deadline: 4
+        workload: [sleep 0.2, barrier]
+        faults:
+          - kind: stop_rank
+            rank: 1
+            phase: workload step 1
+    """)
+
+
+def test_stopped_rank_is_hang_at_the_deadline(stopped):
+    _, vs = stopped
+    assert vs["1"].outcome == "hang"
+    assert "SIGSTOP" in vs["1"].reason
+
+
+def test_peer_waiting_on_a_stopped_rank_is_hang_too(stopped):
+    _, vs = stopped
+    assert vs["0"].outcome == "hang"
+
+
+def test_hung_ranks_have_faulthandler_stacks_of_the_worker(stopped):
+    _, vs = stopped
+    for label in ("0", "1"):
+        assert "harness/worker.py" in vs[label].stacks, vs[label].stacks
+
+
+def test_hung_run_ends_after_the_deadline(stopped):
+    o, _ = stopped
+    assert o["wall"] >= 4.0
+
+
+def test_hung_run_leaves_nothing(stopped):
+    assert_nothing_left(stopped[0])
+
+
+# -- a port holder ---------------------------------------------------------------------------------
+
+def test_busy_master_port_fails_rank_0_with_eaddrinuse_and_leaves_no_holder():
+    o, vs = run("""
+        name: busy
+        about: a listener holds MASTER_PORT; rank 0 cannot host the store
+        world_size: 1
+        timeout: 10
+        deadline: 60
+        workload: init
+        faults:
+          - kind: busy_port
+            mode: listening
+    """)
+    assert len(o["holders"]) == 1
+    assert (vs["0"].outcome, vs["0"].exception) == ("error", "DistNetworkError")
+    assert "EADDRINUSE" in vs["0"].message
+    assert_nothing_left(o)
+
+
+# -- a supervisor that is killed -------------------------------------------------------------------
+
+SUPERVISOR = textwrap.dedent("""
+    from harness.launch import run_scenario
+    from harness.loader import load_text
+    (scn,) = load_text('''
+    name: orphaned
+    about: a long run whose supervisor is killed
+    world_size: 2
+    timeout: 60
+    deadline: 120
+    isolate: never
+    workload: [sleep 100]
+    ''')
+    run_scenario(scn)
+""")
+
+
+def _wait(cond, limit: float, what: str):
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.1)
+    pytest.fail(f"waited {limit:g} s for {what}")
+
+
+def test_killed_supervisor_leaves_ranks_that_die_and_a_dir_that_sweep_removes(tmp_path):
+    env = dict(os.environ, HARNESS_TMP=str(tmp_path))
+    sup = subprocess.Popen([sys.executable, "-c", SUPERVISOR], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = tmp_path / "torchdist-harness"
+    pids = []
+    try:
+        def sleeping_run():
+            for run_dir in base.glob("run-*"):
+                evs = [run_dir / f"rank-{i}.events" for i in (0, 1)]
+                if all(p.exists() and '"workload step 1"' in p.read_text() for p in evs):
+                    return run_dir
+            return None
+
+        run_dir = _wait(sleeping_run, 120, "both ranks to start their workload")
+        pids = [json.loads(ln)["pid"] for ln in (run_dir / "pids.jsonl").read_text().splitlines()]
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+
+        sup.send_signal(signal.SIGKILL)
+        sup.wait(timeout=30)
+        _wait(lambda: not any(alive(p) for p in pids), 30, "the orphaned ranks to die")
+
+        assert run_dir.exists()
+        removed = sweep(base)
+        assert [r.split()[0] for r in removed] == [run_dir.name]
+        assert not run_dir.exists()
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+        sup.stderr.close()
+        for p in pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)

@@ -1,0 +1,208 @@
+"""The JSON session report: message families, the environment fingerprint, reading, and real
+pytest sessions (plain and pytest-xdist) writing it through ``--harness-report``."""
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import report
+from harness.probe import probe
+
+DATA = Path(__file__).parent / "data"
+SCENARIOS = DATA / "report_scenarios"
+COMMITTED = DATA / "report-gloo.json"
+
+
+def child_env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HARNESS_"))}
+    env["COLUMNS"] = "200"
+    return env
+
+
+def pytest_session(tmp: Path, files, *extra):
+    """A real pytest session in ``tmp`` on copies of the named scenario files."""
+    scen = tmp / "scenarios"
+    scen.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        shutil.copy(SCENARIOS / f, scen / f)
+    cmd = [sys.executable, "-m", "pytest", "scenarios", "-p", "no:cacheprovider", "-q",
+           "--harness-report", str(tmp / "report.json"), *extra]
+    return subprocess.run(cmd, cwd=tmp, env=child_env(), capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def xdist_session(tmp_path_factory):
+    """healthy, a failing expectation, a skipped nccl case, a hang, and a broken file, with
+    ``-n 2``: the controller gathers what the workers attach and writes the report once."""
+    pytest.importorskip("xdist")
+    tmp = tmp_path_factory.mktemp("xdist")
+    (tmp / "scenarios").mkdir()
+    (tmp / "scenarios" / "broken.yaml").write_text("name: broken\nabout: x\nworld_size: 0\n")
+    p = pytest_session(tmp, ["healthy.yaml", "expect_hang.yaml", "stopped.yaml"], "-n", "2",
+                       "--harness-html", str(tmp / "report.html"))
+    rep = json.loads((tmp / "report.json").read_text())
+    return p, rep, tmp
+
+
+def _case(rep, test_id):
+    return next(c for c in rep["cases"] if c["test_id"] == test_id)
+
+
+# -- message families ----------------------------------------------------------------------------
+
+def test_family_ignores_ports_addresses_and_numbers():
+    a = ("The client socket has timed out after 5000ms while trying to connect to "
+         "(127.0.0.1, 29500).")
+    b = ("The client socket has timed out after 2000ms while trying to connect to "
+         "(10.1.2.3, 23456).")
+    assert report.message_family(a) == report.message_family(b)
+    assert report.message_family(a) == ("the client socket has timed out after <n>ms while "
+                                        "trying to connect to (<addr>, <n>).")
+
+
+def test_family_replaces_paths_and_keeps_the_first_line_only():
+    msg = ("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
+           "waiting 2000ms for recv operation to complete\nException raised from ... frame #0")
+    assert report.message_family(msg) == "timed out waiting <n>ms for recv operation to complete"
+    keys = "wait timeout after 5000ms, keys: /default_pg/0//cpu//0/0"
+    assert report.message_family(keys) == "wait timeout after <n>ms, keys: <path>"
+
+
+def test_family_tells_different_messages_apart():
+    joined = "Timed out after 6 seconds waiting for clients. 1/2 clients joined."
+    assert report.message_family(joined) == ("timed out after <n> seconds waiting for clients. "
+                                             "<n>/<n> clients joined.")
+    assert report.message_family(joined) != report.message_family(
+        "The server socket has failed to listen on any local network address.")
+    assert report.message_family("") == "" and report.message_family(None) == ""
+    assert len(report.message_family("x " * 500)) <= report.FAMILY_MAX
+
+
+# -- environment ---------------------------------------------------------------------------------
+
+def test_relevant_env_keeps_the_variables_that_change_start_up():
+    env = {"TORCH_CPP_LOG_LEVEL": "INFO", "NCCL_DEBUG": "WARN", "GLOO_SOCKET_IFNAME": "eth0",
+           "MASTER_PORT": "1", "USE_LIBUV": "0", "HOME": "/root", "PATH": "/bin"}
+    assert report.relevant_env(env) == {k: env[k] for k in sorted(env)
+                                        if k not in ("HOME", "PATH")}
+
+
+def test_environment_fingerprint_names_torch_backends_and_kernel():
+    env = report.environment()
+    info = probe()
+    assert env["torch"] == info["torch"] and env["torch_git"] == info.get("torch_git")
+    assert env["kernel"] == platform.release()
+    for key in ("gloo", "nccl", "mpi", "nccl_version", "libuv_store_default", "python", "env"):
+        assert key in env
+    json.dumps(env)
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("content,words", [
+    (None, "no such file"),
+    ("{not json", "not JSON"),
+    ('{"hello": 1}', "not a harness session report"),
+    ('{"format": 99, "cases": []}', "newer"),
+    ('{"format": 1, "cases": [{"no": "id"}]}', "cases[0]"),
+])
+def test_read_says_what_is_wrong_with_a_file(tmp_path, content, words):
+    p = tmp_path / "r.json"
+    if content is not None:
+        p.write_text(content)
+    with pytest.raises(report.ReportError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        report.read(p)
+
+
+def test_write_then_read_round_trips(tmp_path):
+    rep = report.build([], env={"torch": "x"}, argv=["a"], duration=1.23456)
+    p = report.write(rep, tmp_path / "sub" / "r.json")
+    back = report.read(p)
+    assert back["format"] == report.FORMAT == 1
+    assert back["summary"] == {"total": 0, "passed": 0, "failed": 0, "skipped": 0, "error": 0,
+                               "collect_errors": 0}
+    assert back["duration"] == 1.235 and back["environment"] == {"torch": "x"}
+    assert not list((tmp_path / "sub").glob(".*tmp"))
+
+
+def test_committed_report_is_a_current_report():
+    rep = report.read(COMMITTED)
+    assert rep["format"] == report.FORMAT
+    ran = [c for c in rep["cases"] if c["status"] != "skipped"]
+    assert ran and all(c["ranks"] and c["timeline"]["ranks"] for c in ran)
+
+
+# -- real sessions -------------------------------------------------------------------------------
+
+def test_plain_session_reports_failures_and_skips(tmp_path):
+    p = pytest_session(tmp_path, ["expect_hang.yaml"])
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "harness: wrote" in p.stdout
+    rep = report.read(tmp_path / "report.json")
+    assert rep["source"] == "pytest" and rep["summary"]["total"] == 2
+    hang = _case(rep, "wrong_expectation[hang]")
+    assert hang["id"] == "scenarios/expect_hang.yaml::wrong_expectation[hang]"
+    assert hang["file"] == "scenarios/expect_hang.yaml" and hang["case"] == "hang"
+    assert hang["status"] == "failed" and hang["reason"] == "ranks did not end as expected"
+    assert {"label": "job", "field": "outcome", "expected": "hang", "observed": "ok"} in \
+        hang["mismatches"]
+    assert "did not end as expected" in hang["failure"]
+    assert hang["expectation"] == {"job": ["hang"], "ranks": {}}
+    nccl = _case(rep, "wrong_expectation[nccl]")
+    if not probe().get("nccl"):
+        assert nccl["status"] == "skipped" and "nccl" in nccl["reason"].lower()
+        assert nccl["ranks"] == [] and nccl["timeline"] is None
+
+
+def test_xdist_session_gathers_every_case_on_the_controller(xdist_session):
+    p, rep, tmp = xdist_session
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert rep["summary"]["total"] == 4 and rep["summary"]["collect_errors"] == 1
+    assert {c["test_id"]: c["status"] for c in rep["cases"]} == {
+        "healthy": "passed", "wrong_expectation[hang]": "failed",
+        "wrong_expectation[nccl]": "skipped" if not probe().get("nccl") else "passed",
+        "stopped_rank": "passed"}
+    broken = rep["collect_errors"][0]
+    assert broken["file"].endswith("broken.yaml") and "world_size" in broken["message"]
+    assert (tmp / "report.html").stat().st_size > 5000
+
+
+def test_passed_case_has_ranks_duration_and_evidence(xdist_session):
+    _, rep, _ = xdist_session
+    healthy = _case(rep, "healthy")
+    assert healthy["status"] == "passed" and healthy["job"] == "ok"
+    assert healthy["id"] == "scenarios/healthy.yaml::healthy" and healthy["case"] is None
+    assert healthy["duration"] > 0.5          # the run happens in setup: its time counts
+    assert healthy["torch_version"] == probe()["torch"]
+    assert [r["outcome"] for r in healthy["ranks"]] == ["ok", "ok"]
+    for r in healthy["ranks"]:
+        assert r["phase"] == "exit" and 0 <= r["duration"] < 5 and r["host"] == "local"
+        assert r["exception"] is None and r["family"] == "" and r["pid"] > 0
+        assert r["import_s"] > 0
+    assert healthy["evidence"] and Path(healthy["evidence"]).is_dir()
+
+
+def test_hung_rank_carries_its_stacks_and_the_timeline_its_signal(xdist_session):
+    _, rep, _ = xdist_session
+    c = _case(rep, "stopped_rank")
+    r0, r1 = c["ranks"]
+    assert r0["outcome"] == "timeout" and r0["exception"] and r0["family"]
+    assert "traceback" in r0 and r0["exception"] in r0["traceback"]
+    assert r1["outcome"] == "hang" and r1["duration"] >= c["deadline"]
+    assert "most recent call first" in r1["stacks"]
+    tl = c["timeline"]
+    assert tl["deadline"] == 3 and tl["timeout"] == 1
+    t1 = next(r for r in tl["ranks"] if r["label"] == "1")
+    assert t1["killed_at_deadline"] and t1["signals"][0]["signal"] == "STOP"
+    phases = [e["phase"] for e in t1["events"] if e["ev"] == "phase"]
+    assert phases[:4] == ["start", "import", "init", "workload step 1"]
+    released = next(e["t"] for e in t1["events"] if e["ev"] == "released")
+    assert 0 <= released < 0.5          # times are seconds from the start line
+    assert c["notes"] and "stop_rank" in c["notes"][0]
