@@ -142,7 +142,7 @@ def _field(loc: Sequence[Any]) -> str:
     return out
 
 
-def _message(err: Dict[str, Any]) -> str:
+def _message(err: Any) -> str:
     msg = str(err["msg"])
     for prefix in ("Value error, ", "Assertion failed, "):
         if msg.startswith(prefix):
@@ -355,7 +355,7 @@ def json_schema() -> Dict[str, Any]:
     fault_union = U[tuple(FAULTS[k] for k in sorted(FAULTS))]  # type: ignore[valid-type]
     model = create_model(  # type: ignore[call-overload]
         "ScenarioFile", __base__=Scenario,
-        faults=(List[Annotated[fault_union, Field(discriminator="kind")]], []),
+        faults=(List[Annotated[fault_union, Field(discriminator="kind")]], []),  # type: ignore
         cases=(Optional[Dict[str, Optional[Dict[str, Any]]]],
                Field(None, description="case id -> fields that override the top level; each "
                      "case is its own test")),
