@@ -392,6 +392,10 @@ class Supervisor:
             self.topo.heal(h)
         elif a.op == "bandwidth":
             self.topo.clear_bandwidth(a.args["host"], a.args["direction"])
+        elif a.op == "latency":
+            host = self.topo.host(a.args["host"])
+            subprocess.run(["tc", "-n", host.netns, "qdisc", "del", "dev", host.ifname, "root"],
+                           capture_output=True)
         self._net_undone.add(i)
 
     def _fire_net(self, now: float) -> None:

@@ -242,6 +242,11 @@ def validate_case(data: Dict[str, Any], file: str, lines: Dict[Path_, int]) -> S
     why = refuse_address(scn.master_addr)
     if why:
         problems.append(Problem(file, _line_of(lines, ("master_addr",)), "master_addr", why))
+    if "MASTER_ADDR" in scn.env:
+        why = refuse_address(scn.env["MASTER_ADDR"])
+        if why:
+            problems.append(Problem(file, _line_of(lines, ("env", "MASTER_ADDR")),
+                                    "env.MASTER_ADDR", why))
     if problems:
         raise ScenarioFileError(problems)
     return scn

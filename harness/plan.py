@@ -203,9 +203,12 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
     addr = master.addr if link else scn.master_addr
     port = take_port()
     ranks = []
-    counts = [h.ranks for h in scn.hosts] if scn.hosts else [scn.world_size]
+    counts = {h.name: h.ranks for h in scn.hosts} if scn.hosts else \
+        {hosts[0].name: scn.world_size}
     r = 0
-    for host, count in zip(hosts, counts):
+    # numbering starts on the master host: with env:// rank 0 hosts the store at MASTER_ADDR
+    for host in [master] + [h for h in hosts if h is not master]:
+        count = counts[host.name]
         for local in range(count):
             env = base_env(scn, addr, port, r, scn.world_size, local, count)
             if link:   # as a careful user would: gloo/NCCL use the host's link

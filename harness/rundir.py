@@ -44,10 +44,13 @@ class RunDir:
         self.base = base or base_dir()
         self.id = uuid.uuid4().hex[:8]
         self.path = self.base / f"run-{self.id}"
-        self.path.mkdir(mode=0o755)
+        # made under a name the sweep ignores, owned, then renamed: a concurrent sweep never
+        # sees a run-* directory without its owner
+        tmp = self.base / f".new-{self.id}"
+        tmp.mkdir(mode=0o755)
         me = os.getpid()
-        (self.path / "owner.json").write_text(json.dumps(
-            {"pid": me, "create_time": _start_time(me)}))
+        (tmp / "owner.json").write_text(json.dumps({"pid": me, "create_time": _start_time(me)}))
+        os.rename(tmp, self.path)
 
     def record_pid(self, pid: int) -> None:
         with open(self.path / "pids.jsonl", "a") as f:

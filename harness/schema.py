@@ -178,7 +178,7 @@ class Scenario(Strict):
                              "host); with hosts, the master host's address is used")
     hosts: Optional[List[Host]] = Field(
         None, description="several hosts, each a network namespace linked by a bridge; ranks are "
-        "numbered host by host in this order")
+        "numbered from the master host (rank 0 hosts the store), then host by host in order")
     nodes: Optional[int] = Field(None, ge=1, le=16, description="shorthand for hosts: node0..")
     ranks_per_node: Optional[int] = Field(None, ge=1, le=64, description="with nodes")
     master_host: Optional[str] = Field(None, description="host of rank 0's store; default: the "

@@ -155,3 +155,13 @@ def test_lock_files_live_under_the_base(tmp_path):
     with PortLease(tmp_path, base, base) as lease:
         lease.take()
     assert (tmp_path / "ports" / f"{base}.lock").exists()
+
+
+def test_a_run_dir_is_never_visible_without_its_owner(tmp_path):
+    """A concurrent sweep must never see run-* without owner.json (it would remove it)."""
+    from harness.rundir import RunDir, sweep
+
+    runs = [RunDir(tmp_path) for _ in range(20)]
+    assert sweep(tmp_path) == []          # every owner (this process) is alive
+    assert all((r.path / "owner.json").exists() for r in runs)
+    assert not list(tmp_path.glob(".new-*"))
