@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pwd
 import shutil
 import signal
 import subprocess
@@ -254,6 +253,12 @@ class Supervisor:
             if prep.kind == "unwritable_dir":
                 os.makedirs(prep.path, exist_ok=True)
                 os.chmod(prep.path, 0o555)
+                if os.geteuid() == 0:   # root ignores modes: make it immutable
+                    p = subprocess.run(["chattr", "+i", prep.path], capture_output=True,
+                                       text=True)
+                    if p.returncode != 0:
+                        raise HarnessError(f"could not make {prep.path} immutable (chattr +i): "
+                                           f"{p.stderr.strip()}")
             elif prep.kind == "stale_filestore":
                 p = subprocess.run(
                     [sys.executable, "-m", "harness.worker", "--stale-filestore", prep.path,
@@ -298,15 +303,11 @@ class Supervisor:
         spec = {"backend": self.plan.backend, "timeout": self.plan.timeout,
                 "steps": self.plan.steps, "destroy": self.plan.destroy,
                 "init": asdict(rp.init), "label": rp.label}
-        kwargs: Dict[str, Any] = {}
-        if rp.user and os.geteuid() == 0:
-            pw = pwd.getpwnam(rp.user)
-            kwargs.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
                 self._prefix(rp.host) + [sys.executable, "-m", "harness.worker", json.dumps(spec)],
                 stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=(ev_fd, st_fd),
-                start_new_session=True, env=_rank_env(rp, ev_fd, st_fd), cwd="/", **kwargs)
+                start_new_session=True, env=_rank_env(rp, ev_fd, st_fd), cwd="/")
         self.rundir.record_pid(proc.pid)
         rank = _Rank(rp, proc, ev_path, st_path, out_path, err_path)
         if self.plan.hosts:

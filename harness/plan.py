@@ -32,7 +32,6 @@ class RankPlan:
     init: InitSpec
     unset: List[str] = field(default_factory=list)   # variables removed from its environment
     start_delay: float = 0.0         # released this long after the start line
-    user: Optional[str] = None       # run as this user (only used when the harness is root)
     host: str = "local"
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import uuid
 from pathlib import Path
@@ -61,7 +62,11 @@ class RunDir:
 
 
 def _rmtree(path: Path) -> None:
-    def onerror(func, p, exc):  # read-only dirs made by the file_init fault
+    ro = path / "readonly"   # made unwritable (0555, and chattr +i as root) by file_init
+    if ro.exists() and shutil.which("chattr"):
+        subprocess.run(["chattr", "-i", str(ro)], capture_output=True)
+
+    def onerror(func, p, exc):
         try:
             os.chmod(os.path.dirname(p), 0o755)
             os.chmod(p, 0o755)

@@ -38,5 +38,5 @@ class FileInit(Fault):
             plan.preps.append(PrepPlan("unwritable_dir", ro))
             for r in plan.ranks:
                 r.init.url = f"file://{ro}/pg"
-                r.user = "nobody"
-            plan.notes.append(f"file_init: {ro} is not writable for the ranks")
+            plan.notes.append(f"file_init: {ro} is not writable for the ranks (mode 0555; "
+                              "as root also immutable, chattr +i, since root writes anywhere)")
