@@ -585,7 +585,10 @@ def doctor_facts() -> Dict[str, Any]:
 
     env = dict(probe())
     facts: Dict[str, Any] = {"torch": env, "root": os.geteuid() == 0, "euid": os.geteuid()}
-    facts["tools"] = {t: shutil.which(t) for t in ("ip", "nft", "tc", "py-spy", "chromium")}
+    from .launch import _py_spy
+
+    facts["tools"] = {t: shutil.which(t) for t in ("ip", "nft", "tc", "chromium")}
+    facts["tools"]["py-spy"] = _py_spy()   # also the one beside this Python (a venv)
     try:
         from . import topology
         facts["topology_missing"] = topology.missing()
@@ -644,8 +647,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         lines.append((ok, "libuv store", "default" if t.get("libuv_store_default") else
                       "not the default (torch < 2.4 or USE_LIBUV=0)"))
     lines.append((ok if facts["root"] else warn, "root", "yes" if facts["root"] else
-                  f"no (euid {facts['euid']}): network scenarios and file_init unwritable_dir "
-                  "are skipped"))
+                  f"no (euid {facts['euid']}): network scenarios are skipped"))
     for tool in ("ip", "nft", "tc"):
         p = facts["tools"][tool]
         lines.append((ok if p else warn, tool, p or "not found: apt-get install "
@@ -653,6 +655,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     miss = facts["topology_missing"]
     lines.append((ok if not miss else warn, "namespaces", "network scenarios can run" if not miss
                   else "network scenarios are skipped: " + "; ".join(miss)))
+    if not miss:
+        from .requirements import netem_missing
+
+        why = netem_missing()
+        lines.append((ok if not why else warn, "latency",
+                      "tc netem works: latency scenarios run" if not why else why))
     spy, pt = facts["tools"]["py-spy"], facts["ptrace"]
     if spy and pt["allowed"]:
         lines.append((ok, "py-spy", f"{spy}: native stacks of hung ranks are captured"))

@@ -260,13 +260,13 @@ class Supervisor:
                         raise HarnessError(f"could not make {prep.path} immutable (chattr +i): "
                                            f"{p.stderr.strip()}")
             elif prep.kind == "stale_filestore":
-                p = subprocess.run(
+                job = subprocess.run(
                     [sys.executable, "-m", "harness.worker", "--stale-filestore", prep.path,
                      str(prep.world_size)], capture_output=True, timeout=READY_TIMEOUT,
-                    env=_rank_env(self.plan.ranks[0], -1, -1), cwd=self.dir)
-                if p.returncode != -signal.SIGKILL or not os.path.exists(prep.path):
+                    env=_rank_env(self.plan.ranks[0], -1, -1), cwd=self.dir, text=True)
+                if job.returncode != -signal.SIGKILL or not os.path.exists(prep.path):
                     raise HarnessError(f"could not make a stale FileStore at {prep.path}: "
-                                       f"rc {p.returncode}: {p.stderr.decode()[-800:]}")
+                                       f"rc {job.returncode}: {job.stderr[-800:]}")
             else:
                 raise HarnessError(f"unknown preparation {prep.kind!r}")
 
