@@ -1,8 +1,9 @@
 """The pytest front door: scenario YAML files become test items (thin: the rooms do the work).
 
 Registered through the ``pytest11`` entry point, so any project with the package installed gets
-it. Collected: ``*.yaml`` / ``*.yml`` files inside a folder named ``scenarios`` (below the rootdir or a given path), or
-named on the command line, or matching a glob of the ``harness_scenarios`` ini option. Each case
+it. Collected: ``*.yaml`` / ``*.yml`` files inside a folder named ``scenarios`` (below the
+rootdir or a given path), or named on the command line, or matching a glob of the
+``harness_scenarios`` ini option. Each case
 of a file is one item ``file.yaml::name[case]``; ``marks:`` become pytest markers; fault kinds
 are keywords (``-k busy_port``). A broken file is one located collection error (no traceback)
 and, unless other collection errors exist, the remaining scenarios still run.
