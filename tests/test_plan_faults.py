@@ -492,3 +492,11 @@ def test_register_refuses_a_fault_without_a_kind_name():
 def test_resolve_gives_plugin_objects_in_order():
     s = scn([{"kind": "wrong_port"}, {"kind": "delayed_rank", "delay": 1}])
     assert [type(f).__name__ for f in resolve(s)] == ["WrongPort", "DelayedRank"]
+
+
+def test_busy_port_with_file_init_is_refused_as_a_no_op():
+    from harness.loader import ScenarioFileError, load_text
+
+    with pytest.raises(ScenarioFileError) as e:
+        load_text("name: s\nabout: why\ninit: file\nfaults:\n  - kind: busy_port\n", "s.yaml")
+    assert str(e.value).startswith("s.yaml:5: faults[0].kind: busy_port holds MASTER_PORT")

@@ -18,6 +18,13 @@ class BusyPort(Fault):
     release_after: Optional[float] = Field(
         None, ge=0, description="the holder exits this many seconds after the start line")
 
+    def check(self, scn):
+        problems = super().check(scn)
+        if scn.init == "file":
+            problems.append((("kind",), "busy_port holds MASTER_PORT, which 'init: file' never "
+                                        "uses: this fault would change nothing"))
+        return problems
+
     def apply(self, plan, scn):
         plan.holders.append(PortHolderPlan(plan.master_port, self.mode, self.release_after))
         rel = ("" if self.release_after is None
