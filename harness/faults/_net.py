@@ -52,3 +52,15 @@ class NetFault(Fault):
         else:
             w = "from the start"
         return w + (f", healed {self.heal_after:g} s later" if self.heal_after else "")
+
+
+class HostNetFault(NetFault):
+    """A network fault on one host (default: the master host)."""
+
+    host: Optional[str] = Field(None, description="the host (default: the master host)")
+
+    def check(self, scn):
+        return self.check_hosts(scn, [self.host] if self.host else [], "host")
+
+    def target_host(self, plan, scn) -> str:
+        return self.host or scn.master_host or plan.hosts[0].name

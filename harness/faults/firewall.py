@@ -5,17 +5,15 @@ from typing import List, Literal, Optional, Union
 from pydantic import Field
 
 from . import register
-from ._net import NetFault
+from ._net import HostNetFault
 
 PortSel = Union[Literal["master", "data", "all"], List[int]]
 
 
 @register
-class Firewall(NetFault):
+class Firewall(HostNetFault):
     kind: Literal["firewall"] = "firewall"
     summary = "nftables drop/reject on a host (inbound or outbound; master port, data ports...)"
-    host: Optional[str] = Field(None, description="the host whose firewall it is (default: the "
-                                "master host)")
     action: Literal["drop", "reject"] = "drop"
     direction: Literal["in", "out"] = "in"
     ports: PortSel = Field("master", description="master (MASTER_PORT), data (every new "
@@ -23,11 +21,8 @@ class Firewall(NetFault):
     port_range: Optional[List[int]] = Field(None, min_length=2, max_length=2,
                                             description="[low, high] instead of ports")
 
-    def check(self, scn):
-        return self.check_hosts(scn, [self.host] if self.host else [], "host")
-
     def apply(self, plan, scn):
-        host = self.host or scn.master_host or plan.hosts[0].name
+        host = self.target_host(plan, scn)
         if self.port_range:
             ports = tuple(self.port_range)
             shown = f"ports {self.port_range[0]}-{self.port_range[1]}"
