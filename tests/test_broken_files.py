@@ -176,7 +176,7 @@ def wrong_for(kind: str, text: str, number: int, nested: Any) -> Any:
     if kind == "bool":
         if text and text.lower() not in PYDANTIC_BOOL_WORDS:
             return text
-        return number + 2
+        return abs(number) + 2   # 0 and 1 are booleans to pydantic
     if kind == "step":
         return text if text and not STEP_RE.match(text) else number
     if kind == "marker":
