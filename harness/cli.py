@@ -98,26 +98,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 # -- list ----------------------------------------------------------------------------------------
 
-def expectation_summary(exp: Any) -> str:
-    parts = []
-    if exp.torch:
-        parts.append(f"[torch {exp.torch}]")
-    if exp.job:
-        parts.append("job " + "|".join(exp.job))
-    for label, e in exp.ranks.items():
-        bits = ["|".join(e.outcome)] if e.outcome else []
-        if e.exception:
-            bits.append(e.exception)
-        if e.phase:
-            bits.append(f"in {e.phase}")
-        if e.within:
-            bits.append(f"{e.within[0]:g}..{e.within[1]:g} s")
-        if e.message:
-            bits.append(f"/{e.message}/")
-        parts.append(f"{label}: {' '.join(bits) or 'any'}")
-    return "; ".join(parts) or "(nothing checked)"
-
-
 def cmd_list(args: argparse.Namespace) -> int:
     from .loader import ScenarioFileError, load_file
     from .pytest_plugin import item_name
@@ -137,7 +117,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "scenario": scn.name, "case": scn.case, "marks": list(scn.marks),
                 "faults": [x.kind for x in scn.faults], "backend": scn.backend,
                 "world_size": scn.world_size, "deadline": scn.deadline,
-                "expect": [expectation_summary(b) for b in scn.expect],
+                "expect": [b.summary() for b in scn.expect],
             })
     if args.json:
         print(json.dumps({"cases": rows, "invalid": broken}, indent=1))
@@ -292,7 +272,7 @@ def show_plan(scn: Any, plan: Dict[str, Any]) -> None:
         con.print(_text(f"prepared before launch: {p['kind']} at {p['path']}"))
     con.print(_text("expectations:", "bold"))
     for b in scn.expect:
-        con.print(_text(f"  {expectation_summary(b)}"))
+        con.print(_text(f"  {b.summary()}"))
 
 
 # -- run -----------------------------------------------------------------------------------------

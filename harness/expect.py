@@ -84,18 +84,7 @@ def failure_table(verdicts: Sequence[Verdict], exp: Optional[Expect],
         t.add_column(col, overflow="fold")
     for v in verdicts:
         e = _rank_expect(exp, v.label) if exp else None
-        want = []
-        if e is not None:
-            if e.outcome:
-                want.append("|".join(e.outcome))
-            if e.exception:
-                want.append(e.exception)
-            if e.message:
-                want.append(f"/{e.message}/")
-            if e.within:
-                want.append(f"in {e.within[0]:g}..{e.within[1]:g} s")
-            if e.phase:
-                want.append(f"phase {e.phase}")
+        want = e.words() if e is not None else []
         exc = f"{v.exception}: {v.message}" if v.exception else v.reason
         if v.outcome == "hang" and v.stacks:
             exc += "\ninnermost frames:\n" + innermost_frames(v.stacks)

@@ -352,25 +352,15 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "")
 
 
 def _expect_text(exp: Optional[Dict[str, Any]]) -> str:
+    """The case's expectation (as the JSON report holds it) in one line."""
     if not exp:
         return ""
-    parts = []
-    if exp.get("torch"):
-        parts.append(f"torch {exp['torch']}")
-    if exp.get("job"):
-        parts.append("job " + "|".join(exp["job"]))
-    for label, e in (exp.get("ranks") or {}).items():
-        bits = ["|".join(e.get("outcome") or [])] if e.get("outcome") else []
-        if e.get("exception"):
-            bits.append(str(e["exception"]))
-        if e.get("phase"):
-            bits.append(f"in {e['phase']}")
-        if e.get("message"):
-            bits.append(f"/{e['message']}/")
-        if e.get("within"):
-            bits.append(f"in {e['within'][0]:g}..{e['within'][1]:g} s")
-        parts.append(f"rank {label}: " + " ".join(bits))
-    return "; ".join(parts)
+    from .schema import Expect
+
+    try:
+        return Expect.model_validate(exp).summary()
+    except ValueError:   # a report written by another version of the harness
+        return str(exp)
 
 
 def case_html(i: int, c: Dict[str, Any]) -> str:

@@ -59,13 +59,6 @@ class RankObservation:
                 return e
         return None
 
-    def last_phase(self) -> str:
-        ph = "start"
-        for e in self.events:
-            if e.get("ev") == "phase":
-                ph = e["phase"]
-        return ph
-
 
 @dataclass
 class RunObservation:

@@ -59,6 +59,19 @@ class RankExpect(Strict):
                 raise ValueError(f"not a valid regular expression: {e}") from None
         return v
 
+    def words(self) -> List[str]:
+        """This expectation in short words: 'timeout', 'DistStoreError', '/pat/', 'in 3..30 s'."""
+        out = ["|".join(self.outcome)] if self.outcome else []
+        if self.exception:
+            out.append(self.exception)
+        if self.message:
+            out.append(f"/{self.message}/")
+        if self.within:
+            out.append(f"in {self.within[0]:g}..{self.within[1]:g} s")
+        if self.phase:
+            out.append(f"phase {self.phase}")
+        return out
+
     @field_validator("within")
     @classmethod
     def _window(cls, v: Optional[Tuple[float, float]]) -> Optional[Tuple[float, float]]:
@@ -103,6 +116,14 @@ class Expect(Strict):
                 out[str(k)] = {"outcome": r} if isinstance(r, (str, list)) else r
             return out
         return v
+
+    def summary(self) -> str:
+        """One line: '[torch >=2.4] job timeout; 0: timeout DistStoreError; 1: ...'."""
+        parts = [f"[torch {self.torch}]"] if self.torch else []
+        if self.job:
+            parts.append("job " + "|".join(self.job))
+        parts += [f"{label}: {' '.join(e.words()) or 'any'}" for label, e in self.ranks.items()]
+        return "; ".join(parts) or "(nothing checked)"
 
     def applies_to(self, torch_version: str) -> bool:
         if self.torch is None:

@@ -82,7 +82,7 @@ def test_list_shows_ids_marks_faults_and_expectations(scen):
                          "expect_hang.yaml::wrong_expectation[nccl]"}
     assert rows["stopped.yaml::stopped_rank"]["faults"] == ["stop_rank"]
     assert rows["stopped.yaml::stopped_rank"]["expect"] == [
-        "job hang; 0: timeout in workload step 3; 1: hang"]
+        "job hang; 0: timeout phase workload step 3; 1: hang"]
     assert rows["expect_hang.yaml::wrong_expectation[nccl]"]["backend"] == "nccl"
     table = harness("list", "scenarios", cwd=scen.parent)
     assert table.returncode == 0 and "scenarios/stopped.yaml::stopped_rank" in table.stdout
