@@ -1,4 +1,10 @@
-"""Run directories under ``<tmp>/torchdist-harness`` and the sweep of what killed runs left.
+"""Per-user state folders, run directories in them, and the sweep of what killed runs left.
+
+State lives in ``<tmp>/torchdist-harness-<uid>/`` (``<tmp>``: ``$HARNESS_TMP``, else the
+system's temp dir), mode 0700, one folder per user: a root run and a non-root run on one
+machine never share (or lock each other out of) a state folder. A folder that is a symlink, is
+not a directory, or belongs to another user is refused with one line (a HarnessError), never
+used. Port locks are the one thing shared across users (``harness.ports``).
 
 Each run has ``run-<id>/`` holding ``owner.json`` (the supervisor's pid and start time) and
 ``pids.jsonl`` (every process it started: ranks, port holders, helpers). A run that ends tidies
@@ -13,6 +19,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import uuid
@@ -21,11 +28,54 @@ from typing import List, Optional
 
 import psutil
 
+from .errors import HarnessError
+
+STATE_PREFIX = "torchdist-harness-"
+
+
+def tmp_root() -> Path:
+    return Path(os.environ.get("HARNESS_TMP") or tempfile.gettempdir())
+
+
+def _refuse(d: Path, why: str) -> HarnessError:
+    return HarnessError(f"state folder {d}: {why}; remove it, or set HARNESS_TMP to a folder "
+                        "of your own")
+
+
+def private_dir(d: Path) -> Path:
+    """``d`` as a folder of this user only (0700): made if missing; refused if it is a
+    symlink, not a folder, another user's, or not writable."""
+    try:
+        d.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise _refuse(d, f"cannot create it ({e.strerror or e})") from None
+    try:
+        st = os.lstat(d)
+    except OSError as e:
+        raise _refuse(d, f"cannot read it ({e.strerror or e})") from None
+    me = os.geteuid()
+    if stat.S_ISLNK(st.st_mode):
+        raise _refuse(d, "it is a symbolic link (refused: it could point anywhere)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise _refuse(d, "it is not a folder")
+    if st.st_uid != me:
+        raise _refuse(d, f"it belongs to uid {st.st_uid}, not to you (uid {me})")
+    if st.st_mode & 0o077:
+        try:
+            os.chmod(d, 0o700)
+        except OSError as e:
+            raise _refuse(d, f"cannot make it private ({e.strerror or e})") from None
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise _refuse(d, "it is not writable")
+    return d
+
 
 def base_dir() -> Path:
-    d = Path(os.environ.get("HARNESS_TMP", tempfile.gettempdir())) / "torchdist-harness"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    """This user's state folder, ``<tmp>/torchdist-harness-<uid>`` (see the module's doc)."""
+    return private_dir(tmp_root() / f"{STATE_PREFIX}{os.geteuid()}")
 
 
 def _start_time(pid: int) -> Optional[float]:
@@ -48,10 +98,16 @@ class RunDir:
         # made under a name the sweep ignores, owned, then renamed: a concurrent sweep never
         # sees a run-* directory without its owner
         tmp = self.base / f".new-{self.id}"
-        tmp.mkdir(mode=0o755)
-        me = os.getpid()
-        (tmp / "owner.json").write_text(json.dumps({"pid": me, "create_time": _start_time(me)}))
-        os.rename(tmp, self.path)
+        try:
+            tmp.mkdir(mode=0o755)
+            me = os.getpid()
+            (tmp / "owner.json").write_text(json.dumps({"pid": me,
+                                                        "create_time": _start_time(me)}))
+            os.rename(tmp, self.path)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise HarnessError(f"cannot make a run directory in {self.base}: "
+                               f"{e.strerror or e}") from None
 
     def record_pid(self, pid: int) -> None:
         with open(self.path / "pids.jsonl", "a") as f:
@@ -64,7 +120,7 @@ class RunDir:
 def _rmtree(path: Path) -> None:
     ro = path / "readonly"   # made unwritable (0555, and chattr +i as root) by file_init
     if ro.exists() and shutil.which("chattr"):
-        subprocess.run(["chattr", "-i", str(ro)], capture_output=True)
+        subprocess.run(["chattr", "-i", str(ro)], capture_output=True, start_new_session=True)
 
     def onerror(func, p, exc):
         try:
@@ -79,9 +135,11 @@ def _rmtree(path: Path) -> None:
 def kill_recorded(run: Path) -> List[int]:
     killed: List[int] = []
     pids = run / "pids.jsonl"
-    if not pids.exists():
+    try:
+        lines = pids.read_text().splitlines()
+    except OSError:
         return killed
-    for line in pids.read_text().splitlines():
+    for line in lines:
         try:
             rec = json.loads(line)
         except ValueError:

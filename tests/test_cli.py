@@ -199,7 +199,7 @@ def test_html_command_renders_a_report(tmp_path):
 def test_doctor_reports_torch_ports_and_leftovers_and_cleans(tmp_path):
     from harness.probe import probe
 
-    run = tmp_path / "torchdist-harness" / "run-deadbeef"
+    run = tmp_path / f"torchdist-harness-{os.geteuid()}" / "run-deadbeef"
     run.mkdir(parents=True)
     (run / "owner.json").write_text(json.dumps({"pid": 999999999, "create_time": 1.0}))
     env = {"HARNESS_TMP": str(tmp_path)}

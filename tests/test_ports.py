@@ -5,10 +5,12 @@ own lock directory (tmp_path), so only the sockets are shared with the rest of t
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing as mp
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -150,11 +152,87 @@ def test_a_killed_holder_frees_its_ports(tmp_path):
         holder.stdout.close()
 
 
-def test_lock_files_live_under_the_base(tmp_path):
+def test_a_lock_file_exists_while_held_and_is_removed_on_release(tmp_path):
     base = free_run(1)
     with PortLease(tmp_path, base, base) as lease:
         lease.take()
-    assert (tmp_path / "ports" / f"{base}.lock").exists()
+        assert (tmp_path / f"{base}.lock").exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_lock_files_do_not_pile_up(tmp_path):
+    base = free_run(20)
+    for _ in range(50):
+        with PortLease(tmp_path, base, base + 19) as lease:
+            lease.take()
+            lease.take()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_lock_on_an_unlinked_lock_file_is_not_taken_for_the_port(tmp_path):
+    """The flock/unlink race: B opened the lock file just before A released (unlinked) it, and
+    C has taken the port since (a new file). B's flock on the old inode succeeds, yet the port
+    is C's: the inode check must send B round again, where it finds C's lock."""
+    from harness.ports import _same_file
+
+    base = free_run(1)
+    path = tmp_path / f"{base}.lock"
+    a = PortLease(tmp_path, base, base)
+    a.take()
+    late_opener = os.open(path, os.O_RDONLY)
+    try:
+        a.release()
+        with PortLease(tmp_path, base, base) as c:
+            assert c.take() == base
+            fcntl.flock(late_opener, fcntl.LOCK_EX | fcntl.LOCK_NB)   # the worthless lock
+            assert not _same_file(late_opener, path)
+            with PortLease(tmp_path, base, base) as b, pytest.raises(RuntimeError):
+                b.take()
+    finally:
+        os.close(late_opener)
+
+
+def test_an_existing_lock_file_is_opened_read_only(tmp_path):
+    """Another user's lock file in the shared sticky folder cannot be opened with O_CREAT
+    (fs.protected_regular) nor for writing (0444): a read-only one must do."""
+    base = free_run(1)
+    path = tmp_path / f"{base}.lock"
+    path.write_text("")
+    path.chmod(0o444)
+    if os.geteuid() == 0:
+        os.chown(path, 65534, 65534)   # root would be let in anyway; make it someone else's
+    with PortLease(tmp_path, base, base) as lease:
+        assert lease.take() == base
+
+
+def test_a_symlink_lock_file_is_never_followed(tmp_path):
+    base = free_run(1)
+    target = tmp_path / "elsewhere"
+    target.write_text("precious")
+    (tmp_path / f"{base}.lock").symlink_to(target)
+    with PortLease(tmp_path, base, base) as lease, pytest.raises(RuntimeError):
+        lease.take()
+    assert target.read_text() == "precious"
+
+
+def test_the_shared_lock_folder_is_sticky_and_world_writable(tmp_path, monkeypatch):
+    from harness.ports import shared_lock_dir
+
+    monkeypatch.setenv("HARNESS_TMP", str(tmp_path))
+    d = shared_lock_dir()
+    assert d == tmp_path / "torchdist-harness-ports"
+    assert stat.S_IMODE(d.stat().st_mode) == 0o1777
+
+
+def test_a_symlink_as_the_shared_lock_folder_is_refused(tmp_path, monkeypatch):
+    from harness.errors import HarnessError
+    from harness.ports import shared_lock_dir
+
+    monkeypatch.setenv("HARNESS_TMP", str(tmp_path))
+    (tmp_path / "target").mkdir()
+    (tmp_path / "torchdist-harness-ports").symlink_to(tmp_path / "target")
+    with pytest.raises(HarnessError, match="not a folder"):
+        shared_lock_dir()
 
 
 def test_a_run_dir_is_never_visible_without_its_owner(tmp_path):
