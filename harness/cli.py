@@ -4,7 +4,10 @@ rooms do the work, and ``harness run`` is pytest with the harness plugin, so the
 
 Commands: run, validate, list, show, diff, html, doctor, schema, new. Exit codes: 0 fine,
 1 something found (a failing scenario, an invalid file, a behaviour change), 2 bad input
-(a missing file, a bad option). ``harness run`` returns pytest's own exit code.
+(a missing file, a bad option), 3 the harness itself failed (one line). ``harness run`` returns
+pytest's own exit code, except after a signal: SIGINT (Ctrl-C) and SIGTERM clean up like one
+Ctrl-C (``harness.interrupts``), print a last line saying so, and end the process by that
+signal (exit status 130 and 143).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -154,7 +158,7 @@ def plan_for_show(scn: Any) -> Dict[str, Any]:
         can_netns = not topology.missing()
     except ImportError:
         can_netns = False
-    with PortLease(base) as lease:
+    with PortLease() as lease:
         try:
             plan = make_plan(scn, str(base / "run-example0"), lease.take, netns=can_netns,
                              run_id="example0")
@@ -399,13 +403,7 @@ def print_summary(rep: Dict[str, Any], con: Any, show_failures: bool = True) -> 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import contextlib
-    import io
     import tempfile
-
-    import pytest
-
-    from . import report as report_mod
 
     files = find_scenarios(args.paths)
     if not files:
@@ -415,11 +413,32 @@ def cmd_run(args: argparse.Namespace) -> int:
             import xdist  # noqa: F401
         except ImportError:
             raise UsageError("-n needs pytest-xdist: pip install pytest-xdist") from None
+    from . import interrupts
+
     tmpdir = None
     report_path = args.report
     if report_path is None:
-        tmpdir = tempfile.mkdtemp(prefix="harness-run-")
+        with interrupts.shield():     # made and remembered, or not made
+            tmpdir = tempfile.mkdtemp(prefix="harness-run-")
         report_path = os.path.join(tmpdir, "report.json")
+    try:
+        return _run_pytest(args, files, report_path, tmpdir)
+    finally:
+        if tmpdir:
+            with interrupts.shield():
+                shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
+                tmpdir: Optional[str]) -> int:
+    import contextlib
+    import io
+
+    import pytest
+
+    from . import interrupts
+    from . import report as report_mod
+
     pargs: List[str] = [str(f) for f in files]
     pargs += ["-p", "no:cacheprovider", "--capture=sys", "--harness-report", report_path]
     if args.html:
@@ -452,19 +471,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     except report_mod.ReportError:
         rep = None
     if rep is None or rc in (2, 3, 4):
-        # interrupted, internal error or a usage error: pytest's own words matter
-        sys.stdout.write(out.getvalue()[-6000:])
-    if rep is not None and not args.verbose:
+        # interrupted, internal error or a usage error: pytest's own words matter (but not the
+        # report file in our temp folder, which is removed before we exit)
+        text = out.getvalue()
+        if tmpdir:
+            text = "".join(ln for ln in text.splitlines(keepends=True) if tmpdir not in ln)
+        sys.stdout.write(text[-6000:])
+    if rep is not None and not rep.get("cases") and rep.get("interrupted"):
+        pass   # interrupted before any case ended: no empty table
+    elif rep is not None and not args.verbose:
         print_summary(rep, con)
     elif rep is not None:
         print_summary(rep, con, show_failures=False)
     if rc == 5:
         con.print(_text("no scenario case was selected (check -k / -m)", "yellow"))
-    for label, p in (("report", args.report), ("html", args.html), ("evidence", args.keep)):
+    for label, p in (("report", args.report), ("html", args.html)):
         if p:
             con.print(_text(f"{label}: {p}", "dim"))
-    if tmpdir:
-        shutil.rmtree(tmpdir, ignore_errors=True)
+    if rep is not None and rep.get("evidence"):
+        con.print(_text(f"evidence: {rep['evidence']}", "dim"))
+    if interrupts.interrupted() is not None:
+        return 130 if interrupts.interrupted() == signal.SIGINT else 143
     return rc
 
 
@@ -816,13 +843,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if extra and args.command != "run":
         parser.error("arguments after -- are passed to pytest, only by `harness run`")
     args.pytest_args = extra
+    from . import interrupts
+    from .errors import HarnessError
+
+    owner = interrupts.install()
     try:
-        return int(args.func(args))
-    except UsageError as e:
-        _console(stderr=True).print(_text(f"harness {args.command}: {e}", "bold red"))
-        return 2
-    except KeyboardInterrupt:
-        return 130
+        try:
+            return int(args.func(args))
+        except UsageError as e:
+            _console(stderr=True).print(_text(f"harness {args.command}: {e}", "bold red"))
+            return 2
+        except HarnessError as e:
+            _console(stderr=True).print(_text(f"harness {args.command}: harness error: {e}",
+                                              "bold red"))
+            return 3
+        except KeyboardInterrupt:
+            return 130
+    finally:
+        sig = interrupts.interrupted()
+        if owner and sig is not None:
+            print(interrupts.final_line() or interrupts.summary(), flush=True)
+        if owner:
+            interrupts.uninstall()
+            if sig is not None:
+                interrupts.reraise(sig)
 
 
 if __name__ == "__main__":  # pragma: no cover

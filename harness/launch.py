@@ -6,13 +6,19 @@ PR_SET_PDEATHSIG so that it dies with the supervisor. Ranks import torch first a
 ``ready``; only then is the clock started (the start line) and each rank released, at its
 ``start_delay``, by a line on its stdin. The loop then watches event files and processes until
 every rank has ended or the deadline passes.
+
+A rank's stdout and stderr go through pipes drained by one thread (``harness.capture``): kept
+up to a head and a tail with a marker of what was cut, so evidence stays bounded. A rank that
+dies before it reported ``ready`` (Python or torch could not start) is a HarnessError naming
+the rank and the cause. Cleanup (killing ranks and holders, the topology, the run directory)
+runs inside ``interrupts.shield()``: a SIGTERM or a second Ctrl-C waits until it has finished.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,18 +28,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from . import interrupts
+from .capture import Capture
+from .errors import HarnessError
 from .plan import ActionPlan, RankPlan, RunPlan, make_plan
 from .ports import PortLease
-from .rundir import RunDir, sweep
+from .rundir import RunDir, kill_recorded, sweep
 from .schema import Scenario
 
 READY_TIMEOUT = float(os.environ.get("HARNESS_READY_TIMEOUT", "180"))
 POLL = 0.02
 TAIL = 4000
+STACKS_MAX = 1 << 20     # a faulthandler dump is kept up to this many bytes per rank
 
 
-class HarnessError(RuntimeError):
-    """The harness itself failed (not the scenario): neither pass nor fail."""
 
 
 @dataclass
@@ -140,6 +148,60 @@ def _tail(path: Path) -> str:
         return ""
 
 
+def _read_stacks(path: Path) -> str:
+    """A rank's faulthandler dump, at most STACKS_MAX bytes (the file is cut to that too, with
+    a marker: it is evidence, and a rank with thousands of threads must not make it huge)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            data = f.read(STACKS_MAX)
+    except OSError:
+        return ""
+    if size > STACKS_MAX:
+        note = f"\n[harness: {size - STACKS_MAX} bytes of stacks cut here]\n".encode()
+        data += note
+        try:
+            with open(path, "r+b") as f:
+                f.seek(STACKS_MAX)
+                f.write(note)
+                f.truncate()
+        except OSError:
+            pass
+    return data.decode(errors="replace")
+
+
+_ERROR_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception|Interrupt|Exit)\b|Fatal Python error)")
+
+
+def start_failure(label: str, returncode: Optional[int], events: List[Dict[str, Any]],
+                  stderr: str) -> str:
+    """One line: why a rank died before it was ready (could not start Python, import torch or
+    the worker). The worker's own exception record wins, else the telling line of stderr."""
+    phase = next((e["phase"] for e in reversed(events) if e.get("ev") == "phase"), None)
+    exc = next((e.get("exc") for e in events if e.get("ev") == "result" and e.get("exc")), None)
+    if exc:
+        first = (str(exc.get("message", "")).strip().splitlines() or [""])[0]
+        cause = f"{exc.get('type')}: {first}"
+    else:
+        lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+        telling = [ln for ln in lines if _ERROR_LINE.match(ln)]
+        cause = (telling[-1] if telling else lines[-1] if lines else "(no output on stderr)")
+    if returncode is None:
+        how = "ended"
+    elif returncode < 0:
+        how = f"was killed by {signal.Signals(-returncode).name}" if -returncode in \
+            signal.valid_signals() else f"was killed by signal {-returncode}"
+    else:
+        how = f"exited with status {returncode}"
+    if phase is None:
+        what = "Python or the harness worker could not start"
+    elif phase == "import":
+        what = "could not import torch"
+    else:
+        what = f"the harness worker failed in phase {phase}"
+    return f"rank {label} {how} before it was ready: {what}: {cause[:300]}"
+
+
 def _py_spy() -> Optional[str]:
     return shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
 
@@ -156,7 +218,7 @@ def native_stacks(pid: int) -> str:
         return ""
     try:
         p = subprocess.run([exe, "dump", "--native", "--pid", str(pid)], capture_output=True,
-                           text=True, timeout=20)
+                           text=True, timeout=20, start_new_session=True)
     except (subprocess.TimeoutExpired, OSError) as e:
         return f"py-spy failed: {e}"
     if p.returncode == 0:   # pybind11's template frames run to thousands of characters
@@ -190,7 +252,7 @@ def port_owners(port: int) -> List[Dict[str, Any]]:
 def _netem(host: Any, delay_ms: float, jitter_ms: float) -> None:
     argv = ["tc", "-n", host.netns, "qdisc", "replace", "dev", host.ifname, "root", "netem",
             "delay", f"{delay_ms}ms"] + ([f"{jitter_ms}ms"] if jitter_ms else [])
-    p = subprocess.run(argv, capture_output=True, text=True)
+    p = subprocess.run(argv, capture_output=True, text=True, start_new_session=True)
     if p.returncode != 0:
         raise HarnessError(f"latency: {' '.join(argv)} failed: {p.stderr.strip()}")
 
@@ -239,6 +301,7 @@ class Supervisor:
         self._holder_procs: List[subprocess.Popen] = []
         self._fds: List[int] = []
         self._actions_done: set = set()
+        self.capture = Capture()
 
     # -- start ---------------------------------------------------------------------------------
     def _prepare(self) -> None:
@@ -248,7 +311,7 @@ class Supervisor:
                 os.chmod(prep.path, 0o555)
                 if os.geteuid() == 0:   # root ignores modes: make it immutable
                     p = subprocess.run(["chattr", "+i", prep.path], capture_output=True,
-                                       text=True)
+                                       text=True, start_new_session=True)
                     if p.returncode != 0:
                         raise HarnessError(f"could not make {prep.path} immutable (chattr +i): "
                                            f"{p.stderr.strip()}")
@@ -256,7 +319,8 @@ class Supervisor:
                 job = subprocess.run(
                     [sys.executable, "-m", "harness.worker", "--stale-filestore", prep.path,
                      str(prep.world_size)], capture_output=True, timeout=READY_TIMEOUT,
-                    env=_rank_env(self.plan.ranks[0], -1, -1), cwd=self.dir, text=True)
+                    env=_rank_env(self.plan.ranks[0], -1, -1), cwd=self.dir, text=True,
+                    start_new_session=True)
                 if job.returncode != -signal.SIGKILL or not os.path.exists(prep.path):
                     raise HarnessError(f"could not make a stale FileStore at {prep.path}: "
                                        f"rc {job.returncode}: {job.stderr[-800:]}")
@@ -271,13 +335,14 @@ class Supervisor:
 
     def _start_holders(self) -> None:
         for h in self.plan.holders:
-            proc = subprocess.Popen(
-                self._prefix(self._master_host())
-                + [sys.executable, "-m", "harness.portholder", str(h.port), h.mode],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                env=_rank_env(self.plan.ranks[0], -1, -1))
-            self.rundir.record_pid(proc.pid)
-            self._holder_procs.append(proc)
+            with interrupts.shield():   # a process that exists is a process that is tracked
+                proc = subprocess.Popen(
+                    self._prefix(self._master_host())
+                    + [sys.executable, "-m", "harness.portholder", str(h.port), h.mode],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                    env=_rank_env(self.plan.ranks[0], -1, -1))
+                self._holder_procs.append(proc)
+                self.rundir.record_pid(proc.pid)
             assert proc.stdout is not None
             line = proc.stdout.readline()
             if line.strip() != b"ready":
@@ -286,28 +351,35 @@ class Supervisor:
             self.holders.append({"port": h.port, "mode": h.mode, "pid": proc.pid,
                                  "release_after": h.release_after, "released_at": None})
 
-    def _spawn(self, rp: RankPlan) -> _Rank:
+    def _spawn(self, rp: RankPlan) -> None:
         tag = rp.label.replace(":", "-")
         ev_path, st_path = self.dir / f"rank-{tag}.events", self.dir / f"rank-{tag}.stacks"
         out_path, err_path = self.dir / f"rank-{tag}.out", self.dir / f"rank-{tag}.err"
         ev_fd = os.open(ev_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fds.append(ev_fd)
         st_fd = os.open(st_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._fds += [ev_fd, st_fd]
+        self._fds.append(st_fd)
         spec = {"backend": self.plan.backend, "timeout": self.plan.timeout,
                 "steps": self.plan.steps, "destroy": self.plan.destroy,
                 "init": asdict(rp.init), "label": rp.label}
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen(
-                self._prefix(rp.host) + [sys.executable, "-m", "harness.worker", json.dumps(spec)],
-                stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=(ev_fd, st_fd),
-                start_new_session=True, env=_rank_env(rp, ev_fd, st_fd), cwd="/")
-        self.rundir.record_pid(proc.pid)
-        rank = _Rank(rp, proc, ev_path, st_path, out_path, err_path)
+        out_w, err_w = self.capture.pipe(out_path), self.capture.pipe(err_path)
+        try:
+            with interrupts.shield():   # a process that exists is a process that is tracked
+                proc = subprocess.Popen(
+                    self._prefix(rp.host)
+                    + [sys.executable, "-m", "harness.worker", json.dumps(spec)],
+                    stdin=subprocess.PIPE, stdout=out_w, stderr=err_w, pass_fds=(ev_fd, st_fd),
+                    start_new_session=True, env=_rank_env(rp, ev_fd, st_fd), cwd="/")
+                rank = _Rank(rp, proc, ev_path, st_path, out_path, err_path)
+                self.ranks.append(rank)
+                self.rundir.record_pid(proc.pid)
+        finally:
+            os.close(out_w)
+            os.close(err_w)
         if self.plan.hosts:
             h = self.plan.host(rp.host) if any(x.name == rp.host for x in self.plan.hosts) \
                 else self.plan.hosts[0]
             rank.obs.addr = h.addr
-        return rank
 
     def _wait_ready(self) -> None:
         limit = time.monotonic() + READY_TIMEOUT
@@ -315,8 +387,19 @@ class Supervisor:
             pending = False
             for r in self.ranks:
                 r.read_events()
-                if not r.ready() and r.proc.poll() is None:
+                if r.ready():
+                    continue
+                if r.proc.poll() is None:
                     pending = True
+                    continue
+                r.read_events()
+                if not r.ready():   # died before it was ready: the harness could not start it
+                    self.capture.wait_eof([r.err_path], timeout=2.0)
+                    stream = self.capture.stream(r.err_path)
+                    err = _tail(r.err_path) + (bytes(stream.tail[-TAIL:]).decode(
+                        errors="replace") if stream is not None else "")
+                    raise HarnessError(start_failure(r.plan.label, r.proc.returncode,
+                                                     r.obs.events, err))
             if not pending:
                 return
             time.sleep(POLL)
@@ -389,7 +472,7 @@ class Supervisor:
         elif a.op == "latency":
             host = self.topo.host(a.args["host"])
             subprocess.run(["tc", "-n", host.netns, "qdisc", "del", "dev", host.ifname, "root"],
-                           capture_output=True)
+                           capture_output=True, start_new_session=True)
         self._net_undone.add(i)
 
     def _fire_net(self, now: float) -> None:
@@ -454,7 +537,7 @@ class Supervisor:
                 break
             time.sleep(0.1)
         for r in live:
-            r.obs.stacks = r.st_path.read_text(errors="replace") if r.st_path.exists() else ""
+            r.obs.stacks = _read_stacks(r.st_path)
 
     def run(self) -> RunObservation:
         self.net_log: List[Dict[str, Any]] = []
@@ -466,7 +549,7 @@ class Supervisor:
         self._start_holders()
         owners = self._port_owners()
         for rp in self.plan.ranks:
-            self.ranks.append(self._spawn(rp))
+            self._spawn(rp)
         self._wait_ready()
         self.t0 = time.monotonic()
         torch_version = str(next((e.get("torch") for r in self.ranks for e in r.obs.events
@@ -503,9 +586,11 @@ class Supervisor:
             if r.obs.returncode is None:
                 r.obs.returncode = r.proc.returncode
                 r.obs.ended_at = round(time.monotonic() - self.t0, 3)
+        self.capture.close()    # every rank is gone: the last bytes, the tails, the markers
+        for r in self.ranks:
             r.obs.stdout_tail, r.obs.stderr_tail = _tail(r.out_path), _tail(r.err_path)
             if not r.obs.stacks and r.st_path.exists():
-                r.obs.stacks = r.st_path.read_text(errors="replace")
+                r.obs.stacks = _read_stacks(r.st_path)
         wall = time.monotonic() - self.t0
         return RunObservation(plan=self.plan.to_dict(), torch_version=torch_version,
                               ranks=[r.obs for r in self.ranks], holders=self.holders,
@@ -524,7 +609,8 @@ class Supervisor:
         try:
             p = subprocess.run(self._prefix(self._master_host()) + [sys.executable, "-c", code],
                                capture_output=True, text=True, timeout=60,
-                               env=_rank_env(self.plan.ranks[0], -1, -1))
+                               env=_rank_env(self.plan.ranks[0], -1, -1),
+                               start_new_session=True)
             return list(json.loads(p.stdout.strip().splitlines()[-1]))
         except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
             return []
@@ -536,13 +622,15 @@ class Supervisor:
             return f"(could not list: {e})"
 
     def close(self) -> None:
-        """Kill everything this run started (also after an exception), close files."""
+        """Kill everything this run started (also after an exception), close files. Call it
+        inside ``interrupts.shield()``."""
         for r in self.ranks:
             r.signal(signal.SIGKILL)
             try:
                 r.proc.kill()
             except OSError:
                 pass
+        for r in self.ranks:
             r.proc.wait()
             if r.proc.stdin and not r.proc.stdin.closed:
                 try:
@@ -561,40 +649,87 @@ class Supervisor:
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
+        self.capture.close()
 
 
 def run_scenario(scn: Scenario, keep: Optional[Path] = None) -> RunObservation:
-    """Plan and run one scenario case for real; leaves nothing behind.
+    """Plan and run one scenario case for real; leaves nothing behind, also when interrupted
+    (Ctrl-C, SIGTERM: the cleanup runs shielded, then the interrupt goes on).
 
-    ``keep``: copy the run directory (events, stacks, stdout/stderr) there before removal.
+    ``keep``: copy the run directory (events, stacks, stdout/stderr) there before removal; also
+    when the harness failed (a HarnessError), with the error in ``harness-error.txt``.
     """
     from . import topology
 
     can_netns = not topology.missing()
-    sweep()
-    if can_netns:
-        topology.sweep()
-    rundir = RunDir()
+    with interrupts.shield():
+        sweep()
+        if can_netns:
+            topology.sweep()
+        rundir = RunDir()
+    sup: Optional[Supervisor] = None
+    topo: Any = None
+    lease: Optional[PortLease] = None
+    failure: Optional[BaseException] = None
     try:
-        with PortLease(rundir.base) as lease:
-            plan = make_plan(scn, str(rundir.path), lease.take, netns=can_netns,
-                             run_id=rundir.id)
-            if plan.netns and not can_netns:
-                raise HarnessError("this scenario needs network namespaces: "
-                                   + "; ".join(topology.missing()))
-            topo = (topology.Topology(plan.run_id, [h.name for h in plan.hosts],
-                                      link=plan.link or None) if plan.netns else None)
-            with (topo if topo is not None else contextlib.nullcontext()):
-                sup = Supervisor(plan, rundir, topo)
-                try:
-                    obs = sup.run()
-                finally:
-                    sup.close()
-        if keep is not None:
+        lease = PortLease()
+        plan = make_plan(scn, str(rundir.path), lease.take, netns=can_netns, run_id=rundir.id)
+        if plan.netns and not can_netns:
+            raise HarnessError("this scenario needs network namespaces: "
+                               + "; ".join(topology.missing()))
+        if plan.netns:
+            topo = topology.Topology(plan.run_id, [h.name for h in plan.hosts],
+                                     link=plan.link or None)
+            with interrupts.shield():   # made whole or torn down whole
+                topo.__enter__()
+        sup = Supervisor(plan, rundir, topo)
+        return sup.run()
+    except BaseException as e:  # noqa: B036 - noted for the cleanup, re-raised
+        failure = e
+        raise
+    finally:
+        with interrupts.shield():
+            left = _cleanup(sup, topo, lease, rundir, keep, failure)
+        if isinstance(failure, KeyboardInterrupt):
+            interrupts.note_cleaned(rundir.id, left)
+        elif left and failure is None:
+            raise HarnessError("cleanup left things behind: " + "; ".join(left))
+
+
+def _cleanup(sup: Optional[Supervisor], topo: Any, lease: Optional[PortLease], rundir: RunDir,
+             keep: Optional[Path], failure: Optional[BaseException]) -> List[str]:
+    """Everything a run made goes, in order: processes, network, ports, run directory.
+    Returns what could not be removed (said, never raised: the first error matters)."""
+    left: List[str] = []
+    if sup is not None:
+        try:
+            sup.close()
+        except Exception as e:  # noqa: BLE001 - go on with the rest
+            left.append(f"closing the run's processes: {e}")
+    killed = kill_recorded(rundir.path)   # anything recorded that is still alive
+    if killed:
+        left.append(f"processes {killed} had to be killed from the run's record")
+    if topo is not None:
+        try:
+            topo.__exit__(None, None, None)
+        except Exception as e:  # noqa: BLE001
+            left.append(str(e))
+    if lease is not None:
+        lease.release()
+    keep_error = ""
+    if keep is not None and not isinstance(failure, KeyboardInterrupt):
+        try:
             keep.mkdir(parents=True, exist_ok=True)
             shutil.copytree(rundir.path, keep, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("filestore", "readonly", "owner.json",
                                                           "pids.jsonl"))
-        return obs
-    finally:
-        rundir.remove()
+            if isinstance(failure, Exception):
+                (keep / "harness-error.txt").write_text(f"{failure}\n")
+        except OSError as e:
+            keep_error = f"could not keep the evidence in {keep}: {e.strerror or e}"
+    rundir.remove()
+    if rundir.path.exists():
+        left.append(f"run directory {rundir.path}")
+    if keep_error and failure is None:
+        raise HarnessError(keep_error)
+    return left

@@ -10,16 +10,26 @@ and, unless other collection errors exist, the remaining scenarios still run.
 
 The run happens in the item's setup (a failure of the harness there is a test *error*); the
 verdicts are compared in the call (a mismatch is a test *failure*, shown as a table).
+
+Evidence goes to one folder per session (``harness.evidence``), chosen by the controller and
+handed to xdist workers through ``workerinput``. SIGTERM is turned into an interrupt and
+repeated signals wait for cleanup (``harness.interrupts``); after an interrupt the session's
+last line says so, and after SIGTERM the process ends by SIGTERM (exit status 143). Ctrl-C keeps
+pytest's own exit code 2.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import os
+import signal
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
+from . import evidence as evidence_mod
+from . import interrupts
 from .classify import Verdict, classify_run, job_outcome
 from .expect import check, failure_table
 from .faults import resolve
@@ -29,14 +39,31 @@ from .schema import Scenario
 
 SUFFIXES = (".yaml", ".yml")
 _BROKEN_KEY = pytest.StashKey[int]()
+_STATE_KEY = pytest.StashKey["_SessionState"]()
+
+
+class _SessionState:
+    """What the plugin keeps for one session: signal ownership, the evidence folder's problem,
+    the xdist workers (pids for forwarding SIGTERM, their reports after an interrupt)."""
+
+    def __init__(self) -> None:
+        self.owner = False            # this session installed the signal handlers first
+        self.evidence_problem = ""    # the default evidence folder cannot be used: why
+        self.workers: List[Any] = []  # xdist WorkerControllers (controller only)
+        self.worker_pids: List[tuple] = []   # (pid, create_time)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("torchdist-harness")
     group.addoption("--harness-evidence", metavar="DIR", default=None,
                     help="where every run's evidence goes (events, stacks, stdout/stderr, "
-                    "observation.json); default: <rootdir>/.harness/evidence, emptied at the "
-                    "start of each session")
+                    "observation.json), in a folder of its own per session: "
+                    "DIR/session-<time>-<id>/, DIR/latest points at the newest; default: "
+                    "<rootdir>/.harness/evidence. Only the harness's own session folders of "
+                    "finished sessions are ever removed (the newest 5 are kept)")
+    group.addoption("--harness-keep-sessions", metavar="N", type=int,
+                    default=evidence_mod.KEEP,
+                    help=f"how many sessions' evidence to keep (default {evidence_mod.KEEP})")
     group.addoption("--harness-report", metavar="PATH", default=None,
                     help="write the session's JSON report (environment, every scenario case and "
                     "rank) to PATH; works under pytest-xdist")
@@ -49,19 +76,162 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "scenario: a torchdist-harness scenario case")
     config.stash[_BROKEN_KEY] = 0
+    state = _SessionState()
+    config.stash[_STATE_KEY] = state
+    worker = hasattr(config, "workerinput")
+    if worker and "harness_evidence" in config.workerinput:  # type: ignore[attr-defined]
+        session = evidence_mod.EvidenceSession.from_input(
+            config.workerinput["harness_evidence"])  # type: ignore[attr-defined]
+        state.evidence_problem = config.workerinput.get(  # type: ignore[attr-defined]
+            "harness_evidence_problem", "")
+    else:
+        root = evidence_root(config)
+        problem = evidence_mod.check_root(root)
+        if problem and config.getoption("harness_evidence", None):
+            raise pytest.UsageError(f"--harness-evidence {root}: cannot hold evidence: "
+                                    f"{problem}")
+        if problem:   # the default folder: an error only if a scenario runs (said per case)
+            state.evidence_problem = (f"the evidence folder {root} cannot be used: {problem} "
+                                      "(give --harness-evidence DIR)")
+        session = evidence_mod.new_session(root)
+        if not problem and not worker:
+            try:
+                evidence_mod.prune(root, max(1, config.getoption("harness_keep_sessions")) - 1)
+            except OSError:
+                pass
+    config.stash[evidence_mod.SESSION_KEY] = session
     report, html = config.getoption("harness_report"), config.getoption("harness_html")
     if report or html:
         from .report import SessionRecorder
         config.pluginmanager.register(SessionRecorder(config, report, html), "harness-report")
-    root = evidence_root(config)
-    if not hasattr(config, "workerinput") and root.name == "evidence" and root.exists():
-        import shutil
-        shutil.rmtree(root, ignore_errors=True)   # only the latest session's evidence is kept
+    state.owner = interrupts.install(on_first=None if worker else
+                                     lambda sig: _forward_to_workers(state, sig),
+                                     quiet=worker)
 
 
 def evidence_root(config: pytest.Config) -> Path:
     opt = config.getoption("harness_evidence", None)
     return Path(opt) if opt else config.rootpath / ".harness" / "evidence"
+
+
+def evidence_session(config: pytest.Config) -> Optional[evidence_mod.EvidenceSession]:
+    return config.stash.get(evidence_mod.SESSION_KEY, None)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """(xdist, controller) every worker writes into the controller's session folder; its pid is
+    kept so that a SIGTERM to the controller reaches it too."""
+    config = node.config
+    session = evidence_session(config)
+    state = config.stash.get(_STATE_KEY, None)
+    if session is not None:
+        node.workerinput["harness_evidence"] = session.to_input()
+    if state is not None:
+        node.workerinput["harness_evidence_problem"] = state.evidence_problem
+        state.workers.append(node)
+        popen = getattr(getattr(getattr(node, "gateway", None), "_io", None), "popen", None)
+        pid = getattr(popen, "pid", None)
+        if pid:
+            try:
+                import psutil
+                state.worker_pids.append((pid, psutil.Process(pid).create_time()))
+            except Exception:  # noqa: BLE001 - gone already: nothing to forward to
+                pass
+
+
+def _forward_to_workers(state: _SessionState, sig: int) -> None:
+    """A signal to the controller alone (``kill PID``) goes on to its xdist workers, which
+    clean up their runs. (Ctrl-C in a terminal reaches them already through the process group;
+    the second signal is then only counted there.)"""
+    import psutil
+
+    for pid, ctime in state.worker_pids:
+        try:
+            if abs(psutil.Process(pid).create_time() - ctime) < 0.05:
+                os.kill(pid, sig)
+        except (psutil.Error, OSError):
+            pass
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """(xdist worker) tell the controller what an interrupt made this worker clean up."""
+    config = session.config
+    if hasattr(config, "workeroutput") and interrupts.interrupted() is not None:
+        config.workeroutput["harness_interrupt"] = {  # type: ignore[attr-defined]
+            "signal": interrupts.interrupted(), "cleaned": len(interrupts.cleaned()),
+            "left": interrupts.left()}
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    session = evidence_session(config)
+    if session is not None and session.path.is_dir():
+        terminalreporter.write_line(f"harness: evidence of this session: {session.path}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """After an interrupt: the last line, a sweep of what killed workers left, and (after
+    SIGTERM, for the process that owns the signals) the end by SIGTERM itself."""
+    state = config.stash.get(_STATE_KEY, None)
+    if state is None:
+        return
+    sig = interrupts.interrupted()
+    worker = hasattr(config, "workerinput")
+    if sig is not None and not worker:
+        line = _interrupt_line(state)
+        interrupts.set_final_line(line)
+        tr = config.pluginmanager.get_plugin("terminalreporter")
+        if not state.owner:
+            pass              # the front door that owns the signals (the CLI) prints it
+        elif tr is not None:
+            tr.write_line(line, bold=True)
+        else:
+            print(line, flush=True)
+    if state.owner:
+        interrupts.uninstall()
+        if sig == signal.SIGTERM and not worker:
+            interrupts.reraise(sig)
+
+
+def _interrupt_line(state: _SessionState) -> str:
+    cleaned, left = len(interrupts.cleaned()), interrupts.left()
+    silent = []
+    for node in state.workers:
+        out = getattr(node, "workeroutput", None) or {}
+        rec = out.get("harness_interrupt")
+        if rec is None:
+            silent.append(str(getattr(getattr(node, "gateway", None), "id", "?")))
+            continue
+        cleaned += int(rec.get("cleaned", 0))
+        left += list(rec.get("left", []))
+    extra = ""
+    if state.workers:
+        swept = _sweep_leftovers()
+        if silent:
+            extra += f"; worker{'s' * (len(silent) > 1)} {', '.join(sorted(silent))} ended " \
+                "without reporting"
+        if swept:
+            extra += f"; swept what they left: {', '.join(swept)}"
+    return interrupts.summary(cleaned_runs=cleaned, left=left, extra=extra)
+
+
+def _sweep_leftovers() -> List[str]:
+    """Remove run directories, processes and namespaces of dead owners (killed workers)."""
+    out: List[str] = []
+    with interrupts.shield():
+        try:
+            from .rundir import sweep
+            out += sweep()
+        except Exception:  # noqa: BLE001 - a best effort at the very end
+            pass
+        try:
+            from . import topology
+            if not topology.missing():
+                out += topology.sweep()
+        except Exception:  # noqa: BLE001
+            pass
+    return out
 
 
 def _is_scenario(file_path: Path, config: pytest.Config) -> bool:
@@ -141,7 +311,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     if isinstance(item, ScenarioItem) and call.excinfo is not None \
             and isinstance(call.excinfo.value, HarnessError):
         rep = outcome.get_result()  # type: ignore[attr-defined]
-        rep.longrepr = f"harness error (neither pass nor fail): {call.excinfo.value}"
+        rep.longrepr = _harness_error_text(item, call.excinfo.value)
+
+
+def _harness_error_text(item: Any, err: BaseException) -> str:
+    where = getattr(item, "evidence", None)
+    kept = f" (evidence: {where})" if where is not None and Path(where).is_dir() else ""
+    return f"harness error (neither pass nor fail): {err}{kept}"
 
 
 def write_evidence(d: Path, run: Dict[str, Any], verdicts: List[Verdict]) -> None:
@@ -189,13 +365,26 @@ class ScenarioItem(pytest.Item):
         if self.expectation is None:
             ranges = ", ".join(str(b.torch) for b in self.scenario.expect)
             pytest.skip(f"no expectation for torch {env['torch']} (blocks cover: {ranges})")
-        safe = "".join(c if c.isalnum() or c in "._=-" else "_" for c in self.nodeid)
-        self.evidence = evidence_root(self.config) / safe
+        self.evidence = self._evidence_dir()
         obs = run_scenario(self.scenario, keep=self.evidence)
         self.run = obs.to_dict()
         self.verdicts = classify_run(self.run)
         write_evidence(self.evidence, self.run, self.verdicts)
         self.user_properties.append(("job", job_outcome(self.verdicts)))
+
+    def _evidence_dir(self) -> Path:
+        from .errors import HarnessError
+
+        state = self.config.stash.get(_STATE_KEY, None)
+        session = evidence_session(self.config)
+        if state is not None and state.evidence_problem:
+            raise HarnessError(state.evidence_problem)
+        assert session is not None
+        try:
+            return session.case_dir(self.nodeid)
+        except OSError as e:
+            raise HarnessError(f"the evidence folder {session.path} cannot be made: "
+                               f"{e.strerror or e} (give --harness-evidence DIR)") from None
 
     def runtest(self) -> None:
         assert self.expectation is not None
@@ -214,5 +403,5 @@ class ScenarioItem(pytest.Item):
             where = f"\n  evidence: {self.evidence}" if getattr(self, "evidence", None) else ""
             return f"{head}\n{faults}\n{excinfo.value}{where}".rstrip()
         if isinstance(excinfo.value, HarnessError):
-            return f"harness error (neither pass nor fail): {excinfo.value}"
+            return _harness_error_text(self, excinfo.value)
         return super().repr_failure(excinfo, style=style)

@@ -9,7 +9,8 @@ report, the controller gathers them and writes the file once at the end of the s
 Layout of a report (``"format": 1``)::
 
     {"format": 1, "tool": "torchdist-harness 0.1.0", "created": ISO time, "source": "pytest",
-     "argv": [...], "duration": s, "environment": {...},
+     "argv": [...], "duration": s, "evidence": the session's evidence folder or null,
+     "interrupted": "SIGTERM" | "SIGINT" | null, "environment": {...},
      "summary": {"total", "passed", "failed", "skipped", "error", "collect_errors"},
      "collect_errors": [{"file", "message"}],
      "cases": [{"id", "file", "scenario", "case", "name", "test_id", "about", "marks", "faults",
@@ -28,6 +29,7 @@ import json
 import os
 import platform
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -261,8 +263,8 @@ def summarize(cases: Iterable[Dict[str, Any]], collect_errors: Sequence[Any] = (
 
 def build(cases: Sequence[Dict[str, Any]], *, env: Optional[Dict[str, Any]] = None,
           collect_errors: Sequence[Dict[str, str]] = (), source: str = "pytest",
-          argv: Optional[Sequence[str]] = None, duration: Optional[float] = None
-          ) -> Dict[str, Any]:
+          argv: Optional[Sequence[str]] = None, duration: Optional[float] = None,
+          evidence: Optional[str] = None, interrupted: Optional[str] = None) -> Dict[str, Any]:
     """The whole report (cases in the order given)."""
     from . import __version__
 
@@ -273,6 +275,8 @@ def build(cases: Sequence[Dict[str, Any]], *, env: Optional[Dict[str, Any]] = No
         "source": source,
         "argv": list(argv if argv is not None else sys.argv),
         "duration": None if duration is None else round(duration, 3),
+        "evidence": evidence,
+        "interrupted": interrupted,
         "environment": env if env is not None else environment(),
         "summary": summarize(cases, collect_errors),
         "collect_errors": list(collect_errors),
@@ -431,9 +435,17 @@ class SessionRecorder:
             if c.get("status") is None:  # e.g. interrupted between setup and call
                 c["status"] = "error"
                 c["reason"] = c.get("reason") or "did not finish"
+        from . import interrupts
+        from .evidence import SESSION_KEY
+
+        session = self.config.stash.get(SESSION_KEY, None)
+        sig = interrupts.interrupted()
         rep = build(cases, collect_errors=self.collect_errors, source="pytest",
                     argv=list(self.config.invocation_params.args),
-                    duration=time.monotonic() - self.started)
+                    duration=time.monotonic() - self.started,
+                    evidence=str(session.path) if session is not None and session.path.is_dir()
+                    else None,
+                    interrupted=None if sig is None else signal.Signals(sig).name)
         if self.report_path:
             self.written.append(write(rep, self.report_path))
         if self.html_path:

@@ -186,6 +186,7 @@ def _run(
             text=True,
             timeout=COMMAND_TIMEOUT_S,
             check=False,
+            start_new_session=True,  # never gets the terminal's Ctrl-C: teardown must finish
         )
     except FileNotFoundError as exc:
         raise TopologyError(

@@ -308,7 +308,7 @@ def test_killed_supervisor_leaves_ranks_that_die_and_a_dir_that_sweep_removes(tm
     env = dict(os.environ, HARNESS_TMP=str(tmp_path))
     sup = subprocess.Popen([sys.executable, "-c", SUPERVISOR], env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = tmp_path / "torchdist-harness"
+    base = tmp_path / f"torchdist-harness-{os.geteuid()}"
     pids = []
     try:
         def sleeping_run():

@@ -1,0 +1,275 @@
+"""SIGTERM and repeated Ctrl-C (harness.interrupts), for real.
+
+The shield's rules are checked in small Python subprocesses (a signal to this very process
+would interrupt the test session itself). Then real sessions, ``pytest`` and ``harness run``,
+with and without ``-n 2``, run a scenario that hangs (a port holder accepts and never answers;
+the deadline is far), are signalled once their ranks are inside ``init_process_group``, and
+must end with the conventional exit code, a last line saying what happened, and nothing of
+theirs left: no rank or port holder process, no network namespace, no run directory, no temp
+folder. Each session gets private state and temp folders (HARNESS_TMP, TMPDIR), so what is
+left is theirs alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def py(code: str, **kw):
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=60, **kw)
+
+
+# -- the shield ----------------------------------------------------------------------------------
+
+def test_a_sigint_inside_a_shield_waits_for_the_end_of_the_shield():
+    p = py("""
+        import os, signal
+        from harness.interrupts import shield
+        log = []
+        try:
+            with shield():
+                os.kill(os.getpid(), signal.SIGINT)
+                log.append("cleanup went on")
+                with shield():
+                    os.kill(os.getpid(), signal.SIGINT)
+                    log.append("nested cleanup went on")
+                log.append("outer cleanup finished")
+        except KeyboardInterrupt:
+            log.append("KeyboardInterrupt after the shield")
+        print(log, signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    """)
+    assert p.stdout.strip() == ("['cleanup went on', 'nested cleanup went on', 'outer cleanup "
+                                "finished', 'KeyboardInterrupt after the shield'] True"), p.stderr
+
+
+def test_a_sigterm_inside_a_shield_ends_the_process_after_the_cleanup():
+    """Without a front door, SIGTERM keeps its default action, only later."""
+    p = py("""
+        import os, signal
+        from harness.interrupts import shield
+        with shield():
+            os.kill(os.getpid(), signal.SIGTERM)
+            print("cleanup finished", flush=True)
+        print("not reached", flush=True)
+    """)
+    assert p.returncode == -signal.SIGTERM
+    assert p.stdout == "cleanup finished\n"
+
+
+def test_installed_sigterm_is_an_interrupt_and_a_second_signal_only_waits():
+    p = py("""
+        import os, signal, time
+        from harness import interrupts
+        interrupts.install()
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except KeyboardInterrupt as e:
+            print(type(e).__name__, flush=True)
+        with interrupts.shield():
+            interrupts.note_cleaned("run1")
+        os.kill(os.getpid(), signal.SIGINT)     # a second signal during the unwinding
+        print("still here", flush=True)
+        print(interrupts.summary(), flush=True)
+        interrupts.reraise()
+    """)
+    assert p.returncode == -signal.SIGTERM
+    assert p.stdout.splitlines() == [
+        "Terminated", "still here",
+        "harness: interrupted by SIGTERM: cleaned up 1 run (ranks, port holders, namespaces, "
+        "run directories)"]
+    assert "SIGINT again: still cleaning up" in p.stderr
+
+
+def test_an_error_in_a_shield_with_a_deferred_signal_becomes_the_interrupt():
+    p = py("""
+        import os, signal
+        from harness import interrupts
+        interrupts.install()
+        try:
+            with interrupts.shield():
+                os.kill(os.getpid(), signal.SIGINT)
+                raise ValueError("cleanup failed")
+        except KeyboardInterrupt as e:
+            print("interrupt, from", type(e.__context__).__name__)
+    """)
+    assert p.stdout.strip() == "interrupt, from ValueError", p.stderr
+
+
+# -- real sessions --------------------------------------------------------------------------------
+
+HANG = """\
+name: hang
+about: rank 1 connects to a port holder that accepts and never answers; far deadline
+world_size: 2
+timeout: 100
+deadline: 150
+workload: [barrier]
+faults:
+  - {kind: busy_port, mode: accepting}
+cases:
+"""
+
+
+@pytest.fixture
+def session_dir(tmp_path):
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "scenarios").mkdir()
+    for d in ("state", "tmp"):
+        (tmp_path / d).mkdir()
+    return tmp_path
+
+
+def _state(root: Path) -> Path:
+    return root / "state" / f"torchdist-harness-{os.geteuid()}"
+
+
+def _hanging_runs(root: Path, n: int):
+    """Run dirs whose rank 1 has entered init (released, connected to the holder)."""
+    runs = []
+    for run in _state(root).glob("run-*"):
+        ev = run / "rank-1.events"
+        try:
+            if '"phase": "init"' in ev.read_text():
+                runs.append(run)
+        except OSError:
+            pass
+    return runs if len(runs) >= n else None
+
+
+def _what_runs_made(runs):
+    """Processes (pid, start time) and namespaces each run recorded, read while it runs."""
+    procs, namespaces = [], []
+    for run in runs:
+        for line in (run / "pids.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            procs.append((rec["pid"], rec["create_time"]))
+        state = Path("/run/thx") / f"thx-{run.name[len('run-'):]}.json"
+        if state.exists():
+            namespaces += json.loads(state.read_text())["namespaces"]
+    return procs, namespaces
+
+
+def _alive(pid: int, ctime: float) -> bool:
+    try:
+        p = psutil.Process(pid)
+        return abs(p.create_time() - ctime) < 0.05 and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _netns() -> set:
+    try:
+        return {p.name for p in Path("/run/netns").iterdir()}
+    except OSError:
+        return set()
+
+
+def interrupt(root: Path, argv, signals, *, runs: int, to_group: bool):
+    """Start a session, wait until ``runs`` runs hang in init, send ``signals`` (10 ms apart),
+    return (returncode, output, what the runs had made)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HARNESS_"))}
+    env.update(HARNESS_TMP=str(root / "state"), TMPDIR=str(root / "tmp"), COLUMNS="200")
+    proc = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        end = time.monotonic() + 180
+        hanging = None
+        while time.monotonic() < end and proc.poll() is None:
+            hanging = _hanging_runs(root, runs)
+            if hanging:
+                break
+            time.sleep(0.1)
+        assert hanging, f"no {runs} hanging runs; output:\n{proc.communicate()[0]}"
+        made = _what_runs_made(hanging)
+        assert made[0], "the runs recorded no process"
+        for s in signals:
+            if to_group:      # Ctrl-C in a terminal: the whole foreground process group
+                os.killpg(proc.pid, s)
+            else:             # kill PID, a scheduler, a CI runner
+                os.kill(proc.pid, s)
+            time.sleep(0.01)
+        out, _ = proc.communicate(timeout=120)
+        return proc.returncode, out, made
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def assert_nothing_left(root: Path, made):
+    procs, namespaces = made
+    assert [p for p, t in procs if _alive(p, t)] == []
+    assert sorted(set(namespaces) & _netns()) == []
+    assert list(_state(root).glob("run-*")) == []
+    assert list((root / "tmp").glob("harness-run-*")) == []
+
+
+def last_line(out: str) -> str:
+    return [ln for ln in out.splitlines() if ln.strip()][-1]
+
+
+def _scenarios(root: Path, cases: int) -> None:
+    text = HANG + "".join(f"  c{i}: {{}}\n" for i in range(cases))
+    (root / "scenarios" / "hang.yaml").write_text(text)
+
+
+PYTEST = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "scenarios"]
+HARNESS = [sys.executable, "-m", "harness", "run", "scenarios", "--no-progress"]
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["plain", "n2"])
+def test_sigterm_to_pytest_cleans_up_says_so_and_ends_by_sigterm(session_dir, xdist):
+    n = 2 if xdist else 1
+    _scenarios(session_dir, n)
+    rc, out, made = interrupt(session_dir, PYTEST + (["-n", "2"] if xdist else []),
+                              [signal.SIGTERM], runs=n, to_group=False)
+    assert rc == -signal.SIGTERM, out
+    assert last_line(out) == (f"harness: interrupted by SIGTERM: cleaned up {n} run"
+                              f"{'s' * (n > 1)} (ranks, port holders, namespaces, run "
+                              "directories)"), out
+    assert "Traceback" not in out
+    assert_nothing_left(session_dir, made)
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["plain", "n2"])
+def test_two_quick_ctrl_c_to_pytest_clean_up_like_one(session_dir, xdist):
+    n = 2 if xdist else 1
+    _scenarios(session_dir, n)
+    rc, out, made = interrupt(session_dir, PYTEST + (["-n", "2"] if xdist else []),
+                              [signal.SIGINT, signal.SIGINT], runs=n, to_group=True)
+    assert rc == pytest.ExitCode.INTERRUPTED, out
+    assert last_line(out).startswith(f"harness: interrupted by SIGINT: cleaned up {n} run"), out
+    assert_nothing_left(session_dir, made)
+
+
+def test_sigterm_to_harness_run_removes_its_temp_folder_and_ends_by_sigterm(session_dir):
+    _scenarios(session_dir, 1)
+    rc, out, made = interrupt(session_dir, HARNESS, [signal.SIGTERM], runs=1, to_group=False)
+    assert rc == -signal.SIGTERM, out
+    assert last_line(out).startswith("harness: interrupted by SIGTERM: cleaned up 1 run"), out
+    assert str(session_dir / "tmp") not in out      # no path of a report that is gone
+    assert_nothing_left(session_dir, made)
+
+
+def test_two_quick_ctrl_c_to_harness_run_n2_clean_up_and_end_by_sigint(session_dir):
+    _scenarios(session_dir, 2)
+    rc, out, made = interrupt(session_dir, HARNESS + ["-n", "2"],
+                              [signal.SIGINT, signal.SIGINT], runs=2, to_group=True)
+    assert rc == -signal.SIGINT, out
+    assert last_line(out).startswith("harness: interrupted by SIGINT: cleaned up 2 runs"), out
+    assert str(session_dir / "tmp") not in out
+    assert_nothing_left(session_dir, made)
