@@ -1,11 +1,19 @@
 """Expectations: verdicts vs the scenario's Expect block -> mismatches and a readable table (pure).
+
+``message:`` patterns are matched with the ``regex`` library (re-compatible, the same engine
+validates them in harness.schema) with a time limit, ``PATTERN_TIMEOUT`` seconds: a pattern that
+backtracks without end on a message is a mismatch saying so, never a session spinning until the
+outer timeout.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import List, Optional, Sequence
+
+import regex
 
 from .classify import Verdict, job_outcome, mro_names
 from .schema import Expect, RankExpect
@@ -17,6 +25,17 @@ class Mismatch:
     field: str            # outcome | exception | message | within | phase | rank
     expected: str
     observed: str
+
+
+PATTERN_TIMEOUT = 1.0
+PATTERN_FLAGS = regex.IGNORECASE | regex.DOTALL
+
+
+@lru_cache(maxsize=512)
+def compile_message_pattern(pattern: str) -> regex.Pattern:
+    """A ``message:`` pattern as it is matched: case-insensitive, ``.`` matches newlines.
+    Raises ``regex.error`` for an invalid one."""
+    return regex.compile(pattern, PATTERN_FLAGS)
 
 
 def _rank_expect(exp: Expect, label: str) -> Optional[RankExpect]:
@@ -31,8 +50,18 @@ def check_rank(e: RankExpect, v: Verdict) -> List[Mismatch]:
         names = mro_names(v.exception_mro)
         if e.exception not in names:
             out.append(Mismatch(v.label, "exception", e.exception, v.exception or "(none)"))
-    if e.message is not None and not re.search(e.message, v.message or "", re.I | re.S):
-        out.append(Mismatch(v.label, "message", f"/{e.message}/", v.message or "(none)"))
+    if e.message is not None:
+        try:
+            found = compile_message_pattern(e.message).search(v.message or "",
+                                                              timeout=PATTERN_TIMEOUT)
+        except TimeoutError:
+            out.append(Mismatch(v.label, "message", f"/{e.message}/",
+                                f"(pattern gave up after {PATTERN_TIMEOUT:g} s of backtracking "
+                                f"on the message: simplify it) {v.message or '(none)'}"))
+        else:
+            if not found:
+                out.append(Mismatch(v.label, "message", f"/{e.message}/",
+                                    v.message or "(none)"))
     if e.within is not None:
         lo, hi = e.within
         if v.duration is None or not lo <= v.duration <= hi:

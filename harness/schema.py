@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Union
 
+import regex
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -52,10 +53,13 @@ class RankExpect(Strict):
     @field_validator("message")
     @classmethod
     def _regex(cls, v: Optional[str]) -> Optional[str]:
+        # the engine and flags harness.expect matches with (the `regex` library)
         if v is not None:
+            from .expect import compile_message_pattern
+
             try:
-                re.compile(v)
-            except re.error as e:
+                compile_message_pattern(v)
+            except regex.error as e:
                 raise ValueError(f"not a valid regular expression: {e}") from None
         return v
 

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from harness.classify import Verdict, classify_run
-from harness.expect import Mismatch, check, check_rank, failure_table, innermost_frames
+from harness.expect import (
+    PATTERN_TIMEOUT,
+    Mismatch,
+    check,
+    check_rank,
+    failure_table,
+    innermost_frames,
+)
 from harness.schema import Expect, RankExpect
 
 STORE_MSG = "Timed out after 6 seconds waiting for clients. 1/2 clients joined."
@@ -93,6 +102,32 @@ def test_message_regex_spans_lines(obs):
 def test_message_expected_of_a_rank_without_one(ok_rank):
     assert check_rank(rank(message="joined"), ok_rank) == \
         [Mismatch("1", "message", "/joined/", "(none)")]
+
+
+def test_the_backtracking_pattern_of_issue_7_no_longer_spins(store_timeout):
+    """`(\\S+\\s*)*QQQ` spun at 100% CPU under `re` until pytest-timeout; `regex` answers."""
+    start = time.monotonic()
+    (m,) = check_rank(rank(message=r"(\S+\s*)*QQQ"), store_timeout)
+    assert (m.field, m.observed) == ("message", STORE_MSG)
+    assert time.monotonic() - start < 30      # a bound with slack, not a benchmark
+
+
+def test_a_pattern_that_backtracks_without_end_is_a_mismatch_saying_so(obs):
+    (v,) = classify_run(obs.run(obs.rank(reached="init", exc=obs.exc(
+        "RuntimeError", "a" * 80 + "b"))))
+    start = time.monotonic()
+    (m,) = check_rank(rank(message=r"(a|aa)+$"), v)
+    assert time.monotonic() - start < 30
+    assert m.field == "message" and m.expected == "/(a|aa)+$/"
+    assert m.observed.startswith(f"(pattern gave up after {PATTERN_TIMEOUT:g} s of "
+                                 "backtracking on the message: simplify it) aaaa")
+
+
+def test_validation_and_matching_use_one_engine(obs):
+    r"""`\p{L}` is not `re` syntax; `regex` has it: valid in the file means it works in a run."""
+    (v,) = classify_run(obs.run(obs.rank(reached="init", exc=obs.exc(
+        "RuntimeError", "Connexion refusée"))))
+    assert check_rank(rank(message=r"refus\p{L}e"), v) == []
 
 
 # -- within ----------------------------------------------------------------------------------------
