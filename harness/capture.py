@@ -79,8 +79,9 @@ class Capture:
     stderr (close it in the parent after spawning); ``close()`` waits briefly for the last bytes
     of ended processes, then writes every file's tail."""
 
-    def __init__(self, head: int = HEAD, tail: int = TAIL):
-        self.head, self.tail = head, tail
+    def __init__(self, head: Optional[int] = None, tail: Optional[int] = None):
+        self.head = HEAD if head is None else head
+        self.tail = TAIL if tail is None else tail
         self._sel = selectors.DefaultSelector()
         self._streams: Dict[int, Stream] = {}   # read fd -> stream
         self._all: List[Stream] = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -338,3 +339,56 @@ def test_killed_supervisor_leaves_ranks_that_die_and_a_dir_that_sweep_removes(tm
         for p in pids:
             if alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+# -- a rank that cannot start ---------------------------------------------------------------------
+
+def _no_run_dir_left(before):
+    return sorted(set(our_run_dirs()) - set(before)) == []
+
+
+def test_a_rank_whose_python_cannot_start_is_a_harness_error_with_the_cause(tmp_path):
+    from harness.errors import HarnessError
+
+    before = our_run_dirs()
+    scn = scenario("""
+        name: nopython
+        about: PYTHONHOME points nowhere, so the rank's Python cannot even start
+        world_size: 2
+        timeout: 10
+        deadline: 60
+        isolate: never
+        workload: init
+        env: {PYTHONHOME: /nonexistent}
+    """)
+    with pytest.raises(HarnessError) as e:
+        run_scenario(scn, keep=tmp_path / "evidence")
+    msg = str(e.value)
+    assert re.fullmatch(r"rank [01] exited with status 1 before it was ready: Python or the "
+                        r"harness worker could not start: ModuleNotFoundError: No module named "
+                        r"'encodings'", msg), msg
+    assert "encodings" in (tmp_path / "evidence" / "rank-0.err").read_text()
+    assert (tmp_path / "evidence" / "harness-error.txt").read_text().strip() == msg
+    assert harness_descendants() == [] and _no_run_dir_left(before)
+
+
+def test_a_rank_that_cannot_import_torch_is_a_harness_error_with_the_exception(tmp_path):
+    from harness.errors import HarnessError
+
+    shadow = tmp_path / "shadow" / "torch"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('this torch is a stand-in')\n")
+    scn = scenario(f"""
+        name: notorch
+        about: a PYTHONPATH entry shadows torch with a package that fails to import
+        world_size: 1
+        timeout: 10
+        deadline: 60
+        isolate: never
+        workload: init
+        env: {{PYTHONPATH: {tmp_path / "shadow"}}}
+    """)
+    with pytest.raises(HarnessError, match=r"^rank 0 exited with status 1 before it was ready: "
+                       r"could not import torch: ImportError: this torch is a stand-in$"):
+        run_scenario(scn)
+    assert harness_descendants() == []
