@@ -244,8 +244,12 @@ def enter(view: os.PathLike, userns: Optional[bool] = None) -> None:
     Raises ViewError, saying what failed; the process is then unchanged or must not go on."""
     view = Path(view)
     for name in FILES:
-        if not (view / name).is_file():
-            raise ViewError(f"the resolver view {view} has no {name}")
+        try:
+            (view / name).read_bytes()
+        except FileNotFoundError:
+            raise ViewError(f"the resolver view {view} has no {name}") from None
+        except OSError as e:
+            raise ViewError(f"cannot read the resolver view's {name}: {e}") from None
     if userns is None:
         userns = _want_userns()
     if _threads() > 1:
