@@ -260,7 +260,8 @@ def enter(view: os.PathLike, userns: Optional[bool] = None) -> None:
     flags = CLONE_NEWNS | (CLONE_NEWUSER if userns else 0)
     if libc.unshare(flags) != 0:
         raise ViewError(_err("unshare(" + ("CLONE_NEWUSER|" if userns else "") + "CLONE_NEWNS)")
-                        + ": " + (userns_hint() if userns else "needs CAP_SYS_ADMIN"))
+                        + "; " + (userns_hint() if userns else "a mount namespace needs "
+                                  "CAP_SYS_ADMIN"))
     if userns:
         try:
             Path("/proc/self/setgroups").write_text("deny")
@@ -315,8 +316,8 @@ def userns_hint() -> str:
             continue
         name = path[len("/proc/sys/"):].replace("/", ".")
         knobs.append(f"{name} is {value} (needs {want})")
-    return "unprivileged user namespaces are not allowed" + (
-        f" ({'; '.join(knobs)})" if knobs else "")
+    return "unprivileged user namespaces are not allowed here" + (
+        f": {', '.join(knobs)}" if knobs else "")
 
 
 @functools.cache
@@ -339,7 +340,7 @@ def missing() -> Optional[str]:
         return None
     last = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
     last = last.split("ViewError: ", 1)[-1]
-    how = "root or unprivileged user namespaces" if os.geteuid() != 0 else "CAP_SYS_ADMIN"
+    how = "root or unprivileged user namespaces" if _want_userns() else "CAP_SYS_ADMIN"
     return (f"cannot keep torch's DNS lookups on this machine: the ranks' private resolver "
             f"view needs {how} ({last})")
 

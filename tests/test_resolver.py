@@ -277,3 +277,54 @@ def test_the_view_works_for_a_user_without_root(shared_tmp, nobody_python):
     assert got["uid"] == 65534
     assert got["fwd"]["localhost.localdomain"] == ["127.0.0.1"]
     assert got["rev"]["::ffff:127.0.0.1"] == "localhost"
+
+
+def test_without_user_namespaces_machine_namespace_scenarios_are_skipped_with_the_reason(
+        tmp_path):
+    """The path of a user without root where unprivileged user namespaces are off: made real
+    inside a user namespace whose own limit allows no further one (the machine's limit is not
+    touched), with the user-namespace mode forced. The isolate: never case is skipped with the
+    reason, the namespace case is not asked about the view, and doctor says the same."""
+    if not shutil.which("unshare"):
+        pytest.skip("unshare (util-linux) is not installed")
+    (tmp_path / "s.yaml").write_text(textwrap.dedent("""\
+        name: s
+        about: runs in the machine's own network namespace
+        isolate: never
+        expect: {job: ok}
+        """))
+    report = tmp_path / "r.json"
+    limited = ["unshare", "--user", "--map-root-user", "sh", "-c",
+               'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"', "sh", "env",
+               f"{resolver.ENV_USERNS}=1", sys.executable, "-m", "harness.cli"]
+    p = subprocess.run(limited + ["run", str(tmp_path / "s.yaml"), "--no-progress", "--report",
+                                  str(report)], capture_output=True, text=True, timeout=120)
+    if "unshare failed" in p.stderr or "Operation not permitted" in p.stderr:
+        pytest.skip(f"cannot make a user namespace here: {p.stderr.strip()[-200:]}")
+    (case,) = json.loads(report.read_text())["cases"]
+    assert case["status"] == "skipped", p.stdout[-2000:]
+    assert case["reason"].startswith("cannot keep torch's DNS lookups on this machine: the "
+                                     "ranks' private resolver view needs root or unprivileged "
+                                     "user namespaces (unshare(CLONE_NEWUSER|CLONE_NEWNS): ")
+    assert "user.max_user_namespaces is 0 (needs > 0)" in case["reason"]
+    p = subprocess.run(limited + ["doctor", "--json"], capture_output=True, text=True,
+                       timeout=120)
+    assert json.loads(p.stdout)["resolver_view_missing"] == case["reason"]
+
+
+@pytest.mark.parametrize("text, topology_gaps, skipped", [
+    ("isolate: never\n", [], True),
+    ("isolate: auto\n", [], False),                        # runs in a harness namespace
+    ("isolate: auto\n", ["not running as root"], True),    # falls back to the machine's
+    ("nodes: 2\n", [], False),
+    ("faults: [{kind: unresolvable_host}]\nisolate: never\n", [], True),
+])
+def test_skip_reason_asks_for_the_view_only_where_ranks_use_the_machines_namespace(
+        monkeypatch, text, topology_gaps, skipped):
+    from harness import requirements, topology
+
+    monkeypatch.setattr(topology, "missing", lambda: list(topology_gaps))
+    monkeypatch.setattr(resolver, "missing", lambda: "no view here")
+    (scn,) = load_text("name: s\nabout: why\n" + text, "s.yaml")
+    env = {"torch": "2.13.0", "distributed": True, "gloo": True}
+    assert requirements.skip_reason(scn, env) == ("no view here" if skipped else None)
