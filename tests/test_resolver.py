@@ -47,9 +47,12 @@ LOOKUPS = textwrap.dedent("""\
 
 
 def _etc_state() -> Dict[str, str]:
+    """The machine's name files and every mount on /etc (other mounts come and go with
+    concurrent runs: `ip netns add` mounts under /run/netns)."""
     state = {p: Path(p).read_text() for p in ETC if os.path.exists(p)}
-    state["mounts"] = subprocess.run(["findmnt", "-n", "-o", "TARGET,SOURCE"],
-                                     capture_output=True, text=True).stdout
+    mounts = subprocess.run(["findmnt", "-n", "-l", "-o", "TARGET,SOURCE"],
+                            capture_output=True, text=True).stdout.splitlines()
+    state["mounts"] = "\n".join(m for m in mounts if m.startswith("/etc"))
     return state
 
 
