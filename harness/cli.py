@@ -608,6 +608,9 @@ def doctor_facts() -> Dict[str, Any]:
     except ImportError:
         facts["topology_missing"] = ["harness.topology is not installed"]
         facts["namespaces"] = []
+    from .resolver import missing as view_missing
+
+    facts["resolver_view_missing"] = view_missing()
     facts["ptrace"] = _ptrace_ok()
     facts["ports"] = _free_ports()
     facts["leftovers"] = leftovers()
@@ -662,6 +665,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     miss = facts["topology_missing"]
     lines.append((ok if not miss else warn, "namespaces", "network scenarios can run" if not miss
                   else "network scenarios are skipped: " + "; ".join(miss)))
+    why_view = facts["resolver_view_missing"]
+    lines.append((ok if not why_view else warn, "resolver view",
+                  "ranks resolve names with the harness's hosts file, never DNS"
+                  if not why_view else why_view + ": scenarios that run in this machine's "
+                  "own network namespace are skipped"))
     if not miss:
         from .requirements import netem_missing
 

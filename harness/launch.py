@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from . import interrupts
+from . import interrupts, resolver
 from .capture import Capture
 from .errors import HarnessError
 from .plan import ActionPlan, RankPlan, RunPlan, make_plan
@@ -273,6 +273,10 @@ def _rank_env(rp: RankPlan, ev_fd: int, st_fd: int) -> Dict[str, str]:
         env.pop(k, None)
     env["HARNESS_EVENT_FD"] = str(ev_fd)
     env["HARNESS_STACK_FD"] = str(st_fd)
+    # the rank resolves names with the harness's files only (no DNS query leaves the machine)
+    env[resolver.ENV_VIEW] = rp.resolver_view
+    if os.environ.get(resolver.ENV_USERNS):
+        env[resolver.ENV_USERNS] = os.environ[resolver.ENV_USERNS]
     env["PYTHONUNBUFFERED"] = "1"
     # torch's C++ store/gloo log lines (connect, retry, timeout) land in the rank's stderr
     if "TORCH_CPP_LOG_LEVEL" not in rp.env:
@@ -305,6 +309,9 @@ class Supervisor:
 
     # -- start ---------------------------------------------------------------------------------
     def _prepare(self) -> None:
+        if not self.plan.netns:   # the topology writes the views of namespace hosts
+            for view in sorted({r.resolver_view for r in self.plan.ranks}):
+                resolver.write_view(Path(view))
         for prep in self.plan.preps:
             if prep.kind == "unwritable_dir":
                 os.makedirs(prep.path, exist_ok=True)

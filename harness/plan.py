@@ -33,6 +33,9 @@ class RankPlan:
     unset: List[str] = field(default_factory=list)   # variables removed from its environment
     start_delay: float = 0.0         # released this long after the start line
     host: str = "local"
+    resolver_view: str = ""          # the folder of the hosts/nsswitch/resolv.conf it resolves
+    #                                  with (harness.resolver): /etc/netns/<ns> in the run's
+    #                                  namespaces, <run_dir>/resolver in the machine's own
 
 
 @dataclass
@@ -172,6 +175,17 @@ def base_env(scn: Scenario, addr: str, port: int, rank: int, world: int,
     return env
 
 
+def resolver_view(run_dir: str, host: HostPlan) -> str:
+    """Where a rank on ``host`` finds its resolver view (see harness.resolver): the topology
+    writes it to /etc/netns/<ns> for a namespace host, the supervisor to the run directory for
+    ranks in the machine's own network namespace."""
+    if host.netns:
+        from .topology import NETNS_ETC_DIR
+
+        return str(NETNS_ETC_DIR / host.netns)
+    return str(Path(run_dir) / "resolver")
+
+
 def plan_hosts(scn: Scenario, run_id: str, netns: bool, link: bool) -> List[HostPlan]:
     """Hosts with the addresses the topology will give them (its constructor is pure)."""
     names = scn.host_names()
@@ -215,7 +229,8 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
                     env.setdefault(var, host.ifname)
             ranks.append(RankPlan(
                 label=str(r), rank=r, env=env, host=host.name,
-                init=init_spec(scn, addr, port, r, scn.world_size, run_dir)))
+                init=init_spec(scn, addr, port, r, scn.world_size, run_dir),
+                resolver_view=resolver_view(run_dir, host)))
             r += 1
     plan = RunPlan(
         scenario=scn.name, case=scn.case, backend=scn.backend, world_size=scn.world_size,
@@ -226,4 +241,8 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
     )
     for fault in faults:
         fault.apply(plan, scn)
+    for rp in plan.ranks:   # ranks a fault added too: no rank resolves outside a view
+        if not rp.resolver_view:
+            host = next((h for h in hosts if h.name == rp.host), hosts[0])
+            rp.resolver_view = resolver_view(run_dir, host)
     return plan

@@ -29,14 +29,22 @@ def skip_reason(scn: Scenario, env: Dict[str, Any]) -> Optional[str]:
     faults = resolve(scn)
     multi = scn.hosts is not None and len(scn.hosts) > 1
     needs = [f.kind for f in faults if f.needs_netns]
-    if multi or needs or scn.isolate == "always":
-        from .topology import missing
+    from .topology import missing
 
+    if multi or needs or scn.isolate == "always":
         gaps = missing()
         if gaps:
             what = "several hosts" if multi else (f"the fault {needs[0]}" if needs
                                                  else "isolate: always")
             return f"{what} needs network namespaces, and: " + "; ".join(gaps)
+    elif scn.isolate == "never" or missing():
+        # the ranks run in the machine's own network namespace: only their private resolver
+        # view keeps torch's own lookups (c10d's reverse lookups of peers) off the resolver
+        from .resolver import missing as view_missing
+
+        why = view_missing()
+        if why:
+            return why
     if any(f.kind == "latency" for f in faults):
         why = netem_missing()
         if why:

@@ -2,7 +2,7 @@
 
 This module owns everything a run does to the network: it makes one network namespace per
 scenario host, links them, applies network faults (firewall rules, partitions, packet loss,
-bandwidth limits, per-host ``/etc/hosts`` and ``resolv.conf``) and always removes all of it.
+bandwidth limits, each host's resolver view in ``/etc/netns``) and always removes all of it.
 It never configures anything in the root network namespace: no interface, no bridge, no
 nftables table there. It uses only the standard library and the ``ip``, ``nft`` and ``tc``
 programs, and needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); see :func:`missing`.
@@ -45,8 +45,14 @@ own host's address is subject to them, as it would be behind a host firewall tha
 ``lo`` too. Packet loss and bandwidth act on the host's link (``ifname``) only. Partitions drop,
 on each side, inbound packets whose source is a host of the other side. Latency cannot be
 injected: this kernel has no ``netem`` qdisc (``tbf``'s ``latency`` is only its queue bound).
-``/etc/netns/<ns>/hosts`` and ``resolv.conf`` are bind-mounted by ``ip netns exec`` when a
-process starts, so set them before starting the processes that should see them.
+Names
+-----
+Every host namespace gets the harness's resolver view (:mod:`harness.resolver`) in
+``/etc/netns/<ns>/``: ``hosts`` (loopback names and the machine's host name only),
+``nsswitch.conf`` (``hosts: files``: no DNS) and ``resolv.conf`` (``nameserver 127.0.0.1``).
+``ip netns exec`` bind-mounts them over ``/etc`` when a process starts, so change them
+(:meth:`Topology.set_hosts_file`, :meth:`Topology.set_resolv_conf`) before starting the
+processes that should see the change.
 """
 
 from __future__ import annotations
@@ -65,6 +71,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Set, Tuple, Type, Union
+
+from . import resolver
 
 __all__ = [
     "PREFIX",
@@ -562,6 +570,10 @@ class Topology:
         )
         for host in self._hosts.values():
             self._nft(host.netns, table)
+        for host in self._hosts.values():
+            # every process started in the host (ip netns exec) resolves with the harness's
+            # resolver view: loopback names only, no DNS
+            resolver.write_view(NETNS_ETC_DIR / host.netns)
 
     def _teardown(self) -> List[str]:
         """Remove everything this object made, in order; return what could not be removed."""
@@ -892,38 +904,34 @@ class Topology:
         return path
 
     def set_hosts_file(self, host: str, entries: Mapping[str, str]) -> Path:
-        """Give the host its own ``/etc/hosts``: name -> IPv4 address or topology host name.
-
-        ``localhost`` lines come first unless ``entries`` names ``localhost`` itself. Only
-        processes started after this call (through :meth:`exec_prefix`) see it.
+        """Change the host's ``/etc/hosts`` in its resolver view: the view's loopback lines and
+        the machine's host name, plus ``entries`` (name -> IP address or topology host name; an
+        entry replaces the view's lines of that name). Only processes started after this call
+        (through :meth:`exec_prefix`) see it.
         """
-        lines = []
-        if "localhost" not in entries:
-            lines += ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+        addrs: Dict[str, str] = {}
         for name, target in entries.items():
             if not isinstance(name, str) or not _HOSTNAME_RE.match(name):
                 raise ValueError(f"not a host name for /etc/hosts: {name!r}")
             if target in self._hosts:
-                addr = self._hosts[target].addr
+                addrs[name] = self._hosts[target].addr
             else:
                 try:
-                    addr = str(ipaddress.ip_address(target))
+                    addrs[name] = str(ipaddress.ip_address(target))
                 except ValueError:
                     raise ValueError(
                         f"{name!r} must map to an IP address or a host of this "
                         f"topology, got {target!r}"
                     ) from None
-            lines.append(f"{addr}\t{name}")
-        return self._etc_file(host, "hosts", "\n".join(lines) + "\n")
+        return self._etc_file(
+            host, "hosts", resolver.hosts_text(addrs, resolver.machine_hostname())
+        )
 
     def set_resolv_conf(self, host: str, lines: Sequence[str]) -> Path:
-        """Give the host its own ``/etc/resolv.conf`` (e.g. ``["nameserver 10.213.0.99"]``)."""
-        if isinstance(lines, str):
-            raise ValueError("lines must be a list of lines, not a string")
-        for line in lines:
-            if "\n" in line:
-                raise ValueError(f"a resolv.conf line must not contain a newline: {line!r}")
-        return self._etc_file(host, "resolv.conf", "".join(f"{line}\n" for line in lines))
+        """Change the host's ``/etc/resolv.conf`` in its resolver view (e.g.
+        ``["nameserver 10.213.0.99"]``). glibc does not read it there (nsswitch says
+        ``hosts: files``); programs with their own resolver do."""
+        return self._etc_file(host, "resolv.conf", resolver.resolv_conf_text(lines))
 
 
 # --------------------------------------------------------------------------------------------

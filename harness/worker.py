@@ -6,7 +6,8 @@ written with one ``write(2)`` before the next step starts, so what was said surv
 ``SIGUSR1`` dumps the Python stacks of all threads (faulthandler) to ``HARNESS_STACK_FD``, which
 works even while the rank is blocked inside C++ (``TCPStore`` connect, gloo's mesh).
 
-Order: start -> import torch -> "ready" -> wait for the start line on stdin -> init ->
+Order: enter the resolver view (``harness.resolver``, before any thread exists) -> start ->
+import torch -> "ready" -> wait for the start line on stdin -> init ->
 workload step 1..N -> destroy -> exit. The rank exits with ``os._exit`` (0 ok, 1 exception) so
 that no interpreter teardown of torch's threads can blur the verdict.
 """
@@ -23,6 +24,8 @@ import time
 import traceback
 from datetime import timedelta
 from typing import Any, Dict
+
+from harness import resolver
 
 _EV_FD = -1
 _PHASE = "start"
@@ -126,6 +129,12 @@ def make_stale_filestore(path: str, world_size: int) -> None:
 
 def main() -> None:
     global _EV_FD
+    # first, while single-threaded: the harness's resolver view (no DNS leaves the machine)
+    try:
+        resolver.enter_from_env()
+    except resolver.ViewError as e:
+        print(f"harness worker: cannot enter the resolver view: {e}", file=sys.stderr)
+        os._exit(4)
     if len(sys.argv) == 4 and sys.argv[1] == "--stale-filestore":
         make_stale_filestore(sys.argv[2], int(sys.argv[3]))
         return

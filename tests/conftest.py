@@ -137,3 +137,32 @@ def obs() -> Any:
 def counter_ports() -> Callable[[], int]:
     """A port source for pure planning: 30000, 30001, ..."""
     return itertools.count(30000).__next__
+
+
+@pytest.fixture(scope="session")
+def nobody_python() -> List[str]:
+    """argv prefix of a Python that the user nobody runs, with this venv's packages and this
+    harness (the venv's own python may live where nobody cannot go, e.g. under /root)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if os.geteuid() != 0:
+        pytest.skip("switching to the user nobody needs root")
+    if not Path("/usr/bin/setpriv").exists():
+        pytest.skip("setpriv is not installed (util-linux)")
+    repo = Path(__file__).resolve().parents[1]
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    candidates = [os.path.realpath(sys.executable),
+                  f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}"]
+    become = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "env",
+              f"PYTHONPATH={repo}:{site}", "HOME=/nonexistent"]
+    for py in candidates:
+        p = subprocess.run(become + [py, "-c", "import sys, subprocess; subprocess.run("
+                                     "[sys.executable, '-c', 'import yaml, pydantic, torch'], "
+                                     "check=True)"],
+                           capture_output=True, text=True, timeout=120, cwd="/")
+        if p.returncode == 0:
+            return become + [py]
+    pytest.skip(f"no Python here that the user nobody may run (tried {candidates})")

@@ -216,14 +216,22 @@ def test_unreachable_master_for_some_ranks_with_tcp_init(counter_ports):
     assert r0.init.url == f"tcp://{plan.host('a').addr}:30000"
 
 
-def test_unresolvable_host_gives_every_host_its_own_hosts_and_resolv_conf(counter_ports):
+def test_unresolvable_host_only_renames_master_addr_each_rank_keeps_its_hosts_view(
+        counter_ports):
     plan = plan_of(with_faults("{kind: unresolvable_host}"), counter_ports)
     assert {r.env["MASTER_ADDR"] for r in plan.ranks} == {"master.harness.invalid"}
-    got = [(a.op, a.args["host"], a.at, a.at_phase) for a in plan.net_actions]
-    assert got == [("hosts_file", "a", None, None), ("resolv_conf", "a", None, None),
-                   ("hosts_file", "b", None, None), ("resolv_conf", "b", None, None)]
-    assert plan.net_actions[0].args["entries"] == {}
-    assert plan.net_actions[1].args["lines"][0] == "nameserver 127.0.0.1"
+    # the name fails locally because every rank resolves with the harness's view (no DNS);
+    # the fault changes nothing of the network
+    assert plan.net_actions == []
+    assert [r.resolver_view for r in plan.ranks] == [f"/etc/netns/thx-{RUN_ID}-a",
+                                                     f"/etc/netns/thx-{RUN_ID}-b"]
+
+
+def test_unresolvable_host_needs_no_namespace(counter_ports):
+    plan = plan_of(with_faults("{kind: unresolvable_host}", base="name: s\nabout: why\n"
+                               "isolate: never\n"), counter_ports, netns=True)
+    assert not plan.netns
+    assert {r.resolver_view for r in plan.ranks} == {f"{RUN_DIR}/resolver"}
 
 
 def test_unresolvable_host_name_must_end_in_invalid():

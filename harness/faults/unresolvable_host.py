@@ -1,7 +1,8 @@
 """unresolvable_host: MASTER_ADDR is a name that does not resolve, with no query leaving the run.
 
-Every host namespace gets its own /etc/hosts (localhost only) and /etc/resolv.conf pointing at
-127.0.0.1 inside the namespace, where nothing answers: the lookup fails at once and locally.
+Every rank resolves names with the harness's resolver view (``harness.resolver``): a hosts
+file of loopback names and ``hosts: files`` in nsswitch.conf, so a name ending in ``.invalid``
+fails at once and locally, in the run's namespaces and in the machine's own alike.
 """
 
 from typing import List, Literal, Optional
@@ -14,25 +15,15 @@ from . import Fault, register
 @register
 class UnresolvableHost(Fault):
     kind: Literal["unresolvable_host"] = "unresolvable_host"
-    summary = "MASTER_ADDR is a host name that does not resolve (resolved inside the namespace)"
-    needs_netns = True
+    summary = "MASTER_ADDR is a host name that does not resolve (looked up without DNS)"
     ranks: Optional[List[int]] = Field(None, description="default: every rank")
     name: str = Field("master.harness.invalid", pattern=r"^[a-z0-9.-]+\.invalid$",
                       description="the name; must end in .invalid (RFC 6761: never resolves)")
 
     def apply(self, plan, scn):
-        from ..plan import NetActionPlan
-
-        for h in plan.hosts:
-            plan.net_actions.append(NetActionPlan("hosts_file", {"host": h.name, "entries": {}},
-                                                  why=self.kind))
-            plan.net_actions.append(NetActionPlan(
-                "resolv_conf", {"host": h.name, "lines": ["nameserver 127.0.0.1",
-                                                          "options timeout:1 attempts:1"]},
-                why=self.kind))
         for r in plan.main_ranks(self.ranks):
             r.env["MASTER_ADDR"] = self.name
             if r.init.method == "tcp":
                 r.init.url = f"tcp://{self.name}:{r.env['MASTER_PORT']}"
-        plan.notes.append(f"unresolvable_host: MASTER_ADDR={self.name}; DNS inside the run's "
-                          "namespaces goes to 127.0.0.1 there (no query leaves)")
+        plan.notes.append(f"unresolvable_host: MASTER_ADDR={self.name}; the ranks' resolver "
+                          "view has no DNS, so the lookup fails locally (no query leaves)")
