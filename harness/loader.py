@@ -86,10 +86,10 @@ class Problem:
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
         field = f"{self.field}: " if self.field else ""
-        return _one_line(f"{where}: {field}{self.message}")
+        return one_line(f"{where}: {field}{self.message}")
 
 
-def _one_line(s: str) -> str:
+def one_line(s: str) -> str:
     """Control characters (a newline in a key, a NUL in a file name) shown escaped: one line."""
     if s.isprintable():
         return s
@@ -580,7 +580,7 @@ def _pydantic_problems(file: str, lines: Union[Lines, Dict[Path_, int]], e: Vali
 
 
 def _known_fields(model: Any) -> str:
-    return ", ".join(model.model_fields)
+    return ", ".join(f for f in model.model_fields if f != "case")   # case: the loader's
 
 
 # -- one case --------------------------------------------------------------------------------
@@ -685,16 +685,19 @@ def load_text(text: str, file: str = "<string>") -> List[Scenario]:
     if len(text) > MAX_FILE_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) \
             > MAX_FILE_BYTES:
         raise ScenarioFileError([_too_big(file)])
+    # libyaml takes UTF-8: a lone surrogate (from a caller's str) goes to PyYAML, which says
+    # where it is
+    fast = _CLoader is not None and SURROGATE.search(text) is None
     try:
         try:
-            _check_events(text, file)
+            _check_events(text, file, fast)
         except yaml.YAMLError as fast_error:
-            if _CLoader is None:
+            if not fast:
                 raise
             _check_events(text, file, fast=False)   # PyYAML's own message, where it finds it
             raise fast_error from None
         # checked: now composing (aliases are shared, not copied) is linear and bounded
-        composer: Any = (_CLoader or _Loader)(text)
+        composer: Any = (_CLoader if fast and _CLoader is not None else _Loader)(text)
         composer.file = file
         try:
             node = composer.get_single_node()
@@ -722,6 +725,9 @@ def load_text(text: str, file: str = "<string>") -> List[Scenario]:
         raise ScenarioFileError([Problem(file, node.start_mark.line + 1, "",
                                          "a scenario file is one YAML mapping")])
 
+    if "case" in data:   # a field of the model, set by the loader: not the file's to give
+        raise ScenarioFileError([Problem(file, lines.get(("case",)), "case", "set from cases: "
+                                         "(the case id); write cases: {id: {...}} for variants")])
     cases = data.pop("cases", None)
     if cases is None:
         return [validate_case(data, file, Lines(lines))]
@@ -753,6 +759,10 @@ def load_text(text: str, file: str = "<string>") -> List[Scenario]:
         if not isinstance(over, dict):
             problems.append(Problem(file, lines.get(here), _field(here),
                                     "a case is a mapping of fields that override the top level"))
+            continue
+        if "case" in over:
+            problems.append(Problem(file, lines.get(here + ("case",)), _field(here + ("case",)),
+                                    "set from the case id: not a field a case gives"))
             continue
         merged = _merge(data, over)
         merged["case"] = cid
