@@ -72,16 +72,19 @@ def find_scenarios(paths: Sequence[str], skipped: Optional[List[Path]] = None) -
 # -- validate ------------------------------------------------------------------------------------
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .loader import ScenarioFileError, load_file
+    from .loader import ScenarioFileError, load_file, one_line
 
     skipped: List[Path] = []
     files = find_scenarios(args.paths, skipped)
     if not files:
         raise UsageError(f"no scenario files (*.yaml, *.yml) under {' '.join(args.paths)}")
     con = _console()
+
+    def line(text: str, style: str = "") -> None:   # one line each, whatever the width
+        con.print(_text(one_line(text), style), soft_wrap=True)
+
     for f in skipped:
-        con.print(_text(f"- {f}: skipped: not a regular file (pytest does not collect it either)",
-                        "yellow"))
+        line(f"- {f}: skipped: not a regular file (pytest does not collect it either)", "yellow")
     bad = problems = cases = 0
     for f in files:
         try:
@@ -89,14 +92,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         except ScenarioFileError as e:
             bad += 1
             problems += len(e.problems)
-            con.print(_text(f"✗ {f}: {len(e.problems)} problem{'s' * (len(e.problems) > 1)}",
-                            "bold red"))
+            line(f"✗ {f}: {len(e.problems)} problem{'s' * (len(e.problems) > 1)}", "bold red")
             for p in e.problems:
-                con.print(_text(f"  {p}"))
+                line(f"  {p}")
             continue
         cases += len(loaded)
         if not args.quiet:
-            con.print(_text(f"✓ {f} ({len(loaded)} case{'s' * (len(loaded) != 1)})", "green"))
+            line(f"✓ {f} ({len(loaded)} case{'s' * (len(loaded) != 1)})", "green")
     summary = (f"{len(files)} file{'s' * (len(files) != 1)}, {cases} case"
                f"{'s' * (cases != 1)}")
     if bad:
