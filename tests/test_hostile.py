@@ -159,11 +159,15 @@ def test_loading_time_grows_linearly_with_the_file(shape):
             return BASE_TEXT + "".join(f"k{i}: {i}\n" for i in range(n))
         if shape == "aliases":   # n aliases to one mapping (as marks: refused, n problems)
             return BASE_TEXT + "env: &e {A: '1'}\nmarks: [" + ", ".join(["*e"] * n) + "]\n"
+        env = ", ".join(f"V{j}: v{j}" for j in range(16))
         return BASE_TEXT + "cases:\n" + "".join(   # all valid: every case is validated
-            f"  c{i}: {{timeout: {i % 50 + 1}, env: {{A{i}: x}}}}\n" for i in range(n))
+            f"  c{i}: {{timeout: {i % 50 + 1}, env: {{A{i}: x, {env}}}, marks: [m{i}]}}\n"
+            for i in range(n))
     small, big = (2_500, 20_000) if shape != "cases" else (32, 256)
-    t_small = _best_of(3, make(small))
-    t_big = _best_of(3, make(big))
+    t_small = t_big = float("inf")
+    for _ in range(3):   # interleaved: a busy moment of the machine hits both sizes alike
+        t_small = min(t_small, _best_of(2, make(small)))
+        t_big = min(t_big, _best_of(2, make(big)))
     # 8x the input: linear is ~8x; quadratic was 64x. Generous for a shared, loaded machine.
     assert t_big / max(t_small, 1e-3) < 30, (t_small, t_big)
 
