@@ -28,6 +28,7 @@ and a pytest run accept exactly the same files.
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import re
 import stat
@@ -597,6 +598,18 @@ def item_name(scn: Scenario) -> str:
 ITEM_NAME = re.compile(r"[A-Za-z0-9_.=-]+(\[[A-Za-z0-9_.=,-]+\])?", re.ASCII)
 
 
+def _plan_problem(scn: Scenario) -> Optional[str]:
+    from .plan import make_plan
+
+    ports = itertools.count(20000)
+    try:
+        make_plan(scn, "/nonexistent/run-check", lambda: next(ports), netns=True,
+                  run_id="check")
+    except Exception as e:   # a late refusal the checks above missed: still one located line
+        return f"a run could not be planned: {type(e).__name__}: {str(e)[:200]}"
+    return None
+
+
 def validate_case(data: Dict[str, Any], file: str,
                   lines: Union[Lines, Dict[Path_, int]]) -> Scenario:
     """One case's merged data -> Scenario, or ScenarioFileError with located problems."""
@@ -669,10 +682,16 @@ def validate_case(data: Dict[str, Any], file: str,
             problems.append(Problem(file, lines.line_of(("env", "MASTER_ADDR")),
                                     "env.MASTER_ADDR", why))
 
-    # what the pytest front door builds from the case: its item name (test id)
+    # what the pytest front door builds from the case: its item name (test id), and the plan
+    # the run would make (pure: ports from a counter, nothing started); whatever either
+    # refuses is refused here, not after collection
     if not problems and not ITEM_NAME.fullmatch(item_name(scn)):
         problems.append(Problem(file, lines.line_of(("name",)), "name", f"the test id "
                                 f"{item_name(scn)[:80]!r} is not plain ASCII"))
+    if not problems:
+        why = _plan_problem(scn)
+        if why:
+            problems.append(Problem(file, lines.line_of(()), "", why))
     if problems:
         raise ScenarioFileError(_capped(file, problems))
     return scn

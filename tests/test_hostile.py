@@ -402,3 +402,20 @@ def test_a_session_with_xdist_runs_every_accepted_hostile_file_and_the_good_one(
     n_cases = sum(len(load_file(p)) for p in accepted)
     n_refused = len(HAND_WRITTEN) + len(generated) - len(accepted)
     result.assert_outcomes(passed=n_cases + 1, errors=n_refused)
+
+
+def test_a_plan_that_fails_is_one_located_problem_at_load_time_not_a_late_error(monkeypatch):
+    """The backstop for parity: whatever make_plan (pure) would refuse at item setup is
+    refused by the loader, so validate and a run agree even on a check nobody wrote yet."""
+    from harness.faults.delayed_rank import DelayedRank
+
+    def apply(self, plan, scn):
+        raise KeyError("a late refusal")
+
+    monkeypatch.setattr(DelayedRank, "apply", apply)
+    text = BASE_TEXT + "world_size: 2\nfaults: [{kind: delayed_rank, delay: 1}]\n"
+    text = text.replace("world_size: 1\n", "")
+    with pytest.raises(ScenarioFileError) as e:
+        load_text(text, "late.yaml")
+    (p,) = e.value.problems
+    assert str(p) == "late.yaml:1: a run could not be planned: KeyError: 'a late refusal'"
