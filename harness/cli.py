@@ -44,18 +44,25 @@ def _text(s: str, style: str = "") -> Any:
 
 # -- finding scenario files ----------------------------------------------------------------------
 
-def find_scenarios(paths: Sequence[str]) -> List[Path]:
-    """YAML files named, or found under the folders named (hidden and venv folders skipped)."""
+def find_scenarios(paths: Sequence[str], skipped: Optional[List[Path]] = None) -> List[Path]:
+    """YAML files named, or found under the folders named (hidden and venv folders skipped).
+
+    Found under a folder, an entry that is not a regular file (a FIFO, a device, a broken
+    symlink) is skipped, as pytest's collection skips it, and listed in ``skipped``; named
+    explicitly, it is returned, and loading it says what it is."""
     out: List[Path] = []
     for p in map(Path, paths):
-        if p.is_file():
-            out.append(p)
-        elif p.is_dir():
+        if p.is_dir():
             for root, dirs, files in os.walk(p):
                 dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
                 for f in sorted(files):
                     if f.endswith((".yaml", ".yml")):
-                        out.append(Path(root) / f)
+                        if (Path(root) / f).is_file():
+                            out.append(Path(root) / f)
+                        elif skipped is not None:
+                            skipped.append(Path(root) / f)
+        elif p.exists() or p.is_symlink():
+            out.append(p)
         else:
             raise UsageError(f"{p}: no such file or directory")
     seen, uniq = set(), []
@@ -69,12 +76,19 @@ def find_scenarios(paths: Sequence[str]) -> List[Path]:
 # -- validate ------------------------------------------------------------------------------------
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .loader import ScenarioFileError, load_file
+    from .loader import ScenarioFileError, load_file, one_line
 
-    files = find_scenarios(args.paths)
+    skipped: List[Path] = []
+    files = find_scenarios(args.paths, skipped)
     if not files:
         raise UsageError(f"no scenario files (*.yaml, *.yml) under {' '.join(args.paths)}")
     con = _console()
+
+    def line(text: str, style: str = "") -> None:   # one line each, whatever the width
+        con.print(_text(one_line(text), style), soft_wrap=True)
+
+    for f in skipped:
+        line(f"- {f}: skipped: not a regular file (pytest does not collect it either)", "yellow")
     bad = problems = cases = 0
     for f in files:
         try:
@@ -82,14 +96,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         except ScenarioFileError as e:
             bad += 1
             problems += len(e.problems)
-            con.print(_text(f"✗ {f}: {len(e.problems)} problem{'s' * (len(e.problems) > 1)}",
-                            "bold red"))
+            line(f"✗ {f}: {len(e.problems)} problem{'s' * (len(e.problems) > 1)}", "bold red")
             for p in e.problems:
-                con.print(_text(f"  {p}"))
+                line(f"  {p}")
             continue
         cases += len(loaded)
         if not args.quiet:
-            con.print(_text(f"✓ {f} ({len(loaded)} case{'s' * (len(loaded) != 1)})", "green"))
+            line(f"✓ {f} ({len(loaded)} case{'s' * (len(loaded) != 1)})", "green")
     summary = (f"{len(files)} file{'s' * (len(files) != 1)}, {cases} case"
                f"{'s' * (cases != 1)}")
     if bad:
@@ -103,8 +116,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 # -- list ----------------------------------------------------------------------------------------
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from .loader import ScenarioFileError, load_file
-    from .pytest_plugin import item_name
+    from .loader import ScenarioFileError, item_name, load_file
 
     files = find_scenarios(args.paths)
     rows: List[Dict[str, Any]] = []
@@ -408,6 +420,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     files = find_scenarios(args.paths)
     if not files:
         raise UsageError(f"no scenario files (*.yaml, *.yml) under {' '.join(args.paths)}")
+    for f in files:
+        if not f.is_file():   # named explicitly: pytest would only say "not found"
+            raise UsageError(f"{f}: not a regular file (a FIFO, a device or a broken symlink?)")
     if args.n is not None:
         try:
             import xdist  # noqa: F401

@@ -1,28 +1,80 @@
 """Loading: YAML text -> validated Scenario cases; every problem located as file:line: field.
 
-Lines come from PyYAML's node marks: the document is composed once, every key and list item's
-line is recorded under its field path, and pydantic's error locations are looked up there
-(falling back to the nearest enclosing field). ``cases:`` expands one file into several
-scenarios, each case a deep-merged override of the file's top level.
+Scenario files are user input and may be hostile (a billion laughs, 40,000 keys, a FIFO named
+x.yaml): loading is linear in the file's size, with stated caps (README, "Limits"), and every
+problem is one located line, never a traceback or a hang. The passes:
+
+1. read: at most ``MAX_FILE_BYTES`` + 1 bytes of a regular file (a FIFO, device or directory is
+   refused without being read);
+2. events: PyYAML's event stream is checked before anything is built: nesting depth, the number
+   of nodes once every alias is expanded (each anchor's expanded size is recorded when its node
+   ends and an alias adds that size, so a billion laughs is refused at the alias that crosses the
+   cap without being walked), aliases to an anchor still open (a node inside itself), tags, a
+   second document, lone UTF-16 surrogates;
+3. only then is the document composed (parsed again: aliases are shared nodes, so this is
+   linear too); keys are checked and each field's line recorded in one walk that visits every
+   node once (an alias is not walked again); then it is constructed and validated by pydantic
+   and the fault plugins, at most ``MAX_PROBLEMS`` problems reported.
+
+libyaml's parser is used where PyYAML has it (ten times faster); PyYAML's own words the YAML
+syntax errors.
+
+``cases:`` expands one file into several scenarios, each case a deep-merged override of the
+file's top level. Everything a run checks before it starts (fault models and their checks, the
+item name, markers, the total number of processes) is checked here, so that ``harness validate``
+and a pytest run accept exactly the same files.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import yaml
 from pydantic import ValidationError
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.events import (
+    AliasEvent,
+    DocumentStartEvent,
+    Event,
+    MappingEndEvent,
+    MappingStartEvent,
+    ScalarEvent,
+    SequenceEndEvent,
+    SequenceStartEvent,
+    StreamEndEvent,
+)
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.parser import Parser
+from yaml.reader import Reader
+from yaml.resolver import Resolver
+from yaml.scanner import Scanner
 
 from .faults import FAULTS
 from .safety import refuse_address
-from .schema import Scenario
+from .schema import CASE_ID_RE, MAX_ADDR, MAX_NAME, MAX_WORLD, Scenario, bare_address_problem
 
 Path_ = Tuple[str, ...]
-CASE_ID = re.compile(r"^[A-Za-z0-9_.=-]+$")
+
+# -- limits (README "Limits") ----------------------------------------------------------------
+MAX_FILE_BYTES = 1 << 20   # 1 MiB: a scenario is a few KB
+MAX_DEPTH = 20             # lists/mappings inside each other, aliases expanded (scenarios use 8)
+MAX_NODES = 100_000        # YAML nodes once every alias is expanded
+MAX_PROBLEMS = 50          # problems listed per file (then: "stopped after ...")
+MAX_CASES = 256            # cases in one file
+MAX_NUMBER_CHARS = 100     # characters of one number (int() refuses > 4300 digits)
+
+CASE_ID = CASE_ID_RE       # kept for callers of the old name
+_TAG = "tag:yaml.org,2002:"
+ALLOWED_TAGS = {"!"} | {_TAG + t for t in ("str", "int", "float", "bool", "null", "map", "seq")}
+SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
@@ -34,8 +86,15 @@ class Problem:
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
-        return f"{where}: {self.field}: {self.message}" if self.field \
-            else f"{where}: {self.message}"
+        field = f"{self.field}: " if self.field else ""
+        return one_line(f"{where}: {field}{self.message}")
+
+
+def one_line(s: str) -> str:
+    """Control characters (a newline in a key, a NUL in a file name) shown escaped: one line."""
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
 
 
 class ScenarioFileError(Exception):
@@ -52,216 +111,218 @@ class ScenarioFileError(Exception):
                         "`harness validate FILE` lists them all)" if more else "")
 
 
-def _lines(node: yaml.Node, path: Path_, out: Dict[Path_, int]) -> None:
-    if isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            key = str(k.value)
-            out.setdefault(path + (key,), k.start_mark.line + 1)
-            _lines(v, path + (key,), out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            out.setdefault(path + (str(i),), item.start_mark.line + 1)
-            _lines(item, path + (str(i),), out)
+def _capped(file: str, problems: List[Problem]) -> List[Problem]:
+    if len(problems) <= MAX_PROBLEMS:
+        return problems
+    return problems[:MAX_PROBLEMS] + [Problem(file, None, "", f"stopped after {MAX_PROBLEMS} "
+                                              "problems: fix these first")]
 
 
-def _key_problems(file: str, node: yaml.Node, path: Tuple[Any, ...] = ()) -> List[Problem]:
-    """Keys given twice in one mapping (PyYAML silently keeps the last, which would hide the
-    first: two ``expect:`` blocks, two case ids), and keys YAML reads as booleans or null
-    (``yes:``, ``on:``, ``~:``), which no field of a scenario can be."""
-    out: List[Problem] = []
-    if isinstance(node, yaml.MappingNode):
-        seen: Dict[str, int] = {}
-        for k, v in node.value:
-            if isinstance(k, yaml.ScalarNode):
-                key, line = str(k.value), k.start_mark.line + 1
-                if k.tag in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:null"):
-                    out.append(Problem(file, line, _field(path + (key,)),
-                                       f"YAML reads the key {key!r} as "
-                                       f"{'a boolean' if k.tag.endswith('bool') else 'null'}, "
-                                       f"not as text: quote it ('{key}') if you mean the name"))
-                if key in seen:
-                    out.append(Problem(file, line, _field(path + (key,)),
-                                       f"duplicate key {key!r} (first at line {seen[key]}); "
-                                       "YAML would silently keep only the last one"))
-                else:
-                    seen[key] = line
-            out += _key_problems(file, v, path + (str(k.value),))
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            out += _key_problems(file, item, path + (i,))
-    return out
+# -- YAML: the parser's events, checked before anything is built -------------------------------
+
+class _Resolver(Resolver):
+    """YAML 1.1's implicit types, except dates (``about: 2024-01-01`` stays the text written; no
+    field is a date) and ``=`` (a 'value' key PyYAML cannot construct)."""
+
+    yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers
+                if tag not in (_TAG + "timestamp", _TAG + "value")]
+        for first, resolvers in Resolver.yaml_implicit_resolvers.items()}
 
 
-def _child(value: Any, key: Any) -> Tuple[bool, Any]:
-    """The YAML value under ``key`` (mapping keys compared as text: YAML ``0`` and ``"0"``)."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if str(k) == str(key):
-                return True, v
-    elif isinstance(value, list) and isinstance(key, int) and 0 <= key < len(value):
-        return True, value[key]
-    return False, None
+class _Constructor(SafeConstructor):
+    file = "<string>"
+
+    def _short_number(self, node: Any) -> None:   # the walk refuses them first; a backstop
+        if len(node.value) > MAX_NUMBER_CHARS:
+            raise ScenarioFileError([Problem(self.file, node.start_mark.line + 1, "",
+                                             _long_number(node.value))])
+
+    def construct_yaml_int(self, node: Any) -> int:
+        self._short_number(node)
+        return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node: Any) -> float:
+        self._short_number(node)
+        return super().construct_yaml_float(node)
 
 
-def _yaml_loc(data: Any, loc: Sequence[Any]) -> Tuple[Any, ...]:
-    """A model error location -> the path as written in the YAML, shorthands undone: ``expect``
-    written as one block has no ``[0]``, ``workload: [...]`` and ``workload: init`` have no
-    ``steps``, and a rank written as ``1: timeout`` has no ``outcome``."""
-    out: List[Any] = []
-    node = data
-    for key in loc:
-        found, child = _child(node, key)
-        if found:
-            out.append(key)
-            node = child
-        elif (key == 0 and isinstance(node, dict) and out == ["expect"]) or \
-                (key == "steps" and isinstance(node, (list, str)) and out == ["workload"]) or \
-                (key == "outcome" and isinstance(node, (list, str))):
-            continue      # a level of the model that the shorthand leaves out
-        elif isinstance(node, str) and isinstance(key, int):
-            break         # workload: barrier -> steps[0]
-        else:
-            out.append(key)
-            node = None
-    return tuple(out)
+_Constructor.add_constructor(_TAG + "int", _Constructor.construct_yaml_int)  # type: ignore
+_Constructor.add_constructor(_TAG + "float", _Constructor.construct_yaml_float)  # type: ignore
 
 
-def _line_of(lines: Dict[Path_, int], loc: Sequence[Any]) -> Optional[int]:
-    p = tuple(str(x) for x in loc)
-    while p:
-        if p in lines:
-            return lines[p]
-        p = p[:-1]
-    return lines.get((), 1)
+class _Loader(Reader, Scanner, Parser, Composer, _Constructor, _Resolver):
+    """PyYAML's pure-Python safe loader with this module's resolver and constructor."""
+
+    def __init__(self, stream: str):
+        Reader.__init__(self, stream)
+        Scanner.__init__(self)
+        Parser.__init__(self)
+        Composer.__init__(self)
+        _Constructor.__init__(self)
+        _Resolver.__init__(self)
 
 
-def _field(loc: Sequence[Any]) -> str:
-    out = ""
-    for x in loc:
-        out += f"[{x}]" if isinstance(x, int) else (f".{x}" if out else str(x))
-    return out
+_CParser = getattr(getattr(yaml, "_yaml", None), "CParser", None)   # libyaml, where built with it
+_CLoader: Optional[type] = None
+if _CParser is not None:
+    class _CLoaderClass(_CParser, _Constructor, _Resolver):  # type: ignore[misc,valid-type]
+        """libyaml's parser and composer, this module's resolver and constructor."""
+
+        def __init__(self, stream: str):
+            super().__init__(stream)  # type: ignore[call-arg]  # CParser's (calls no other)
+            _Constructor.__init__(self)
+            _Resolver.__init__(self)
+
+    _CLoader = _CLoaderClass
 
 
-def _message(err: Any) -> str:
-    msg = str(err["msg"])
-    for prefix in ("Value error, ", "Assertion failed, "):
-        if msg.startswith(prefix):
-            msg = msg[len(prefix):]
-    if err["type"] == "extra_forbidden":
-        msg = "unknown field"
-    elif err["type"] == "missing":
-        msg = "required field is missing"
-    inp = err.get("input")
-    if err["type"] not in ("missing", "extra_forbidden") and isinstance(inp, (str, int, float)):
-        msg += f" (got {inp!r})"
-    return msg
+class _Open:
+    """A list or mapping still open in the event stream."""
+
+    __slots__ = ("anchor", "size", "height", "is_map", "key_next", "key", "index")
+
+    def __init__(self, anchor: Optional[str], is_map: bool):
+        self.anchor = anchor
+        self.size = 1          # nodes inside it so far, aliases expanded, itself included
+        self.height = 1        # levels of nesting it holds
+        self.is_map = is_map
+        self.key_next = True   # in a mapping: the next node is a key
+        self.key: Any = ""     # ... the latest key (the field path of what follows it)
+        self.index = -1        # in a list: the position of the latest item
 
 
-def _merge(base: Any, over: Any) -> Any:
-    if isinstance(base, dict) and isinstance(over, dict):
-        out = dict(base)
-        for k, v in over.items():
-            out[k] = _merge(base[k], v) if k in base else copy.deepcopy(v)
-        return out
-    return copy.deepcopy(over)
+def _check_events(text: str, file: str, fast: bool = True) -> None:
+    """One pass over the parser's events of ``text``: the first structural problems, located.
 
-
-def _drop_replaced(lines: Dict[Path_, int], over: Dict[str, Any], prefix: Path_ = ()) -> None:
-    """Forget the base file's lines for everything a case replaces (not merges)."""
-    for k, v in over.items():
-        p = prefix + (str(k),)
-        if isinstance(v, dict):
-            _drop_replaced(lines, v, p)
-        else:
-            for q in [q for q in lines if q[:len(p)] == p and len(q) > len(p)]:
-                del lines[q]
-
-
-def _pydantic_problems(file: str, lines: Dict[Path_, int], e: ValidationError, data: Any,
-                       prefix: Tuple[Any, ...] = ()) -> List[Problem]:
-    out = []
-    for err in e.errors():
-        loc = _yaml_loc(data, prefix + tuple(err["loc"]))
-        out.append(Problem(file, _line_of(lines, loc), _field(loc), _message(err)))
-    return out
-
-
-def _known_fields(model: Any) -> str:
-    return ", ".join(model.model_fields)
-
-
-def validate_case(data: Dict[str, Any], file: str, lines: Dict[Path_, int]) -> Scenario:
-    """One case's merged data -> Scenario, or ScenarioFileError with located problems."""
+    The events come from libyaml's parser where there is one (ten times faster than PyYAML's);
+    a YAML syntax error is then parsed again by PyYAML's, whose messages the catalogue of
+    broken files was written against (see ``load_text``)."""
+    parser: Any = _CLoader(text) if fast and _CLoader is not None else _Loader(text)
     problems: List[Problem] = []
+    stack: List[_Open] = []
+    top: Optional[_Open] = None                 # stack[-1]
+    sizes: Dict[str, Tuple[int, int]] = {}     # closed anchor -> (expanded size, height)
+    open_anchors: Set[str] = set()
+    total = docs = 0
+
+    def problem(ev: Event, msg: str, frames: Optional[List[_Open]] = None) -> Problem:
+        line = ev.start_mark.line + 1 if ev.start_mark is not None else None
+        path = [f.key if f.is_map else f.index for f in (stack if frames is None else frames)]
+        return Problem(file, line, _field(path), msg)
+
+    def stop(ev: Event, msg: str, frames: Optional[List[_Open]] = None) -> ScenarioFileError:
+        return ScenarioFileError(problems + [problem(ev, msg, frames)])
+
+    def deep(ev: Event, why: str = "") -> ScenarioFileError:
+        return stop(ev, f"nested deeper than {MAX_DEPTH} levels (lists and mappings inside each "
+                        f"other{why}): a scenario needs fewer than 10")
+
+    get = parser.get_event
     try:
-        scn = Scenario.model_validate(data)
-    except ValidationError as e:
-        problems = _pydantic_problems(file, lines, e, data)
-        for p in problems:
-            if p.message == "unknown field" and "." not in p.field and "[" not in p.field:
-                p.message += f" (known: {_known_fields(Scenario)}, cases)"
-        raise ScenarioFileError(problems) from None
-
-    # faults: each validated by its plugin's own model
-    for i, spec in enumerate(scn.faults):
-        loc: Tuple[Any, ...] = ("faults", i)
-        cls = FAULTS.get(spec.kind)
-        if cls is None:
-            problems.append(Problem(file, _line_of(lines, loc + ("kind",)), _field(loc + ("kind",)),
-                                    f"unknown fault kind {spec.kind!r} (known: "
-                                    f"{', '.join(sorted(FAULTS))})"))
-            continue
-        try:
-            fault = cls.model_validate(spec.model_dump())
-        except ValidationError as e:
-            ps = _pydantic_problems(file, lines, e, data, loc)
-            for p in ps:
-                if p.message == "unknown field":
-                    p.message += f" of {spec.kind} (known: {_known_fields(cls)})"
-            problems += ps
-            continue
-        for where, msg in fault.check(scn):
-            problems.append(Problem(file, _line_of(lines, loc + where), _field(loc + where), msg))
-
-    # expectations may only name ranks that exist
-    labels = {str(r) for r in range(scn.world_size)} | {"*"}
-    for spec in scn.faults:
-        cls = FAULTS.get(spec.kind)
-        if cls is not None:
-            try:
-                labels |= set(cls.model_validate(spec.model_dump()).extra_labels(scn))
-            except ValidationError:
-                pass
-    for j, block in enumerate(scn.expect):
-        for key in block.ranks:
-            if key not in labels:
-                loc = _yaml_loc(data, ("expect", j, "ranks", key))
-                problems.append(Problem(file, _line_of(lines, loc), _field(loc),
-                                        f"rank {key} is outside the world (world_size "
-                                        f"{scn.world_size}: ranks 0..{scn.world_size - 1})"))
-    why = refuse_address(scn.master_addr)
-    if why:
-        problems.append(Problem(file, _line_of(lines, ("master_addr",)), "master_addr", why))
-    if "MASTER_ADDR" in scn.env:
-        why = refuse_address(scn.env["MASTER_ADDR"])
-        if why:
-            problems.append(Problem(file, _line_of(lines, ("env", "MASTER_ADDR")),
-                                    "env.MASTER_ADDR", why))
+        while True:
+            ev = get()
+            cls = type(ev)
+            if cls is MappingEndEvent or cls is SequenceEndEvent:
+                done = stack.pop()
+                if done.anchor is not None:
+                    sizes[done.anchor] = (done.size, done.height)
+                    open_anchors.discard(done.anchor)
+                top = stack[-1] if stack else None
+                if top is not None:
+                    top.size += done.size
+                    if done.height >= top.height:
+                        top.height = done.height + 1
+                continue
+            if cls is StreamEndEvent:
+                break
+            if cls is DocumentStartEvent:
+                docs += 1
+                if docs > 1:
+                    raise stop(ev, "a second YAML document ('---'): a scenario file is one YAML "
+                                   "document (one scenario, with cases: for variants)")
+                continue
+            if cls is not ScalarEvent and cls is not AliasEvent and cls is not MappingStartEvent \
+                    and cls is not SequenceStartEvent:
+                continue   # stream and document ends
+            if top is not None:   # where this node is: a mapping's key or value, a list's item
+                if not top.is_map:
+                    top.index += 1
+                elif top.key_next:
+                    top.key_next = False
+                    if cls is ScalarEvent:
+                        top.key = ev.value
+                    elif cls is AliasEvent and not sizes.get(str(ev.anchor), (1, 0))[1]:
+                        top.key = f"*{ev.anchor}"   # an alias to a plain value: a fine key
+                    else:
+                        what = (f"list or mapping (the alias *{ev.anchor})"
+                                if cls is AliasEvent else
+                                "mapping" if cls is MappingStartEvent else "list")
+                        raise stop(ev, f"a {what} as a key: a key is a plain name (a field, a "
+                                       "rank, a case id, a variable)", stack[:-1])
+                else:
+                    top.key_next = True
+            if cls is AliasEvent:
+                name = str(ev.anchor)
+                if name in open_anchors:
+                    raise stop(ev, f"the alias *{name} refers to itself (it is inside &{name}): "
+                                   "the value would be infinitely deep")
+                if name not in sizes:
+                    raise stop(ev, f"undefined alias *{name}: no anchor &{name} before it")
+                size, height = sizes[name]
+                if len(stack) + height > MAX_DEPTH:
+                    raise deep(ev, f", counting what *{name} holds")
+            else:
+                if ev.tag is not None and ev.tag not in ALLOWED_TAGS:
+                    problems.append(problem(ev, f"YAML tag {_shown_tag(ev.tag)} is not "
+                                                "supported: a scenario holds plain text, "
+                                                "numbers, lists and mappings"))
+                if cls is not ScalarEvent:
+                    if len(stack) >= MAX_DEPTH:
+                        raise deep(ev)
+                    top = _Open(ev.anchor, cls is MappingStartEvent)
+                    stack.append(top)
+                    if ev.anchor is not None:
+                        open_anchors.add(ev.anchor)
+                    total += 1
+                    if total > MAX_NODES:
+                        raise stop(ev, f"more than {MAX_NODES} YAML nodes: a scenario file "
+                                       f"holds at most {MAX_NODES}")
+                    continue
+                bad = SURROGATE.search(ev.value)
+                if bad:
+                    problems.append(problem(ev, f"\\u{ord(bad.group()):04x} is half of a "
+                                                "UTF-16 surrogate pair, not a character (write "
+                                                "the character itself)"))
+                size, height = 1, 0
+                if ev.anchor is not None:
+                    sizes[ev.anchor] = (1, 0)
+            total += size
+            if top is not None:
+                top.size += size
+                if height >= top.height:
+                    top.height = height + 1
+            if total > MAX_NODES:
+                if cls is AliasEvent:
+                    raise stop(ev, f"aliases expand to more than {MAX_NODES} YAML nodes (*"
+                                   f"{ev.anchor} is a copy of {size}): a 'billion laughs' file; "
+                                   f"at most {MAX_NODES} nodes, each alias counted in full")
+                raise stop(ev, f"more than {MAX_NODES} YAML nodes: a scenario file holds at most "
+                               f"{MAX_NODES}")
+            if len(problems) >= MAX_PROBLEMS:
+                break
+    finally:
+        parser.dispose()
     if problems:
-        raise ScenarioFileError(problems)
-    return scn
+        raise ScenarioFileError(_capped(file, problems))
 
 
-def load_text(text: str, file: str = "<string>") -> List[Scenario]:
-    """Parse and validate one scenario file's text into its cases."""
-    try:
-        loader = yaml.SafeLoader(text)
-        try:
-            node = loader.get_single_node()
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
-    except yaml.MarkedYAMLError as e:
+def _shown_tag(tag: str) -> str:
+    return "!!" + tag[len(_TAG):] if tag.startswith(_TAG) else tag
+
+
+def _yaml_error(text: str, file: str, e: yaml.YAMLError) -> ScenarioFileError:
+    if isinstance(e, yaml.MarkedYAMLError):
         mark = e.problem_mark or e.context_mark
         context = e.context or ""
         if e.context_mark is not None and e.problem_mark is not None \
@@ -274,42 +335,443 @@ def load_text(text: str, file: str = "<string>") -> List[Scenario]:
                 context += f" (from line {e.context_mark.line + 1})"
         line = mark.line + 1 if mark else None
         what = " ".join(x for x in (context, e.problem) if x)
-        raise ScenarioFileError([Problem(file, line, "", f"not valid YAML: {what}")]) from None
-    except yaml.reader.ReaderError as e:   # a character YAML does not allow (a control char)
+        return ScenarioFileError([Problem(file, line, "", f"not valid YAML: {what}")])
+    if isinstance(e, yaml.reader.ReaderError):   # a character YAML does not allow
         line = text.count("\n", 0, e.position) + 1
         char = chr(e.character) if isinstance(e.character, int) else str(e.character)
-        raise ScenarioFileError([Problem(file, line, "", f"not valid YAML: character {char!r} "
-                                         f"is not allowed ({e.reason})")]) from None
+        return ScenarioFileError([Problem(file, line, "", f"not valid YAML: character {char!r} "
+                                          f"is not allowed ({e.reason})")])
+    return ScenarioFileError([Problem(file, None, "", f"not valid YAML: {e}")])
+
+
+# -- keys and lines: one walk over the composed nodes, each node visited once ------------------
+
+_BOOL, _NULL, _INT, _FLOAT, _MERGE = (_TAG + t for t in ("bool", "null", "int", "float", "merge"))
+_PY_NAMES = {_TAG + "str": "str", _INT: "int", _FLOAT: "float", _BOOL: "bool"}
+
+
+def _long_number(text: str) -> str:
+    return f"a number of {len(text)} characters: at most {MAX_NUMBER_CHARS}"
+
+
+def _number_as_written(text: str, tag: str) -> bool:
+    """Whether the number YAML reads from ``text`` prints back as ``text`` (``1`` yes, ``0x10``,
+    ``1_000``, ``010``, ``1.50``, ``.nan`` no)."""
+    if tag == _INT:
+        return re.fullmatch(r"-?(0|[1-9][0-9]*)", text) is not None
+    try:
+        return repr(float(text)) == text
+    except ValueError:
+        return False
+
+
+def _walk(file: str, root: Node) -> Tuple[Dict[Path_, int], List[Problem]]:
+    """The line of every field path, and the key problems: keys given twice (YAML would keep
+    only the last), keys that are lists or mappings, and keys YAML reads as something else than
+    the text written (``yes:``, ``~:``, ``0x10:``)."""
+    lines: Dict[Path_, int] = {(): root.start_mark.line + 1}   # a missing top-level field
+    problems: List[Problem] = []
+    seen: Set[int] = set()
+
+    def visit(node: Node, path: Tuple[Any, ...]) -> None:
+        if id(node) in seen or len(problems) >= MAX_PROBLEMS:
+            return
+        seen.add(id(node))
+        if isinstance(node, SequenceNode):
+            at = tuple(str(x) for x in path)
+            for i, item in enumerate(node.value):
+                lines.setdefault(at + (str(i),), item.start_mark.line + 1)
+                visit(item, path + (i,))
+            return
+        if isinstance(node, ScalarNode):
+            if node.tag in (_INT, _FLOAT) and len(node.value) > MAX_NUMBER_CHARS:
+                problems.append(Problem(file, node.start_mark.line + 1, _field(path),
+                                        _long_number(node.value)))
+            return
+        if not isinstance(node, MappingNode):
+            return
+        first: Dict[str, int] = {}
+        merged: List[Node] = []
+        at = tuple(str(x) for x in path)
+        for k, v in node.value:
+            line = k.start_mark.line + 1
+            if not isinstance(k, ScalarNode):
+                what = "list" if isinstance(k, SequenceNode) else "mapping"
+                problems.append(Problem(file, line, _field(path), f"a {what} as a key: a key is "
+                                        "a plain name (a field, a rank, a case id, a variable)"))
+                continue
+            if k.tag == _MERGE:
+                merged.append(v)
+                continue
+            key = str(k.value)
+            here = path + (key,)
+            if k.tag in (_BOOL, _NULL):
+                problems.append(Problem(file, line, _field(here),
+                                        f"YAML reads the key {key!r} as "
+                                        f"{'a boolean' if k.tag == _BOOL else 'null'}, "
+                                        f"not as text: quote it ('{key}') if you mean the name"))
+            elif k.tag in (_INT, _FLOAT) and len(key) > MAX_NUMBER_CHARS:
+                problems.append(Problem(file, line, _field(path), _long_number(key)))
+            elif k.tag in (_INT, _FLOAT) and not _number_as_written(key, k.tag):
+                problems.append(Problem(file, line, _field(here),
+                                        f"YAML reads the key {key!r} as a number, not as the "
+                                        f"text written: quote it ('{key}') if you mean the text"))
+            if key in first:
+                problems.append(Problem(file, line, _field(here),
+                                        f"duplicate key {key!r} (first at line {first[key]}); "
+                                        "YAML would silently keep only the last one"))
+            else:
+                first[key] = line
+            lines.setdefault(at + (key,), line)
+            visit(v, here)
+        for v in merged:   # '<<: *base': its fields count as this mapping's (own keys win)
+            for m in (v.value if isinstance(v, SequenceNode) else [v]):
+                visit(m, path)
+
+    visit(root, ())
+    return lines, problems
+
+
+# -- locating pydantic's errors ----------------------------------------------------------------
+
+class Lines:
+    """Field path -> line for one case: the case's own lines first, then the file's top level
+    except below what the case replaces (a list or value, not a merged mapping)."""
+
+    def __init__(self, lines: Dict[Path_, int], case: Optional[str] = None,
+                 over: Optional[Dict[Any, Any]] = None):
+        self.lines = lines
+        self.case = case
+        self.replaced: Set[Path_] = set()
+        if over:
+            self._replaced(over, ())
+
+    def _replaced(self, over: Dict[Any, Any], prefix: Path_) -> None:
+        for k, v in over.items():
+            p = prefix + (str(k),)
+            if isinstance(v, dict):
+                self._replaced(v, p)
+            else:
+                self.replaced.add(p)
+
+    def get(self, path: Sequence[Any]) -> Optional[int]:
+        p = tuple(str(x) for x in path)
+        if self.case is None:
+            return self.lines.get(p)
+        own = self.lines.get(("cases", self.case) + p)
+        if own is not None:
+            return own
+        if any(p[:i] in self.replaced for i in range(1, len(p))):
+            return None
+        return self.lines.get(p)
+
+    def line_of(self, loc: Sequence[Any]) -> int:
+        """The line of ``loc``, or of the nearest enclosing field that has one."""
+        p = tuple(loc)
+        while p:
+            line = self.get(p)
+            if line is not None:
+                return line
+            p = p[:-1]
+        if self.case is not None:
+            line = self.lines.get(("cases", self.case))
+            if line is not None:
+                return line
+        return self.lines.get((), 1)
+
+
+def _child(value: Any, key: Any, index: Dict[int, Dict[str, Any]]) -> Tuple[bool, Any]:
+    """The YAML value under ``key`` (mapping keys compared as text: YAML ``0`` and ``"0"``)."""
+    if isinstance(value, dict):
+        if key in value:
+            return True, value[key]
+        keys = index.get(id(value))
+        if keys is None:   # built once per mapping: no scan per error
+            keys = index[id(value)] = {str(k): k for k in value}
+        if str(key) in keys:
+            return True, value[keys[str(key)]]
+    elif isinstance(value, list) and isinstance(key, int) and 0 <= key < len(value):
+        return True, value[key]
+    return False, None
+
+
+def _yaml_loc(data: Any, loc: Sequence[Any],
+              index: Optional[Dict[int, Dict[str, Any]]] = None) -> Tuple[Any, ...]:
+    """A model error location -> the path as written in the YAML, shorthands undone: ``expect``
+    written as one block has no ``[0]``, ``workload: [...]`` and ``workload: init`` have no
+    ``steps``, and a rank written as ``1: timeout`` has no ``outcome``. Mapping keys come back
+    as text, list positions as numbers."""
+    index = {} if index is None else index
+    out: List[Any] = []
+    node = data
+    for key in loc:
+        if key == "[key]":   # pydantic's marker for "the key itself", not a level of the YAML
+            break
+        found, child = _child(node, key, index)
+        if found:
+            out.append(key if isinstance(node, list) else str(key))
+            node = child
+        elif (key == 0 and isinstance(node, dict) and out == ["expect"]) or \
+                (key == "steps" and isinstance(node, (list, str)) and out == ["workload"]) or \
+                (key == "outcome" and isinstance(node, (list, str))):
+            continue      # a level of the model that the shorthand leaves out
+        elif isinstance(node, str) and isinstance(key, int):
+            break         # workload: barrier -> steps[0]
+        elif isinstance(key, str) and node is not None and not isinstance(node, dict):
+            continue      # a union member's tag (list[int], literal[...]): not a YAML level
+        else:
+            out.append(key)
+            node = None
+    return tuple(out)
+
+
+def _line_of(lines: Union[Lines, Dict[Path_, int]], loc: Sequence[Any]) -> int:
+    return (lines if isinstance(lines, Lines) else Lines(lines)).line_of(loc)
+
+
+def _field(loc: Sequence[Any]) -> str:
+    out = ""
+    for x in loc:
+        if isinstance(x, int):
+            out += f"[{x}]"
+        else:
+            s = str(x)
+            s = s if s.isprintable() and s.strip() == s or s == "" else repr(s)
+            out += f".{s}" if out else s
+    return out
+
+
+def _message(err: Any) -> str:
+    msg = str(err["msg"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix):]
+    if err["type"] in ("extra_forbidden", "invalid_key"):
+        msg = "unknown field"
+        key = str(err["loc"][-1]) if err["loc"] else ""
+        odd = [c for c in key if ord(c) > 127 or not c.isprintable()]
+        if odd:
+            shown = ", ".join(f"{c!r} U+{ord(c):04X}" for c in dict.fromkeys(odd[:3]))
+            msg += f" (its name holds {shown}: a lookalike of an ASCII letter?)"
+        elif err["type"] == "invalid_key":
+            msg += " (YAML reads this key as a number)"
+    elif err["type"] == "missing":
+        msg = "required field is missing"
+    inp = err.get("input")
+    if err["type"] not in ("missing", "extra_forbidden", "invalid_key", "located") \
+            and isinstance(inp, (str, int, float)) and not isinstance(inp, bool):
+        shown = repr(inp) if not isinstance(inp, int) or abs(inp) < 10 ** 60 else "a huge number"
+        msg += f" (got {shown[:60]}{'...' if len(shown) > 60 else ''})"
+    return msg
+
+
+def _pydantic_problems(file: str, lines: Union[Lines, Dict[Path_, int]], e: ValidationError,
+                       data: Any, prefix: Tuple[Any, ...] = ()) -> List[Problem]:
+    out: List[Problem] = []
+    index: Dict[int, Dict[str, Any]] = {}
+    for err in e.errors(include_url=False):
+        if len(out) > MAX_PROBLEMS:
+            break
+        loc = tuple(err["loc"])
+        if err["type"] == "located":   # a check across fields that names its field
+            loc = loc + (err["ctx"]["field"],)
+        yloc = _yaml_loc(data, prefix + loc, index)
+        out.append(Problem(file, _line_of(lines, yloc), _field(yloc), _message(err)))
+    return out
+
+
+def _known_fields(model: Any) -> str:
+    return ", ".join(f for f in model.model_fields if f != "case")   # case: the loader's
+
+
+# -- one case --------------------------------------------------------------------------------
+
+def item_name(scn: Scenario) -> str:
+    """The pytest item name of a case: ``name[case,seed=N]``; ``harness list`` shows it too."""
+    from .faults import resolve
+
+    parts = [scn.case] if scn.case else []
+    parts += [s for f in resolve(scn) if (s := f.id_suffix())]
+    return f"{scn.name}[{','.join(parts)}]" if parts else scn.name
+
+
+ITEM_NAME = re.compile(r"[A-Za-z0-9_.=-]+(\[[A-Za-z0-9_.=,-]+\])?", re.ASCII)
+
+
+def _plan_problem(scn: Scenario) -> Optional[str]:
+    from .plan import make_plan
+
+    ports = itertools.count(20000)
+    try:
+        make_plan(scn, "/nonexistent/run-check", lambda: next(ports), netns=True,
+                  run_id="check")
+    except Exception as e:   # a late refusal the checks above missed: still one located line
+        return f"a run could not be planned: {type(e).__name__}: {str(e)[:200]}"
+    return None
+
+
+def validate_case(data: Dict[str, Any], file: str,
+                  lines: Union[Lines, Dict[Path_, int]]) -> Scenario:
+    """One case's merged data -> Scenario, or ScenarioFileError with located problems."""
+    lines = lines if isinstance(lines, Lines) else Lines(lines)
+    problems: List[Problem] = []
+    try:
+        scn = Scenario.model_validate(data)
+    except ValidationError as e:
+        problems = _pydantic_problems(file, lines, e, data)
+        for p in problems:
+            if p.message.startswith("unknown field") and "." not in p.field \
+                    and "[" not in p.field:
+                p.message += f" (known: {_known_fields(Scenario)}, cases)"
+        raise ScenarioFileError(_capped(file, problems)) from None
+
+    # faults: each validated by its plugin's own model, then its own checks
+    extra: List[Tuple[Tuple[Any, ...], int, str]] = []   # (where, processes added, kind)
+    labels = {str(r) for r in range(scn.world_size)} | {"*"}
+    for i, spec in enumerate(scn.faults):
+        loc: Tuple[Any, ...] = ("faults", i)
+        cls = FAULTS.get(spec.kind)
+        if cls is None:
+            problems.append(Problem(file, lines.line_of(loc + ("kind",)), _field(loc + ("kind",)),
+                                    f"unknown fault kind {spec.kind[:60]!r} (known: "
+                                    f"{', '.join(sorted(FAULTS))})"))
+            continue
+        try:
+            fault = cls.model_validate(spec.model_dump())
+        except ValidationError as e:
+            ps = _pydantic_problems(file, lines, e, data, loc)
+            for p in ps:
+                if p.message.startswith("unknown field"):
+                    p.message += f" of {spec.kind} (known: {_known_fields(cls)})"
+            problems += ps
+            continue
+        for where, msg in fault.check(scn):
+            problems.append(Problem(file, lines.line_of(loc + where), _field(loc + where), msg))
+        added = fault.extra_labels(scn)
+        labels |= set(added)
+        if added:
+            where = ("world_size",) if "world_size" in fault.model_fields_set else ("kind",)
+            extra.append((loc + where, len(added), spec.kind))
+
+    # limits on the whole run: every process counts (ranks on all hosts, ranks faults add)
+    total = scn.world_size + sum(n for _, n, _ in extra)
+    if extra and total > MAX_WORLD:
+        where, n, kind = extra[-1]
+        problems.append(Problem(file, lines.line_of(where), _field(where),
+                                f"the run would start {total} processes ({scn.world_size} ranks "
+                                f"+ {total - scn.world_size} of {kind}): at most {MAX_WORLD}"))
+
+    # expectations may only name ranks that exist
+    for j, block in enumerate(scn.expect):
+        for key in block.ranks:
+            if key not in labels:
+                yloc = _yaml_loc(data, ("expect", j, "ranks", key))
+                problems.append(Problem(file, lines.line_of(yloc), _field(yloc),
+                                        f"rank {key[:40]} is outside the world (world_size "
+                                        f"{scn.world_size}: ranks 0..{scn.world_size - 1})"))
+
+    # addresses: bare, and only where the harness may send traffic
+    why = refuse_address(scn.master_addr)
+    if why:
+        problems.append(Problem(file, lines.line_of(("master_addr",)), "master_addr", why))
+    if "MASTER_ADDR" in scn.env:
+        addr = scn.env["MASTER_ADDR"]
+        why = (f"an address of {len(addr)} characters: at most {MAX_ADDR}"
+               if len(addr) > MAX_ADDR else bare_address_problem(addr) or refuse_address(addr))
+        if why:
+            problems.append(Problem(file, lines.line_of(("env", "MASTER_ADDR")),
+                                    "env.MASTER_ADDR", why))
+
+    # what the pytest front door builds from the case: its item name (test id), and the plan
+    # the run would make (pure: ports from a counter, nothing started); whatever either
+    # refuses is refused here, not after collection
+    if not problems and not ITEM_NAME.fullmatch(item_name(scn)):
+        problems.append(Problem(file, lines.line_of(("name",)), "name", f"the test id "
+                                f"{item_name(scn)[:80]!r} is not plain ASCII"))
+    if not problems:
+        why = _plan_problem(scn)
+        if why:
+            problems.append(Problem(file, lines.line_of(()), "", why))
+    if problems:
+        raise ScenarioFileError(_capped(file, problems))
+    return scn
+
+
+# -- a file ----------------------------------------------------------------------------------
+
+def load_text(text: str, file: str = "<string>") -> List[Scenario]:
+    """Parse and validate one scenario file's text into its cases."""
+    if len(text) > MAX_FILE_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) \
+            > MAX_FILE_BYTES:
+        raise ScenarioFileError([_too_big(file)])
+    # libyaml takes UTF-8: a lone surrogate (from a caller's str) goes to PyYAML, which says
+    # where it is
+    fast = _CLoader is not None and SURROGATE.search(text) is None
+    try:
+        try:
+            _check_events(text, file, fast)
+        except yaml.YAMLError as fast_error:
+            if not fast:
+                raise
+            _check_events(text, file, fast=False)   # PyYAML's own message, where it finds it
+            raise fast_error from None
+        # checked: now composing (aliases are shared, not copied) is linear and bounded
+        composer: Any = (_CLoader if fast and _CLoader is not None else _Loader)(text)
+        composer.file = file
+        try:
+            node = composer.get_single_node()
+        finally:
+            composer.dispose()
     except yaml.YAMLError as e:
-        raise ScenarioFileError([Problem(file, None, "", f"not valid YAML: {e}")]) from None
-    if data is None:
+        raise _yaml_error(text, file, e) from None
+    if node is None or (isinstance(node, ScalarNode) and node.tag == _NULL):
         raise ScenarioFileError([Problem(file, 1, "", "empty file: a scenario needs at least "
                                                       "name, about and expect")])
-    assert node is not None   # data is not None
-    if not isinstance(data, dict):
+    if not isinstance(node, MappingNode):
+        what = "list" if isinstance(node, SequenceNode) else \
+            _PY_NAMES.get(str(node.tag), "single value")
         raise ScenarioFileError([Problem(file, node.start_mark.line + 1, "",
                                          "a scenario file is one YAML mapping (name: ..., "
-                                         f"about: ...), not a {type(data).__name__}")])
-    key_problems = _key_problems(file, node)
+                                         f"about: ...), not a {what}")])
+    lines, key_problems = _walk(file, node)
     if key_problems:
-        raise ScenarioFileError(key_problems)
-    lines: Dict[Path_, int] = {(): node.start_mark.line + 1}   # a missing top-level field
-    _lines(node, (), lines)
+        raise ScenarioFileError(_capped(file, key_problems))
+    try:
+        data = composer.construct_document(node)
+    except yaml.YAMLError as e:
+        raise _yaml_error(text, file, e) from None
+    if not isinstance(data, dict):   # cannot happen for a mapping node; kept as a guard
+        raise ScenarioFileError([Problem(file, node.start_mark.line + 1, "",
+                                         "a scenario file is one YAML mapping")])
 
+    if "case" in data:   # a field of the model, set by the loader: not the file's to give
+        raise ScenarioFileError([Problem(file, lines.get(("case",)), "case", "set from cases: "
+                                         "(the case id); write cases: {id: {...}} for variants")])
     cases = data.pop("cases", None)
     if cases is None:
-        return [validate_case(data, file, lines)]
+        return [validate_case(data, file, Lines(lines))]
     if not isinstance(cases, dict) or not cases:
         raise ScenarioFileError([Problem(file, lines.get(("cases",)), "cases",
                                          "must be a mapping of case id -> overrides")])
+    if len(cases) > MAX_CASES:
+        raise ScenarioFileError([Problem(file, lines.get(("cases",)), "cases",
+                                         f"{len(cases)} cases: at most {MAX_CASES} in one file")])
     out: List[Scenario] = []
     problems: List[Problem] = []
     for cid, over in cases.items():
+        if len(problems) >= MAX_PROBLEMS:
+            break
         cid = str(cid)
         here = ("cases", cid)
-        if not CASE_ID.match(cid):
+        if len(cid) > MAX_NAME:
             problems.append(Problem(file, lines.get(here), _field(here),
-                                    "case id may use letters, digits, . _ = - only"))
+                                    f"a case id of {len(cid)} characters: at most {MAX_NAME} (it "
+                                    "is part of the test id and of a folder name)"))
+            continue
+        if not CASE_ID_RE.fullmatch(cid):
+            problems.append(Problem(file, lines.get(here), _field(here),
+                                    "case id may use letters, digits, . _ = - only, starting "
+                                    "with a letter, digit or _"))
             continue
         if over is None:
             over = {}
@@ -317,36 +779,90 @@ def load_text(text: str, file: str = "<string>") -> List[Scenario]:
             problems.append(Problem(file, lines.get(here), _field(here),
                                     "a case is a mapping of fields that override the top level"))
             continue
+        if "case" in over:
+            problems.append(Problem(file, lines.get(here + ("case",)), _field(here + ("case",)),
+                                    "set from the case id: not a field a case gives"))
+            continue
         merged = _merge(data, over)
         merged["case"] = cid
-        case_lines = {p: ln for p, ln in lines.items() if p[:1] != ("cases",)}
-        _drop_replaced(case_lines, over)
-        for p, ln in lines.items():
-            if p[:2] == here and len(p) > 2:
-                case_lines[p[2:]] = ln
         try:
-            out.append(validate_case(merged, file, case_lines))
+            out.append(validate_case(merged, file, Lines(lines, cid, over)))
         except ScenarioFileError as e:
             for pr in e.problems:
+                if pr.line is None and pr.message.startswith("stopped after"):
+                    continue
                 pr.field = f"cases.{cid}: {pr.field}" if pr.field else f"cases.{cid}"
-            problems += e.problems
+                problems.append(pr)
     if problems:
-        raise ScenarioFileError(problems)
+        raise ScenarioFileError(_capped(file, problems))
     return out
+
+
+def _merge(base: Any, over: Any) -> Any:
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for k, v in over.items():
+            out[k] = _merge(base[k], v) if k in base else copy.deepcopy(v)
+        return out
+    return copy.deepcopy(over)
+
+
+def _too_big(file: str) -> Problem:
+    return Problem(file, None, "", f"larger than {MAX_FILE_BYTES} bytes: a scenario file holds "
+                                   f"at most {MAX_FILE_BYTES} (1 MiB)")
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def read_limited(path: Union[str, Path]) -> bytes:
+    """The bytes of a regular file of at most MAX_FILE_BYTES; anything else is a located
+    problem, found without reading more than MAX_FILE_BYTES + 1 bytes (and a FIFO not at all)."""
+    shown = str(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise ScenarioFileError([Problem(shown, None, "", f"cannot read: {e}")]) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((k for test, k in _KINDS if test(st.st_mode)), "not a plain file")
+            raise ScenarioFileError([Problem(shown, None, "", f"not a regular file ({kind}): "
+                                                              "a scenario is a YAML file")])
+        if st.st_size > MAX_FILE_BYTES:
+            raise ScenarioFileError([_too_big(shown)])
+        chunks: List[bytes] = []
+        n = 0
+        while n <= MAX_FILE_BYTES:
+            b = os.read(fd, min(1 << 16, MAX_FILE_BYTES + 1 - n))
+            if not b:
+                break
+            chunks.append(b)
+            n += len(b)
+        if n > MAX_FILE_BYTES:   # it grew while read
+            raise ScenarioFileError([_too_big(shown)])
+        return b"".join(chunks)
+    except OSError as e:
+        raise ScenarioFileError([Problem(shown, None, "", f"cannot read: {e}")]) from None
+    finally:
+        os.close(fd)
 
 
 def load_file(path: Union[str, Path]) -> List[Scenario]:
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise ScenarioFileError([Problem(str(p), None, "", f"cannot read: {e}")]) from None
+    raw = read_limited(p)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
+        hint = ""
+        if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+            hint = " (a UTF-16 file: save it as UTF-8)"
         raise ScenarioFileError([Problem(str(p), line, "", f"not UTF-8 text: byte "
-                                         f"{raw[e.start]:#04x} ({e.reason})")]) from None
+                                         f"{raw[e.start]:#04x} ({e.reason}){hint}")]) from None
     return load_text(text, str(p))
 
 

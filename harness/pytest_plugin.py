@@ -32,8 +32,7 @@ from . import evidence as evidence_mod
 from . import interrupts
 from .classify import Verdict, classify_run, job_outcome
 from .expect import check, failure_table
-from .faults import resolve
-from .loader import ScenarioFileError, load_file
+from .loader import ScenarioFileError, item_name, load_file
 from .probe import probe
 from .schema import Scenario
 
@@ -294,12 +293,6 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
         rep = outcome.get_result()  # type: ignore[attr-defined]
         if rep.failed:
             collector.config.stash[_BROKEN_KEY] += 1
-
-
-def item_name(scn: Scenario) -> str:
-    parts = [scn.case] if scn.case else []
-    parts += [s for f in resolve(scn) if (s := f.id_suffix())]
-    return f"{scn.name}[{','.join(parts)}]" if parts else scn.name
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -3,6 +3,9 @@
 A scenario file is YAML; ``harness.loader`` turns it into ``Scenario`` objects (one per case) and
 reports every error as ``file:line: field.path: message``. Faults are validated by their own
 plugin models (``harness.faults``); here they are carried as ``FaultSpec`` and resolved later.
+
+Every value a file can give has a stated bound (README, "Limits"): what passes here must also
+start, run and be written down (spawned env, torch's timedelta, test ids, evidence paths).
 """
 
 from __future__ import annotations
@@ -12,16 +15,120 @@ from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Union
 
 import regex
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+# -- limits ----------------------------------------------------------------------------------
+MAX_WORLD = 128          # processes in one run: ranks on every host plus ranks a fault adds
+MAX_HOSTS = 16           # hosts (network namespaces) in one run
+MAX_SECONDS = 86400.0    # any duration: timeout, deadline, delays, times, windows (one day)
+MIN_TIMEOUT = 0.001      # torch counts its timeout in milliseconds: less would be 0
+MAX_NAME = 64            # name and case id: they become test ids and evidence folder names
+MAX_TEXT = 65536         # about
+MAX_SHORT = 1024         # message patterns, exception names, phases, version ranges
+MAX_ADDR = 253           # an address or host name (DNS's own limit)
+MAX_ENV_VARS = 256       # env entries
+MAX_ENV_VALUE = 32768    # bytes of one env value (UTF-8)
+MAX_ENV_TOTAL = 131072   # bytes of all env names and values together
+MAX_FAULTS = 64          # faults in one case
+MAX_EXPECT_BLOCKS = 16   # torch-scoped expect blocks
+MAX_STEPS = 256          # workload steps
+MAX_MARKS = 32           # marks
+
+# -- reusable field types --------------------------------------------------------------------
+
+
+def _no_bool(v: Any) -> Any:
+    if isinstance(v, bool):   # pydantic would read yes/true as 1 and no/false as 0
+        raise ValueError("YAML reads this as a boolean (yes/no/on/off/true/false), not a number")
+    return v
+
+
+# a duration in seconds: finite, 0 <= s <= MAX_SECONDS (a boolean is refused, not read as 0/1)
+Seconds = Annotated[float, BeforeValidator(_no_bool),
+                    Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+PositiveSeconds = Annotated[float, BeforeValidator(_no_bool),
+                            Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
+Number = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+
+
+def _env_name(v: str) -> str:
+    if not ENV_NAME_RE.fullmatch(v) or len(v) > MAX_SHORT:
+        raise ValueError("not an environment variable name: letters, digits and _, not starting "
+                         "with a digit (no '=', NUL or space)")
+    return v
+
+
+def _env_value(v: str) -> str:
+    if "\0" in v:
+        raise ValueError("an environment value cannot hold a NUL character (\\0): no process "
+                         "could be started with it")
+    n = len(v.encode("utf-8", "surrogatepass"))
+    if n > MAX_ENV_VALUE:
+        raise ValueError(f"an environment value of {n} bytes: at most {MAX_ENV_VALUE}")
+    return v
+
+
+EnvName = Annotated[str, AfterValidator(_env_name)]
+EnvValue = Annotated[str, AfterValidator(_env_value)]
+
+
+def env_as_text(v: Any) -> Any:
+    """Numbers in env become text (``A: 5`` is ``"5"``); booleans and lists do not."""
+    if isinstance(v, dict):
+        return {k: (str(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x)
+                for k, x in v.items()}
+    return v
+
+
+def bare_address_problem(addr: str) -> Optional[str]:
+    """``[::1]`` is URL syntax: MASTER_ADDR must be the bare address (torch adds brackets)."""
+    if addr.startswith("[") or addr.endswith("]"):
+        bare = addr.strip("[]")
+        return (f"{addr!r}: write the bare address {bare} without brackets: MASTER_ADDR is used "
+                "as is, and torch adds the brackets where a URL needs them")
+    return None
+
+
+def located(field: str, msg: str) -> PydanticCustomError:
+    """A model-level error that the loader locates at ``field`` (pydantic gives it no loc)."""
+    return PydanticCustomError("located", "{msg}", {"field": field, "msg": msg})
+
 
 OUTCOMES = ("ok", "error", "timeout", "hang", "crash")
 Outcome = Literal["ok", "error", "timeout", "hang", "crash"]
 
-STEP_RE = re.compile(r"^(barrier|all_reduce|broadcast|sleep \d+(\.\d+)?)$")
+STEP_RE = re.compile(r"^(barrier|all_reduce|broadcast|sleep [0-9]+(\.[0-9]+)?)\Z", re.ASCII)
+
+# markers that pytest or a common plugin gives a meaning to: as a label they would skip, time out,
+# parametrize or abort the session (pytest-timeout's needs an argument: INTERNALERROR)
+RESERVED_MARKS = {
+    **{m: "pytest" for m in ("skip", "skipif", "xfail", "parametrize", "usefixtures",
+                             "filterwarnings", "tryfirst", "trylast")},
+    "timeout": "pytest-timeout", "xdist_group": "pytest-xdist",
+    "scenario": "torchdist-harness (it marks every case)", "asyncio": "pytest-asyncio",
+    "anyio": "anyio", "flaky": "flaky and pytest-rerunfailures", "order": "pytest-order",
+    "run": "pytest-ordering", "forked": "pytest-forked", "django_db": "pytest-django",
+    "benchmark": "pytest-benchmark", "dependency": "pytest-dependency",
+    "repeat": "pytest-repeat", "no_cover": "pytest-cov", "hypothesis": "hypothesis",
+}
+MARK_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*", re.ASCII)
+NAME_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"   # a scenario's name (a pattern for pydantic)
+CASE_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=-]*", re.ASCII)
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def _as_outcome_set(v: Any) -> Any:
@@ -36,15 +143,17 @@ class RankExpect(Strict):
     outcome: Optional[List[Outcome]] = Field(
         None, description="allowed outcome(s): ok | error | timeout | hang | crash")
     exception: Optional[str] = Field(
-        None, description="exception class name; matches any class in the raised exception's MRO "
-        "(so RuntimeError accepts DistStoreError); 'module.Class' matches qualified names")
+        None, max_length=MAX_SHORT, description="exception class name; matches any class in the "
+        "raised exception's MRO (so RuntimeError accepts DistStoreError); 'module.Class' matches "
+        "qualified names")
     message: Optional[str] = Field(
-        None, description="regular expression searched (case-insensitive) in the exception message")
-    within: Optional[Tuple[float, float]] = Field(
+        None, max_length=MAX_SHORT,
+        description="regular expression searched (case-insensitive) in the exception message")
+    within: Optional[Tuple[Number, Number]] = Field(
         None, description="[min, max] seconds from the start line to the rank's end")
     phase: Optional[str] = Field(
-        None, description="phase the rank ended in: start, import, init, workload step N, destroy, "
-        "exit")
+        None, max_length=MAX_SHORT, description="phase the rank ended in: start, import, init, "
+        "workload step N, destroy, exit")
 
     # json_schema_input_type: the exported JSON Schema must accept the shorthands too
     _outcome = field_validator("outcome", mode="before", json_schema_input_type=Optional[
@@ -59,7 +168,7 @@ class RankExpect(Strict):
 
             try:
                 compile_message_pattern(v)
-            except regex.error as e:
+            except (regex.error, RecursionError, OverflowError) as e:
                 raise ValueError(f"not a valid regular expression: {e}") from None
         return v
 
@@ -79,8 +188,8 @@ class RankExpect(Strict):
     @field_validator("within")
     @classmethod
     def _window(cls, v: Optional[Tuple[float, float]]) -> Optional[Tuple[float, float]]:
-        if v is not None and not (0 <= v[0] <= v[1]):
-            raise ValueError("must be [min, max] with 0 <= min <= max")
+        if v is not None and not (0 <= v[0] <= v[1] <= MAX_SECONDS):
+            raise ValueError(f"must be [min, max] with 0 <= min <= max <= {MAX_SECONDS:g}")
         return v
 
 
@@ -88,12 +197,13 @@ class Expect(Strict):
     """Expectations for the job and its ranks, optionally scoped to a torch version range."""
 
     torch: Optional[str] = Field(
-        None, description="torch version range this block holds for, e.g. '>=2.4' or '>=2.2,<2.5'")
+        None, max_length=MAX_SHORT,
+        description="torch version range this block holds for, e.g. '>=2.4' or '>=2.2,<2.5'")
     job: Optional[List[Outcome]] = Field(
         None, description="allowed job outcome(s); the job's outcome is the most severe of its "
         "ranks' (hang > crash > timeout > error > ok)")
     ranks: Dict[str, RankExpect] = Field(
-        default_factory=dict,
+        default_factory=dict, max_length=MAX_WORLD + 1,
         description="per rank (key: rank number, a label such as 'job2:0', or '*' for every rank "
         "not listed); a value may be an outcome or a list of outcomes as shorthand")
 
@@ -115,6 +225,9 @@ class Expect(Strict):
     @classmethod
     def _shorthand(cls, v: Any) -> Any:
         if isinstance(v, dict):
+            if len(v) > MAX_WORLD + 1:   # one error, not one per key
+                raise ValueError(f"{len(v)} entries: at most {MAX_WORLD + 1} (every rank and "
+                                 "'*')")
             out = {}
             for k, r in v.items():
                 out[str(k)] = {"outcome": r} if isinstance(r, (str, list)) else r
@@ -141,9 +254,11 @@ def base_version(v: str) -> str:
 
 
 def _step(s: str) -> str:
-    if not STEP_RE.match(s):
-        raise ValueError(f"unknown step {s!r}: use barrier, all_reduce, broadcast or "
+    if len(s) > 40 or not STEP_RE.match(s):
+        raise ValueError(f"unknown step {s[:80]!r}: use barrier, all_reduce, broadcast or "
                          "'sleep SECONDS'")
+    if s.startswith("sleep ") and float(s.split()[1]) > MAX_SECONDS:
+        raise ValueError(f"sleep {s.split()[1]}: at most {MAX_SECONDS:g} seconds")
     return s
 
 
@@ -156,14 +271,22 @@ def _workload_shorthand(v: Any) -> Any:
 
 
 def _marker(m: str) -> str:
-    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", m):
-        raise ValueError(f"{m!r} is not a valid pytest marker name")
+    if not MARK_RE.fullmatch(m) or len(m) > MAX_NAME:
+        raise ValueError(f"{m[:80]!r} is not a valid pytest marker name (ASCII letters, digits "
+                         f"and _, starting with a letter, at most {MAX_NAME})")
+    if m in RESERVED_MARKS:
+        raise ValueError(f"{m!r} is a marker {RESERVED_MARKS[m]} gives a meaning to (it would "
+                         "skip, time out or abort the test, not label it): marks: are plain "
+                         "labels for -m, pick another name")
+    if m in ("and", "or", "not"):
+        raise ValueError(f"{m!r} is a word of pytest's -m expressions: -m could never select "
+                         "it; pick another name")
     return m
 
 
 class Workload(Strict):
     steps: List[Annotated[str, AfterValidator(_step)]] = Field(
-        default_factory=lambda: ["all_reduce"],
+        default_factory=lambda: ["all_reduce"], max_length=MAX_STEPS,
         description="after init: barrier | all_reduce (sum checked) | broadcast (value checked) | "
         "'sleep S'; [] means init only")
     destroy: bool = Field(True, description="call destroy_process_group at the end")
@@ -178,48 +301,63 @@ class FaultSpec(BaseModel):
     """A fault before its plugin validated it: a kind and the plugin's parameters."""
 
     model_config = ConfigDict(extra="allow")
-    kind: str
+    kind: str = Field(max_length=MAX_SHORT)
 
 
 class Host(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,16}$", description="host name (a namespace)")
-    ranks: int = Field(1, ge=1, le=64, description="ranks on this host")
+    # the topology's own rule: starts with a letter or digit, at most 16 characters
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,15}$",
+                      description="host name (a namespace): 1-16 of [A-Za-z0-9_-], starting with "
+                      "a letter or digit")
+    ranks: int = Field(1, ge=1, le=MAX_WORLD, description="ranks on this host")
 
 
 class Scenario(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="short id, used in test ids")
-    about: str = Field(min_length=1, description="why this scenario exists, where it comes from, "
-                       "and what was watched happening")
+    name: str = Field(pattern=NAME_RE, max_length=MAX_NAME,
+                      description="short id, used in test ids: letters, digits, . _ - (not "
+                      "starting with . or -)")
+    about: str = Field(min_length=1, max_length=MAX_TEXT,
+                       description="why this scenario exists, where it comes from, and what was "
+                       "watched happening")
     backend: Literal["gloo", "nccl"] = "gloo"
-    world_size: int = Field(2, ge=1, le=64)
+    world_size: int = Field(2, ge=1, le=MAX_WORLD)
     init: Literal["env", "tcp", "file"] = Field(
         "env", description="init method: env (env://, MASTER_ADDR/PORT), tcp (tcp://addr:port) or "
         "file (file:///shared/path)")
-    timeout: float = Field(30.0, gt=0, description="torch's own timeout for init_process_group, s")
-    deadline: float = Field(
-        60.0, gt=0, description="the harness's wall-clock bound for the run from the start line, s;"
+    timeout: Annotated[float, BeforeValidator(_no_bool), Field(
+        ge=MIN_TIMEOUT, le=MAX_SECONDS, allow_inf_nan=False)] = Field(
+        30.0, description="torch's own timeout for init_process_group, s")
+    deadline: PositiveSeconds = Field(
+        60.0, description="the harness's wall-clock bound for the run from the start line, s;"
         " ranks alive then are 'hang'")
-    master_addr: str = Field("127.0.0.1", description="MASTER_ADDR given to every rank (single "
-                             "host); with hosts, the master host's address is used")
+    master_addr: str = Field("127.0.0.1", max_length=MAX_ADDR,
+                             description="MASTER_ADDR given to every rank (single host); with "
+                             "hosts, the master host's address is used")
     hosts: Optional[List[Host]] = Field(
-        None, description="several hosts, each a network namespace linked by a bridge; ranks are "
+        None, min_length=1, max_length=MAX_HOSTS,
+        description="several hosts, each a network namespace linked by a bridge; ranks are "
         "numbered from the master host (rank 0 hosts the store), then host by host in order")
-    nodes: Optional[int] = Field(None, ge=1, le=16, description="shorthand for hosts: node0..")
-    ranks_per_node: Optional[int] = Field(None, ge=1, le=64, description="with nodes")
-    master_host: Optional[str] = Field(None, description="host of rank 0's store; default: the "
-                                       "first host")
+    nodes: Optional[int] = Field(None, ge=1, le=MAX_HOSTS,
+                                 description="shorthand for hosts: node0..")
+    ranks_per_node: Optional[int] = Field(None, ge=1, le=MAX_WORLD, description="with nodes")
+    master_host: Optional[str] = Field(None, max_length=MAX_NAME, description="host of rank 0's "
+                                       "store; default: the first host")
     isolate: Literal["auto", "always", "never"] = Field(
         "auto", description="run a single-host scenario in a private network namespace (private "
         "ports, a firewall on lo touches nothing else): auto = when the harness can")
-    env: Dict[str, str] = Field(default_factory=dict, description="extra env for every rank")
+    env: Dict[EnvName, EnvValue] = Field(
+        default_factory=dict, max_length=MAX_ENV_VARS,
+        description="extra env for every rank (names of letters, digits and _)")
     workload: Workload = Field(default_factory=lambda: Workload())
-    faults: List[FaultSpec] = Field(default_factory=list)
+    faults: List[FaultSpec] = Field(default_factory=list, max_length=MAX_FAULTS)
     expect: List[Expect] = Field(
-        default_factory=lambda: [Expect()],
+        default_factory=lambda: [Expect()], max_length=MAX_EXPECT_BLOCKS,
         description="one block, or a list of torch-scoped blocks (the first whose 'torch' range "
         "holds is used)")
     marks: List[Annotated[str, AfterValidator(_marker)]] = Field(
-        default_factory=list, description="pytest markers for -m")
+        default_factory=list, max_length=MAX_MARKS,
+        description="plain labels for pytest's -m (not markers pytest or a plugin gives a "
+        "meaning to, such as skip or timeout)")
     case: Optional[str] = Field(None, description="set by the loader: the case id")
 
     @field_validator("workload", mode="before", json_schema_input_type=Union[
@@ -228,26 +366,52 @@ class Scenario(Strict):
     def _workload(cls, v: Any) -> Any:
         return _workload_shorthand(v)
 
+    @field_validator("master_addr")
+    @classmethod
+    def _bare(cls, v: str) -> str:
+        why = bare_address_problem(v)
+        if why:
+            raise ValueError(why)
+        return v
+
     @model_validator(mode="after")
     def _hosts(self) -> Scenario:
         if self.nodes is not None or self.ranks_per_node is not None:
             if self.hosts is not None:
-                raise ValueError("give either hosts or nodes x ranks_per_node, not both")
+                raise located("nodes", "give either hosts or nodes x ranks_per_node, not both")
             n, per = self.nodes or 1, self.ranks_per_node or 1
+            if n * per > MAX_WORLD:
+                raise located("ranks_per_node" if self.ranks_per_node else "nodes",
+                              f"nodes x ranks_per_node = {n} x {per} = {n * per} ranks: at most "
+                              f"{MAX_WORLD} in one run")
             self.hosts = [Host(name=f"node{i}", ranks=per) for i in range(n)]
         if self.hosts is not None:
             names = [h.name for h in self.hosts]
             if len(set(names)) != len(names):
-                raise ValueError(f"host names must be unique: {names}")
+                raise located("hosts", f"host names must be unique: {names}")
             total = sum(h.ranks for h in self.hosts)
+            if total > MAX_WORLD:
+                raise located("hosts", f"the hosts hold {total} ranks: at most {MAX_WORLD} in "
+                              "one run")
             if "world_size" in self.model_fields_set and self.world_size != total:
-                raise ValueError(f"world_size {self.world_size} but the hosts hold {total} ranks")
+                raise located("world_size", f"world_size {self.world_size} but the hosts hold "
+                              f"{total} ranks")
             self.world_size = total
             if self.master_host is not None and self.master_host not in names:
-                raise ValueError(f"master_host {self.master_host!r} is not one of {names}")
+                raise located("master_host", f"master_host {self.master_host!r} is not one of "
+                              f"{names}")
         elif self.master_host is not None:
-            raise ValueError("master_host needs hosts (or nodes)")
+            raise located("master_host", "master_host needs hosts (or nodes)")
         return self
+
+    @field_validator("env")
+    @classmethod
+    def _env_total(cls, v: Dict[str, str]) -> Dict[str, str]:
+        total = sum(len(k) + len(x.encode("utf-8", "surrogatepass")) + 2 for k, x in v.items())
+        if total > MAX_ENV_TOTAL:
+            raise ValueError(f"env holds {total} bytes of names and values: at most "
+                             f"{MAX_ENV_TOTAL} in all")
+        return v
 
     def host_names(self) -> List[str]:
         return [h.name for h in self.hosts] if self.hosts else ["local"]
@@ -255,11 +419,10 @@ class Scenario(Strict):
     @field_validator("env", mode="before", json_schema_input_type=Dict[
         str, Union[str, int, float]])
     @classmethod
-    def _env_str(cls, v: Any) -> Any:
-        if isinstance(v, dict):
-            return {k: (str(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x)
-                    for k, x in v.items()}
-        return v
+    def _env_text(cls, v: Any) -> Any:
+        if isinstance(v, dict) and len(v) > MAX_ENV_VARS:   # one error, not one per entry
+            raise ValueError(f"{len(v)} variables: at most {MAX_ENV_VARS}")
+        return env_as_text(v)
 
     @field_validator("expect", mode="before", json_schema_input_type=Union[Expect, List[Expect]])
     @classmethod

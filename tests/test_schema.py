@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from harness.schema import Expect, RankExpect, Scenario, Workload, base_version
+from harness.schema import MAX_WORLD, Expect, RankExpect, Scenario, Workload, base_version
 
 
 def scenario(**fields):
@@ -63,7 +63,7 @@ def test_env_bool_is_not_a_string():
 
 
 @pytest.mark.parametrize("field,value", [
-    ("world_size", 0), ("world_size", 65), ("timeout", 0), ("deadline", -1),
+    ("world_size", 0), ("world_size", MAX_WORLD + 1), ("timeout", 0), ("deadline", -1),
     ("backend", "mpi"), ("init", "udp"), ("name", "has space"), ("about", ""),
 ])
 def test_out_of_range_or_unknown_value_is_refused(field, value):

@@ -24,7 +24,8 @@ Problem = Tuple[Tuple[Any, ...], str]   # (location inside the fault, message)
 
 
 class Fault(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # every float is finite (and bounded by its field): see schema.Seconds
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     kind: str
     summary: ClassVar[str] = ""
     needs_netns: ClassVar[bool] = False   # network faults: the run must have namespaces

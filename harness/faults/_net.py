@@ -6,28 +6,29 @@ from typing import List, Optional
 from pydantic import Field, model_validator
 
 from ..plan import NetActionPlan
+from ..schema import MAX_NAME, PositiveSeconds, Seconds
 from . import Fault
 
-PHASE_RE = re.compile(r"^(init|workload step \d+|destroy)$")
+PHASE_RE = re.compile(r"^(init|workload step [0-9]{1,4}|destroy)\Z", re.ASCII)
 
 
 class NetFault(Fault):
     needs_netns = True
-    at: Optional[float] = Field(None, ge=0, description="switch it on at this many seconds "
+    at: Optional[Seconds] = Field(None, description="switch it on at this many seconds "
                                 "after the start line (default: before the ranks start)")
     phase: Optional[str] = Field(None, description="or: when rank `rank` enters this phase "
                                  "(init, workload step N, destroy)")
     rank: int = Field(0, description="with phase: whose phase")
-    after: float = Field(0.0, ge=0, description="with phase: extra seconds")
-    heal_after: Optional[float] = Field(None, gt=0, description="switch it off this many seconds "
-                                        "after it was switched on")
+    after: Seconds = Field(0.0, description="with phase: extra seconds")
+    heal_after: Optional[PositiveSeconds] = Field(
+        None, description="switch it off this many seconds after it was switched on")
 
     @model_validator(mode="after")
     def _when(self):
         if self.at is not None and self.phase is not None:
             raise ValueError("give at most one of 'at' and 'phase'")
         if self.phase is not None and not PHASE_RE.match(self.phase):
-            raise ValueError(f"phase {self.phase!r}: use init, 'workload step N' or destroy")
+            raise ValueError(f"phase {self.phase[:40]!r}: use init, 'workload step N' or destroy")
         return self
 
     def check_hosts(self, scn, names: List[str], field: str):
@@ -57,7 +58,8 @@ class NetFault(Fault):
 class HostNetFault(NetFault):
     """A network fault on one host (default: the master host)."""
 
-    host: Optional[str] = Field(None, description="the host (default: the master host)")
+    host: Optional[str] = Field(None, max_length=MAX_NAME,
+                                description="the host (default: the master host)")
 
     def check(self, scn):
         return self.check_hosts(scn, [self.host] if self.host else [], "host")

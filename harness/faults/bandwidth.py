@@ -12,7 +12,8 @@ from ._net import HostNetFault
 class Bandwidth(HostNetFault):
     kind: Literal["bandwidth"] = "bandwidth"
     summary = "a tbf rate limit on a host's link"
-    rate: str = Field("1mbit", pattern=r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|bps|kbps|mbps)$")
+    rate: str = Field("1mbit",
+                      pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?(bit|kbit|mbit|gbit|bps|kbps|mbps)$")
     direction: Literal["in", "out", "both"] = "out"
 
     def apply(self, plan, scn):

@@ -5,6 +5,7 @@ from typing import Literal, Optional
 from pydantic import Field
 
 from ..plan import PortHolderPlan
+from ..schema import Seconds
 from . import Fault, register
 
 
@@ -15,8 +16,8 @@ class BusyPort(Fault):
     mode: Literal["bound", "listening", "accepting"] = Field(
         "listening", description="bound: bind() only; listening: listen() and never accept(); "
         "accepting: accept() and never answer (a foreign server)")
-    release_after: Optional[float] = Field(
-        None, ge=0, description="the holder exits this many seconds after the start line")
+    release_after: Optional[Seconds] = Field(
+        None, description="the holder exits this many seconds after the start line")
 
     def check(self, scn):
         problems = super().check(scn)

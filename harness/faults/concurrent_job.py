@@ -5,6 +5,7 @@ from typing import Literal, Optional
 from pydantic import Field
 
 from ..plan import RankPlan, base_env, init_spec
+from ..schema import MAX_WORLD, Seconds
 from . import Fault, register
 
 
@@ -12,8 +13,9 @@ from . import Fault, register
 class ConcurrentJob(Fault):
     kind: Literal["concurrent_job"] = "concurrent_job"
     summary = "a second job on the same MASTER_PORT (two jobs on one machine, default port)"
-    delay: float = Field(0.0, ge=0, description="the second job starts this long after the first")
-    world_size: Optional[int] = Field(None, ge=1, le=64, description="default: the scenario's")
+    delay: Seconds = Field(0.0, description="the second job starts this long after the first")
+    world_size: Optional[int] = Field(None, ge=1, le=MAX_WORLD, description="default: the "
+                                      "scenario's (both jobs together: at most MAX_WORLD)")
 
     def _n(self, scn) -> int:
         return self.world_size or scn.world_size

@@ -4,6 +4,7 @@ from typing import List, Literal
 
 from pydantic import Field
 
+from ..schema import MAX_WORLD, Seconds
 from . import Fault, register
 
 
@@ -11,8 +12,8 @@ from . import Fault, register
 class DelayedRank(Fault):
     kind: Literal["delayed_rank"] = "delayed_rank"
     summary = "chosen ranks are released this many seconds after the start line"
-    ranks: List[int] = Field(default_factory=lambda: [1])
-    delay: float = Field(ge=0, description="seconds after the start line")
+    ranks: List[int] = Field(default_factory=lambda: [1], max_length=MAX_WORLD)
+    delay: Seconds = Field(description="seconds after the start line")
 
     def apply(self, plan, scn):
         for r in plan.main_ranks(self.ranks):

@@ -6,6 +6,7 @@ from typing import List, Literal
 from pydantic import Field
 
 from ..plan import PrepPlan, file_store_path
+from ..schema import MAX_WORLD
 from . import Fault, register
 
 
@@ -14,7 +15,7 @@ class FileInit(Fault):
     kind: Literal["file_init"] = "file_init"
     summary = "file:// init with a path per rank, a stale file, or an unwritable directory"
     mode: Literal["per_rank_path", "stale_file", "unwritable_dir"]
-    ranks: List[int] = Field(default_factory=lambda: [1],
+    ranks: List[int] = Field(default_factory=lambda: [1], max_length=MAX_WORLD,
                              description="per_rank_path: ranks that get a path of their own")
 
     def check(self, scn):

@@ -1,13 +1,18 @@
 """firewall: nftables drop or reject on a host, for the master port, data ports, a range or all."""
 
-from typing import List, Literal, Optional, Union
+from typing import Annotated, List, Literal, Optional, Union
 
-from pydantic import Field
+from pydantic import Discriminator, Field, Tag
 
+from ..schema import Port
 from . import register
 from ._net import HostNetFault
 
-PortSel = Union[Literal["master", "data", "all"], List[int]]
+# one branch checked, chosen by the value's type: a bad port is one error, not one per branch
+PortSel = Annotated[
+    Union[Annotated[Literal["master", "data", "all"], Tag("name")],
+          Annotated[List[Port], Field(max_length=64), Tag("list")]],
+    Discriminator(lambda v: "list" if isinstance(v, list) else "name")]
 
 
 @register
@@ -18,7 +23,7 @@ class Firewall(HostNetFault):
     direction: Literal["in", "out"] = "in"
     ports: PortSel = Field("master", description="master (MASTER_PORT), data (every new "
                            "connection but to MASTER_PORT: gloo's mesh), all, or a list of ports")
-    port_range: Optional[List[int]] = Field(None, min_length=2, max_length=2,
+    port_range: Optional[List[Port]] = Field(None, min_length=2, max_length=2,
                                             description="[low, high] instead of ports")
 
     def apply(self, plan, scn):

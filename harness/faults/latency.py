@@ -17,7 +17,7 @@ class Latency(HostNetFault):
     kind: Literal["latency"] = "latency"
     summary = "added delay on a host's link (needs the netem qdisc; skipped without it)"
     delay_ms: float = Field(gt=0, le=60000)
-    jitter_ms: float = Field(0, ge=0)
+    jitter_ms: float = Field(0, ge=0, le=60000)
 
     def apply(self, plan, scn):
         host = self.target_host(plan, scn)

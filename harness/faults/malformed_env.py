@@ -1,9 +1,10 @@
 """malformed_env: garbage values (made by faker from a recorded seed) in torch's env variables."""
 
-from typing import List, Literal, Optional
+from typing import Dict, List, Literal, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from ..schema import MAX_WORLD, EnvValue, env_as_text
 from . import Fault, register
 
 ALLOWED = ("MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
@@ -32,12 +33,16 @@ def garbage(var: str, seed: int) -> str:
 class MalformedEnv(Fault):
     kind: Literal["malformed_env"] = "malformed_env"
     summary = "garbage values in MASTER_PORT, RANK, WORLD_SIZE... (faker, seeded)"
-    ranks: Optional[List[int]] = Field(None, description="default: every rank")
-    vars: List[str] = Field(default_factory=lambda: ["MASTER_PORT"], min_length=1,
+    ranks: Optional[List[int]] = Field(None, max_length=MAX_WORLD,
+                                       description="default: every rank")
+    vars: List[str] = Field(default_factory=lambda: ["MASTER_PORT"], min_length=1, max_length=16,
                             description=f"any of {', '.join(ALLOWED)}")
-    seed: int = Field(0, description="faker seed; it is part of the test id")
-    values: Optional[dict] = Field(None, description="explicit values instead of faker's; "
-                                   "without 'vars', the variables are the keys of 'values'")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="faker seed; it is part of the test id")
+    values: Optional[Dict[str, EnvValue]] = Field(
+        None, max_length=16, description="explicit values instead of faker's; without 'vars', the "
+        "variables are the keys of 'values' (numbers become text)")
+
+    _values_text = field_validator("values", mode="before")(env_as_text)
 
     @model_validator(mode="after")
     def _vars_of_values(self):
@@ -52,11 +57,12 @@ class MalformedEnv(Fault):
             if v not in ALLOWED:
                 why = (" (a garbage MASTER_ADDR could send a DNS query off the machine: use "
                        "wrong_addr or unresolvable_host)" if v == "MASTER_ADDR" else "")
-                problems.append((("vars", i), f"{v} is not one of {', '.join(ALLOWED)}{why}"))
+                problems.append((("vars", i), f"{v[:40]} is not one of {', '.join(ALLOWED)}{why}"))
         for k in self.values or {}:
             if k not in self.vars:
-                problems.append((("values", k), f"{k} is not in vars ({', '.join(self.vars)}): "
-                                                "its value would be ignored"))
+                problems.append((("values", k), f"{k[:40]} is not in vars "
+                                                f"({', '.join(self.vars)}): its value would be "
+                                                "ignored"))
         return problems
 
     def value_of(self, var: str) -> str:

@@ -4,6 +4,7 @@ from typing import List, Literal, Optional
 
 from pydantic import Field
 
+from ..schema import MAX_ENV_VARS, MAX_WORLD, EnvName
 from . import Fault, register
 
 
@@ -11,8 +12,10 @@ from . import Fault, register
 class MissingEnv(Fault):
     kind: Literal["missing_env"] = "missing_env"
     summary = "variables such as WORLD_SIZE or MASTER_ADDR are unset"
-    ranks: Optional[List[int]] = Field(None, description="default: every rank")
-    vars: List[str] = Field(min_length=1, description="variables to unset, e.g. [WORLD_SIZE]")
+    ranks: Optional[List[int]] = Field(None, max_length=MAX_WORLD,
+                                       description="default: every rank")
+    vars: List[EnvName] = Field(min_length=1, max_length=MAX_ENV_VARS,
+                                description="variables to unset, e.g. [WORLD_SIZE]")
 
     def apply(self, plan, scn):
         for r in plan.main_ranks(self.ranks):

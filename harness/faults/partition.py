@@ -1,9 +1,10 @@
 """partition: two groups of hosts cannot reach each other (optionally healed later)."""
 
-from typing import List, Literal
+from typing import Annotated, List, Literal
 
 from pydantic import Field
 
+from ..schema import MAX_HOSTS, MAX_NAME
 from . import register
 from ._net import NetFault
 
@@ -12,11 +13,12 @@ from ._net import NetFault
 class Partition(NetFault):
     kind: Literal["partition"] = "partition"
     summary = "two groups of hosts cannot reach each other"
-    groups: List[List[str]] = Field(min_length=2, max_length=2,
-                                    description="[[hosts...], [hosts...]]")
+    groups: List[Annotated[List[Annotated[str, Field(max_length=MAX_NAME)]],
+                           Field(max_length=MAX_HOSTS)]] = Field(
+        min_length=2, max_length=2, description="[[hosts...], [hosts...]]")
 
     def check(self, scn):
-        problems = []
+        problems = super().check(scn)   # rank (with phase: whose phase) in the world
         for g, group in enumerate(self.groups):
             for i, n in enumerate(group):
                 if n not in scn.host_names():

@@ -12,7 +12,8 @@ class RankOutOfRange(Fault):
     kind: Literal["rank_out_of_range"] = "rank_out_of_range"
     summary = "a process is told a rank >= world_size (or negative)"
     rank: int = Field(1, description="the process that is told the bad number")
-    value: Optional[int] = Field(None, description="the number; default: world_size")
+    value: Optional[int] = Field(None, ge=-2**31, lt=2**31,
+                                 description="the number; default: world_size")
 
     def check(self, scn):
         problems = super().check(scn)

@@ -6,24 +6,25 @@ from typing import Literal, Optional
 from pydantic import Field, model_validator
 
 from ..plan import ActionPlan
+from ..schema import Seconds
 from . import Fault, register
 
-PHASE_RE = re.compile(r"^(init|workload step \d+|destroy)$")
+PHASE_RE = re.compile(r"^(init|workload step [0-9]{1,4}|destroy)\Z", re.ASCII)
 
 
 class _SignalRank(Fault):
     rank: int = Field(1, description="the rank that gets the signal")
-    at: Optional[float] = Field(None, ge=0, description="seconds after the start line")
+    at: Optional[Seconds] = Field(None, description="seconds after the start line")
     phase: Optional[str] = Field(
         None, description="or: when the rank enters this phase (init, workload step N, destroy)")
-    after: float = Field(0.0, ge=0, description="extra seconds after the phase is entered")
+    after: Seconds = Field(0.0, description="extra seconds after the phase is entered")
 
     @model_validator(mode="after")
     def _when(self):
         if (self.at is None) == (self.phase is None):
             raise ValueError("give exactly one of 'at' (seconds) or 'phase'")
         if self.phase is not None and not PHASE_RE.match(self.phase):
-            raise ValueError(f"phase {self.phase!r}: use init, 'workload step N' or destroy")
+            raise ValueError(f"phase {self.phase[:40]!r}: use init, 'workload step N' or destroy")
         return self
 
     def _signal(self) -> str:

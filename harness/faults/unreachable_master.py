@@ -5,6 +5,7 @@ from typing import List, Literal, Optional
 
 from pydantic import Field
 
+from ..schema import MAX_WORLD
 from . import Fault, register
 
 
@@ -14,7 +15,8 @@ class UnreachableMaster(Fault):
     summary = "MASTER_ADDR points at an address where no host answers"
     needs_netns = True
     needs_link = True
-    ranks: Optional[List[int]] = Field(None, description="default: every rank")
+    ranks: Optional[List[int]] = Field(None, max_length=MAX_WORLD,
+                                       description="default: every rank")
     host_number: int = Field(250, ge=100, le=254, description="the last octet of the silent "
                              "address in the run's private /24")
 

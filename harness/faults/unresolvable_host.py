@@ -9,6 +9,7 @@ from typing import List, Literal, Optional
 
 from pydantic import Field
 
+from ..schema import MAX_ADDR, MAX_WORLD
 from . import Fault, register
 
 
@@ -16,8 +17,10 @@ from . import Fault, register
 class UnresolvableHost(Fault):
     kind: Literal["unresolvable_host"] = "unresolvable_host"
     summary = "MASTER_ADDR is a host name that does not resolve (looked up without DNS)"
-    ranks: Optional[List[int]] = Field(None, description="default: every rank")
+    ranks: Optional[List[int]] = Field(None, max_length=MAX_WORLD,
+                                       description="default: every rank")
     name: str = Field("master.harness.invalid", pattern=r"^[a-z0-9.-]+\.invalid$",
+                      max_length=MAX_ADDR,
                       description="the name; must end in .invalid (RFC 6761: never resolves)")
 
     def apply(self, plan, scn):

@@ -4,6 +4,7 @@ from typing import List, Literal
 
 from pydantic import Field
 
+from ..schema import MAX_WORLD
 from . import Fault, register
 
 
@@ -11,7 +12,7 @@ from . import Fault, register
 class WorldSizeMismatch(Fault):
     kind: Literal["world_size_mismatch"] = "world_size_mismatch"
     summary = "chosen ranks are told another WORLD_SIZE"
-    ranks: List[int] = Field(default_factory=lambda: [0])
+    ranks: List[int] = Field(default_factory=lambda: [0], max_length=MAX_WORLD)
     world_size: int = Field(ge=1, le=1024, description="the WORLD_SIZE they are told")
 
     def check(self, scn):

@@ -5,6 +5,7 @@ from typing import List, Literal
 from pydantic import Field
 
 from ..safety import refuse_address
+from ..schema import MAX_ADDR, MAX_WORLD, bare_address_problem
 from . import Fault, register
 
 
@@ -12,13 +13,14 @@ from . import Fault, register
 class WrongAddr(Fault):
     kind: Literal["wrong_addr"] = "wrong_addr"
     summary = "chosen ranks get another MASTER_ADDR"
-    ranks: List[int] = Field(default_factory=lambda: [1])
-    addr: str = Field(description="the address they get; must be loopback (127.0.0.0/8, ::1, "
-                      "localhost): on Linux every 127.x address is local, so this is no fault")
+    ranks: List[int] = Field(default_factory=lambda: [1], max_length=MAX_WORLD)
+    addr: str = Field(max_length=MAX_ADDR, description="the address they get; must be loopback "
+                      "(127.0.0.0/8, ::1, localhost): on Linux every 127.x address is local, so "
+                      "this is no fault")
 
     def check(self, scn):
         problems = super().check(scn)
-        why = refuse_address(self.addr)
+        why = bare_address_problem(self.addr) or refuse_address(self.addr)
         if why:
             problems.append((("addr",), why))
         return problems

@@ -4,6 +4,7 @@ from typing import List, Literal, Optional
 
 from pydantic import Field
 
+from ..schema import MAX_WORLD
 from . import Fault, register
 
 VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -17,8 +18,11 @@ class WrongInterface(Fault):
     mode: Literal["unset", "missing", "other"] = Field(
         "unset", description="unset: gloo picks by the hostname (the classic multi-NIC hang); "
         "missing: an interface that does not exist; other: an existing wrong one (lo)")
-    ranks: Optional[List[int]] = Field(None, description="default: every rank")
-    name: Optional[str] = Field(None, description="interface for missing (eth9) or other (lo)")
+    ranks: Optional[List[int]] = Field(None, max_length=MAX_WORLD,
+                                       description="default: every rank")
+    name: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,15}$",
+                                description="interface for missing (eth9) or other (lo): 1-15 of "
+                                "[A-Za-z0-9_.:-], the kernel's limit")
 
     def apply(self, plan, scn):
         value = self.name or {"missing": "eth9", "other": "lo"}.get(self.mode)

@@ -4,6 +4,7 @@ from typing import List, Literal, Optional
 
 from pydantic import Field
 
+from ..schema import MAX_WORLD
 from . import Fault, register
 
 
@@ -11,7 +12,8 @@ from . import Fault, register
 class WrongPort(Fault):
     kind: Literal["wrong_port"] = "wrong_port"
     summary = "chosen ranks dial another MASTER_PORT than the master listens on"
-    ranks: List[int] = Field(default_factory=lambda: [1], description="ranks that get the port")
+    ranks: List[int] = Field(default_factory=lambda: [1], max_length=MAX_WORLD,
+                             description="ranks that get the port")
     port: Optional[int] = Field(None, ge=1, le=65535, description="the wrong port; default: a "
                                 "port reserved for this run where nothing listens")
 
