@@ -17,6 +17,10 @@ import signal
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .observe import RankObservation, RunObservation
+from .outcomes import job_outcome as _job
+from .protocol import OK, ExceptionRecord, last_phase
+
 # (class name anywhere in the MRO, pattern searched case-insensitively in the message)
 TIMEOUT_RULES: List[Tuple[str, str]] = [
     # c10d store: "Timed out after 6 seconds waiting for clients. 1/2 clients joined." (>= 2.2),
@@ -36,9 +40,6 @@ TIMEOUT_RULES: List[Tuple[str, str]] = [
 NOT_TIMEOUT_RULES: List[Tuple[str, str]] = [
     ("RuntimeError", r"connection refused"),
 ]
-
-OUTCOME_SEVERITY = ["ok", "error", "timeout", "crash", "hang"]
-
 
 @dataclass
 class Verdict:
@@ -87,46 +88,42 @@ def signal_name(returncode: int) -> str:
         return f"signal {-returncode}"
 
 
-def classify(obs: Dict[str, Any], t0: float = 0.0) -> Verdict:
-    """``obs``: a RankObservation as a dict (events with monotonic ``t``; ``released_at`` and
-    ``ended_at`` relative to the start line). ``t0``: the start line on the monotonic clock."""
-    events = obs.get("events", [])
-    phase = "start"
-    for e in events:
-        if e.get("ev") == "phase":
-            phase = e["phase"]
-    result = next((e for e in events if e.get("ev") == "result"), None)
-    duration = obs.get("ended_at")
+def classify(obs: RankObservation, t0: float = 0.0) -> Verdict:
+    """One rank's verdict. ``t0``: the start line on the monotonic clock (event times are
+    monotonic; ``released_at``/``ended_at`` are already relative to the start line)."""
+    events = obs.events
+    phase = last_phase(events)
+    result = obs.result()
+    duration = obs.ended_at
     if result is not None and t0:
-        duration = round(result["t"] - t0, 3)
-    v = Verdict(label=obs["label"], outcome="crash", phase=phase, duration=duration,
-                returncode=obs.get("returncode"), host=obs.get("host", "local"),
-                addr=obs.get("addr", ""), stacks=obs.get("stacks", ""))
-    if obs.get("killed_at_deadline"):
+        duration = round(result.t - t0, 3)
+    v = Verdict(label=obs.label, outcome="crash", phase=phase, duration=duration,
+                returncode=obs.returncode, host=obs.host, addr=obs.addr, stacks=obs.stacks)
+    if obs.killed_at_deadline:
         v.outcome = "hang"
         v.reason = "alive at the harness's deadline; killed"
-        v.duration = obs.get("ended_at")
-        stopped = [s for s in obs.get("signals", []) if s.get("signal") == "STOP"]
+        v.duration = obs.ended_at
+        stopped = [s for s in obs.signals if s.signal == "STOP"]
         if stopped:
-            v.reason += f" (it had been sent SIGSTOP at {stopped[0]['t']:g} s)"
+            v.reason += f" (it had been sent SIGSTOP at {stopped[0].t:g} s)"
         return v
     if result is not None:
-        v.phase = result.get("phase", phase)
-        if result.get("status") == "ok":
+        v.phase = result.phase or phase
+        if result.data.get("status") == OK:
             v.outcome, v.reason = "ok", "finished its workload"
             return v
-        exc = result.get("exc") or {}
-        v.exception = exc.get("type")
-        v.exception_mro = list(exc.get("mro", []))
-        v.message = exc.get("message", "")
+        exc = ExceptionRecord.from_dict(result.data.get("exc") or {})
+        v.exception = exc.type or None
+        v.exception_mro = list(exc.classes)
+        v.message = exc.message
         if is_timeout(v.exception_mro, v.message):
             v.outcome, v.reason = "timeout", "torch's own timeout fired"
         else:
             v.outcome, v.reason = "error", "raised an exception"
         return v
-    rc = obs.get("returncode")
+    rc = obs.returncode
     if rc is not None and rc < 0:
-        sent = [s for s in obs.get("signals", []) if _sig_matches(s.get("signal"), rc)]
+        sent = [s for s in obs.signals if _sig_matches(s.signal, rc)]
         v.reason = f"killed by {signal_name(rc)}" + (" (sent by the fault)" if sent else "")
     else:
         v.reason = f"exited with code {rc} without a result record"
@@ -138,12 +135,10 @@ def _sig_matches(name: Optional[str], rc: int) -> bool:
 
 
 def job_outcome(verdicts: Sequence[Verdict]) -> str:
-    """The job's outcome: the most severe of its ranks' (hang > crash > timeout > error > ok)."""
-    if not verdicts:
-        return "ok"
-    return max((v.outcome for v in verdicts), key=OUTCOME_SEVERITY.index)
+    """The job's outcome: the most severe of its ranks' (see harness.outcomes)."""
+    return _job([v.outcome for v in verdicts]) or "ok"
 
 
-def classify_run(run: Dict[str, Any]) -> List[Verdict]:
-    """All verdicts of a RunObservation (as a dict with ``t0``, the start line)."""
-    return [classify(r, run.get("t0", 0.0)) for r in run["ranks"]]
+def classify_run(run: RunObservation) -> List[Verdict]:
+    """All verdicts of a run."""
+    return [classify(r, run.t0) for r in run.ranks]

@@ -21,9 +21,6 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-SKIP_DIRS = {".git", ".hg", ".svn", ".harness", ".venv", "venv", "node_modules", "__pycache__",
-             "site-packages", ".tox", ".nox", "build", "dist"}
-
 
 class UsageError(Exception):
     """Bad input: exit code 2."""
@@ -45,32 +42,18 @@ def _text(s: str, style: str = "") -> Any:
 # -- finding scenario files ----------------------------------------------------------------------
 
 def find_scenarios(paths: Sequence[str], skipped: Optional[List[Path]] = None) -> List[Path]:
-    """YAML files named, or found under the folders named (hidden and venv folders skipped).
+    """Scenario files among the paths named, by the rule pytest's collection uses
+    (harness.discovery); an entry that is not a regular file goes to ``skipped``."""
+    from .discovery import explain_none
+    from .discovery import find_scenarios as discover
 
-    Found under a folder, an entry that is not a regular file (a FIFO, a device, a broken
-    symlink) is skipped, as pytest's collection skips it, and listed in ``skipped``; named
-    explicitly, it is returned, and loading it says what it is."""
-    out: List[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            for root, dirs, files in os.walk(p):
-                dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
-                for f in sorted(files):
-                    if f.endswith((".yaml", ".yml")):
-                        if (Path(root) / f).is_file():
-                            out.append(Path(root) / f)
-                        elif skipped is not None:
-                            skipped.append(Path(root) / f)
-        elif p.exists() or p.is_symlink():
-            out.append(p)
-        else:
-            raise UsageError(f"{p}: no such file or directory")
-    seen, uniq = set(), []
-    for path in out:
-        if path.resolve() not in seen:
-            seen.add(path.resolve())
-            uniq.append(path)
-    return uniq
+    try:
+        files = discover(paths, skipped=skipped)
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None
+    if not files and not (skipped or []):
+        raise UsageError(explain_none(paths))
+    return files
 
 
 # -- validate ------------------------------------------------------------------------------------
@@ -220,7 +203,7 @@ def show_plan(scn: Any, plan: Dict[str, Any]) -> None:
     con.print(_text(
         f"backend {plan['backend']} · world_size {plan['world_size']} · init {scn.init} · "
         f"torch timeout {plan['timeout']:g} s · deadline {plan['deadline']:g} s (from the start "
-        f"line) · workload {' → '.join(plan['steps']) or '(init only)'}"
+        f"line) · workload {' → '.join(plan['workload']) or '(init only)'}"
         f"{' → destroy' if plan.get('destroy') else ''}"))
     con.print(_text(f"master {plan['master_addr']}:{plan['master_port']} · ports and the run "
                     "directory are examples: every run reserves its own", "dim"))
@@ -245,47 +228,20 @@ def show_plan(scn: Any, plan: Dict[str, Any]) -> None:
         if init.get("rank") is not None:
             how += f"\nrank={init['rank']} world_size={init['world_size']}"
         t.add_row(_text(r["label"]), _text(r.get("host", "local")),
-                  _text(f"+{r['start_delay']:g} s" if r.get("start_delay") else "at start"),
+                  _text("at start" if r.get("release", {}) == {"at": 0.0}
+                        else str(r.get("released", ""))),
                   _text(how), _text(_kv(r["env"])), _text(" ".join(r.get("unset", []))),
                   _text(r.get("user") or ""))
     con.print(t)
-    if plan.get("holders"):
-        t = Table(title="port holders", title_justify="left")
-        for col in ("port", "mode", "released"):
-            t.add_column(col)
-        for h in plan["holders"]:
-            rel = "held to the end" if h.get("release_after") is None else \
-                f"{h['release_after']:g} s after the start line"
-            t.add_row(_text(str(h["port"])), _text(h["mode"]), _text(rel))
-        con.print(t)
-    if plan.get("actions"):
-        t = Table(title="timed actions", title_justify="left")
-        for col in ("target", "signal", "when", "why"):
-            t.add_column(col)
-        for a in plan["actions"]:
-            when = f"{a['at']:g} s after the start line" if a.get("at") is not None else \
-                f"{a.get('after', 0):g} s after entering {a.get('at_phase')}"
-            t.add_row(_text(f"rank {a['target']}"), _text(f"SIG{a['signal']}"), _text(when),
-                      _text(a.get("why", "")))
-        con.print(t)
-    if plan.get("net_actions"):
-        t = Table(title="network actions", title_justify="left")
-        for col in ("op", "args", "when", "undone", "why"):
+    if plan.get("steps"):
+        t = Table(title="steps (what the faults do, and when)", title_justify="left")
+        for col in ("step", "does", "to", "when", "undone"):
             t.add_column(col, overflow="fold")
-        for a in plan["net_actions"]:
-            if a.get("at") is None and a.get("at_phase") is None:
-                when = "at set-up"
-            elif a.get("at") is not None:
-                when = f"{a['at']:g} s after the start line"
-            else:
-                when = f"{a.get('after', 0):g} s after rank {a.get('target')} enters " \
-                       f"{a['at_phase']}"
-            undo = "" if a.get("undo_after") is None else f"{a['undo_after']:g} s later"
-            t.add_row(_text(a["op"]), _text(json.dumps(a.get("args", {}))), _text(when),
-                      _text(undo), _text(a.get("why", "")))
+        for st in plan["steps"]:
+            t.add_row(_text(st.get("id", "")), _text(st.get("what", "")),
+                      _text(st.get("target", "")), _text(st.get("when", "")),
+                      _text(st.get("undo_when") or ""))
         con.print(t)
-    for p in plan.get("preps", []):
-        con.print(_text(f"prepared before launch: {p['kind']} at {p['path']}"))
     con.print(_text("expectations:", "bold"))
     for b in scn.expect:
         con.print(_text(f"  {b.summary()}"))
@@ -601,6 +557,9 @@ def _ptrace_ok() -> Dict[str, Any]:
             "allowed": cap_ptrace or os.geteuid() == 0 or scope in (0, None)}
 
 
+REQUIREMENTS_OK: Dict[str, str] = {}   # what having a requirement means, for the doctor's lines
+
+
 def doctor_facts() -> Dict[str, Any]:
     from .probe import probe
     from .rundir import leftovers
@@ -623,9 +582,12 @@ def doctor_facts() -> Dict[str, Any]:
     except ImportError:
         facts["topology_missing"] = ["harness.topology is not installed"]
         facts["namespaces"] = []
-    from .resolver import missing as view_missing
+    from .requirements import all_requirements
 
-    facts["resolver_view_missing"] = view_missing()
+    reqs = all_requirements()
+    facts["requirements"] = {r.name: r.missing() for r in reqs}
+    facts["resolver_view_missing"] = facts["requirements"].get("resolver view")
+    REQUIREMENTS_OK.update({r.name: r.ok for r in reqs if r.ok})
     facts["ptrace"] = _ptrace_ok()
     facts["ports"] = _free_ports()
     facts["leftovers"] = leftovers()
@@ -680,17 +642,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     miss = facts["topology_missing"]
     lines.append((ok if not miss else warn, "namespaces", "network scenarios can run" if not miss
                   else "network scenarios are skipped: " + "; ".join(miss)))
-    why_view = facts["resolver_view_missing"]
-    lines.append((ok if not why_view else warn, "resolver view",
-                  "ranks resolve names with the harness's hosts file, never DNS"
-                  if not why_view else why_view + ": scenarios that run in this machine's "
-                  "own network namespace are skipped"))
-    if not miss:
-        from .requirements import netem_missing
-
-        why = netem_missing()
-        lines.append((ok if not why else warn, "latency",
-                      "tc netem works: latency scenarios run" if not why else why))
+    # what the scenario kinds need (the faults declare it: harness.requirements)
+    for name, why in facts["requirements"].items():
+        if name == "namespaces":
+            continue
+        if name == "resolver view":
+            text = why + ": scenarios that run in this machine's own network namespace are " \
+                "skipped" if why else "ranks resolve names with the harness's hosts file, " \
+                "never DNS"
+        else:
+            text = why + ": scenarios that need it are skipped" if why else \
+                REQUIREMENTS_OK.get(name, "available")
+        lines.append((ok if not why else warn, name, text))
     spy, pt = facts["tools"]["py-spy"], facts["ptrace"]
     if spy and pt["allowed"]:
         lines.append((ok, "py-spy", f"{spy}: native stacks of hung ranks are captured"))

@@ -3,6 +3,17 @@
 Cases are matched by id (pytest node id), ranks by label. A change is one of ``KINDS``; the
 environment's differences (torch version, backends, kernel, env vars) are listed as context, not
 counted as changes. ``harness diff`` exits 1 when any change is left after ``--ignore``.
+
+Ranks are compared as their scenario's expectation allows them. Where the expectation declares
+a race (several outcomes, or several phases: torch itself takes one path or the other), one
+run of each report is one draw of that race: a move between the declared outcomes/phases, and
+the exception, message and duration that come with the other path, is listed as variation
+within the declared race, not counted as a change; leaving the declared set is a change. A
+duration is a change only beyond both tolerances; for a rank whose outcome is ``timeout`` the
+absolute one is at least 1.5 x the case's torch timeout, the spread torch's own store client
+shows (it retries with a random backoff and gives up between 1.15 and 2.3 x its timeout). In a
+case whose fault draws at random while it runs (packet loss), one run's durations are one draw
+and are not compared.
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ class Change:
 @dataclass
 class DiffResult:
     changes: List[Change] = field(default_factory=list)
+    within: List[Change] = field(default_factory=list)   # variation inside a declared race
     environment: List[Dict[str, Any]] = field(default_factory=list)   # {key, old, new}
     compared: int = 0           # cases in both reports
     ignored: int = 0            # changes dropped by ``ignore``
@@ -65,10 +77,11 @@ class DiffResult:
             "format": 1,
             "summary": {"changes": len(self.changes), "cases_changed": len(self.changed_cases),
                         "cases_compared": self.compared, "ignored": self.ignored,
-                        "by_kind": kinds},
+                        "within_declared_races": len(self.within), "by_kind": kinds},
             "tolerance": {"relative": self.rel_tol, "absolute": self.abs_tol},
             "environment": self.environment,
             "changes": [c.to_dict() for c in self.changes],
+            "within": [c.to_dict() for c in self.within],
         }
 
 
@@ -97,6 +110,34 @@ def environment_changes(old: Dict[str, Any], new: Dict[str, Any]) -> List[Dict[s
         if oe.get(k) != ne.get(k):
             out.append({"key": f"env {k}", "old": oe.get(k), "new": ne.get(k)})
     return out
+
+
+def rank_expectation(case: Dict[str, Any], label: str) -> Dict[str, Any]:
+    """The rank's expectation as the report keeps it (the label's own, else ``*``)."""
+    ranks = (case.get("expectation") or {}).get("ranks") or {}
+    exp = ranks.get(label, ranks.get("*"))
+    return exp if isinstance(exp, dict) else {}
+
+
+def _as_set(v: Any) -> List[Any]:
+    return list(v) if isinstance(v, list) else ([] if v is None else [v])
+
+
+def _declared_race(exp: Dict[str, Any]) -> bool:
+    return len(_as_set(exp.get("outcome"))) > 1 or len(_as_set(exp.get("phase"))) > 1
+
+
+def _within_race(exp: Dict[str, Any], r: Dict[str, Any]) -> bool:
+    outcomes, phases = _as_set(exp.get("outcome")), _as_set(exp.get("phase"))
+    return (not outcomes or r.get("outcome") in outcomes) and \
+        (not phases or r.get("phase") in phases)
+
+
+def _abs_tol(case: Dict[str, Any], o: Dict[str, Any], n: Dict[str, Any], abs_tol: float) -> float:
+    timeout = case.get("timeout")
+    if timeout and "timeout" in (o.get("outcome"), n.get("outcome")):
+        return max(abs_tol, 1.5 * float(timeout))
+    return abs_tol
 
 
 def _rank_changes(cid: str, o: Dict[str, Any], n: Dict[str, Any], rel_tol: float,
@@ -161,6 +202,7 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
             changes.append(Change(cid, None, "job", o.get("job"), n.get("job")))
         oranks = {str(r.get("label")): r for r in o.get("ranks", [])}
         nranks = {str(r.get("label")): r for r in n.get("ranks", [])}
+        job_race = False
         for label in list(oranks) + [x for x in nranks if x not in oranks]:
             orank, nrank = oranks.get(label), nranks.get(label)
             if orank is None:
@@ -169,7 +211,31 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
             elif nrank is None:
                 changes.append(Change(cid, label, "rank_removed", orank.get("outcome"), None))
             else:
-                changes += _rank_changes(cid, orank, nrank, rel_tol, abs_tol)
+                found = _rank_changes(cid, orank, nrank, rel_tol,
+                                      _abs_tol(o, orank, nrank, abs_tol))
+                if o.get("random") or n.get("random"):   # a fault draws at random: one run
+                    drawn = [c for c in found if c.kind == "duration"]   # is one draw
+                    for c in drawn:
+                        c.note += "; the case's fault draws at random (compare repeats)"
+                        found.remove(c)
+                    res.within += drawn
+                exp = rank_expectation(o, label)
+                if not _declared_race(exp):   # a race declared since the old report
+                    exp = rank_expectation(n, label)
+                if found and _declared_race(exp) and _within_race(exp, orank) \
+                        and _within_race(exp, nrank):
+                    for c in found:
+                        c.note = (c.note + "; " if c.note else "") + "within the declared race"
+                    res.within += found
+                    job_race = job_race or any(c.kind == "outcome" for c in found)
+                else:
+                    changes += found
+        # a job outcome that moved only because a rank moved inside its declared race
+        if job_race and o.get("job") != n.get("job") and o.get("status") == n.get("status"):
+            for c in [c for c in changes if c.case == cid and c.kind == "job"]:
+                changes.remove(c)
+                c.note = "a rank moved within its declared race"
+                res.within.append(c)
     res.changes = [c for c in changes if c.kind not in ignore]
     res.ignored = len(changes) - len(res.changes)
     return res
@@ -210,6 +276,13 @@ def render_table(res: DiffResult, old_name: str = "old", new_name: str = "new",
                       Text(_fmt(c.new)), Text(c.note))
             last = c.case
         con.print(t)
+    if res.within:
+        races = sorted({c.case for c in res.within})
+        con.print(Text(f"not counted: {len(res.within)} difference"
+                       f"{'s' * (len(res.within) != 1)} in {len(races)} case"
+                       f"{'s' * (len(races) != 1)} inside what the scenario declares may vary (a "
+                       "race of torch's, a fault that draws at random): "
+                       + ", ".join(races), style="dim"))
     n, k = len(res.changes), len(res.changed_cases)
     tail = f" ({res.ignored} ignored)" if res.ignored else ""
     if n:

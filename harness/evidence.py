@@ -32,8 +32,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-import psutil
 import pytest
+
+from .procs import alive, identity
 
 MARKER = ".harness-session.json"
 LATEST = "latest"
@@ -50,7 +51,8 @@ class EvidenceSession:
     root: str
     name: str
     pid: int
-    create_time: Optional[float]
+    start_time: Optional[int]        # the owner's identity (harness.procs): pid, start, boot
+    boot_id: str
     started: str
 
     @property
@@ -68,8 +70,8 @@ class EvidenceSession:
     def marker(self) -> Dict[str, Any]:
         from . import __version__
         return {"tool": "torchdist-harness", "version": __version__, "pid": self.pid,
-                "create_time": self.create_time, "started": self.started,
-                "uid": os.geteuid()}
+                "start_time": self.start_time, "boot_id": self.boot_id,
+                "started": self.started, "uid": os.geteuid()}
 
     def ensure(self) -> Path:
         """Make the session folder with its marker (idempotent, safe across processes) and
@@ -111,14 +113,10 @@ class EvidenceSession:
 
 def new_session(root: Path) -> EvidenceSession:
     now = _dt.datetime.now(_dt.timezone.utc)
-    me = os.getpid()
-    try:
-        ctime: Optional[float] = psutil.Process(me).create_time()
-    except psutil.Error:
-        ctime = None
+    me = identity(os.getpid())
     return EvidenceSession(root=str(root.absolute()),
                            name=f"{PREFIX}{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}",
-                           pid=me, create_time=ctime,
+                           pid=me["pid"], start_time=me["start_time"], boot_id=me["boot_id"],
                            started=now.isoformat(timespec="microseconds"))
 
 
@@ -169,12 +167,7 @@ def read_marker(folder: Path) -> Optional[Dict[str, Any]]:
 
 
 def _owner_alive(marker: Dict[str, Any]) -> bool:
-    try:
-        t = psutil.Process(int(marker["pid"])).create_time()
-    except (psutil.Error, ValueError, KeyError, TypeError):
-        return False
-    ct = marker.get("create_time")
-    return ct is None or abs(t - float(ct)) < 0.05
+    return alive(marker)
 
 
 def sessions(root: Path) -> List[Path]:

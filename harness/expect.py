@@ -25,6 +25,13 @@ class Mismatch:
     field: str            # outcome | exception | message | within | phase | rank
     expected: str
     observed: str
+    line: Optional[int] = None   # the line of the scenario file the expectation is written on
+
+    def where(self, source: Optional[str]) -> str:
+        """``file.yaml:LINE`` of the expectation, when known."""
+        if self.line is None:
+            return ""
+        return f"{source}:{self.line}" if source else f"line {self.line}"
 
 
 PATTERN_TIMEOUT = 1.0
@@ -43,6 +50,13 @@ def _rank_expect(exp: Expect, label: str) -> Optional[RankExpect]:
 
 
 def check_rank(e: RankExpect, v: Verdict) -> List[Mismatch]:
+    out = _check_rank(e, v)
+    for m in out:
+        m.line = e.line
+    return out
+
+
+def _check_rank(e: RankExpect, v: Verdict) -> List[Mismatch]:
     out: List[Mismatch] = []
     if e.outcome is not None and v.outcome not in e.outcome:
         out.append(Mismatch(v.label, "outcome", " or ".join(e.outcome), v.outcome))
@@ -67,8 +81,8 @@ def check_rank(e: RankExpect, v: Verdict) -> List[Mismatch]:
         if v.duration is None or not lo <= v.duration <= hi:
             got = "unknown" if v.duration is None else f"{v.duration:.1f} s"
             out.append(Mismatch(v.label, "within", f"{lo:g}..{hi:g} s", got))
-    if e.phase is not None and v.phase != e.phase:
-        out.append(Mismatch(v.label, "phase", e.phase, v.phase))
+    if e.phase is not None and v.phase not in e.phase:
+        out.append(Mismatch(v.label, "phase", " or ".join(e.phase), v.phase))
     return out
 
 
@@ -77,15 +91,16 @@ def check(exp: Expect, verdicts: Sequence[Verdict]) -> List[Mismatch]:
     if exp.job is not None:
         got = job_outcome(verdicts)
         if got not in exp.job:
-            out.append(Mismatch("job", "outcome", " or ".join(exp.job), got))
+            out.append(Mismatch("job", "outcome", " or ".join(exp.job), got, exp.job_line))
     labels = {v.label for v in verdicts}
-    for key in exp.ranks:
+    for key, e in exp.ranks.items():
         if key != "*" and key not in labels:
-            out.append(Mismatch(key, "rank", "a rank with this label", "no such rank ran"))
+            out.append(Mismatch(key, "rank", "a rank with this label", "no such rank ran",
+                                e.line))
     for v in verdicts:
-        e = _rank_expect(exp, v.label)
-        if e is not None:
-            out += check_rank(e, v)
+        re_ = _rank_expect(exp, v.label)
+        if re_ is not None:
+            out += check_rank(re_, v)
     return out
 
 
@@ -99,8 +114,10 @@ def innermost_frames(stacks: str, n: int = 4) -> str:
 
 
 def failure_table(verdicts: Sequence[Verdict], exp: Optional[Expect],
-                  mismatches: Sequence[Mismatch], width: int = 160) -> str:
-    """Rank | expected | observed | duration | phase | host | exception: message (+ stacks)."""
+                  mismatches: Sequence[Mismatch], width: int = 160,
+                  source: Optional[str] = None) -> str:
+    """Rank | expected | observed | duration | phase | host | exception: message (+ stacks);
+    then one line per mismatch, naming ``source:LINE`` of the expectation it checks."""
     from io import StringIO
 
     from rich.console import Console
@@ -114,6 +131,8 @@ def failure_table(verdicts: Sequence[Verdict], exp: Optional[Expect],
     for v in verdicts:
         e = _rank_expect(exp, v.label) if exp else None
         want = e.words() if e is not None else []
+        if e is not None and e.line is not None and v.label in bad:
+            want.append(f"({_base(source)}:{e.line})" if source else f"(line {e.line})")
         exc = f"{v.exception}: {v.message}" if v.exception else v.reason
         if v.outcome == "hang" and v.stacks:
             exc += "\ninnermost frames:\n" + innermost_frames(v.stacks)
@@ -125,12 +144,19 @@ def failure_table(verdicts: Sequence[Verdict], exp: Optional[Expect],
         t.add_row(*(Text(c) for c in cells))   # Text: gloo's "[file.cc:78]" is not markup
     buf = StringIO()
     Console(file=buf, width=width, no_color=True, highlight=False).print(t)
-    lines = [f"  {m.label}: {m.field}: expected {m.expected}, observed {_shorten(m.observed, 200)}"
-             for m in mismatches]
+    lines = [f"  {m.label}: {m.field}: expected {m.expected}, observed "
+             f"{_shorten(m.observed, 200)}" + (f"  [{m.where(source)}]" if m.line else "")
+             for m in mismatches if m.label != "job"]
     job = job_outcome(verdicts)
     if exp is not None and exp.job:
-        lines.insert(0, f"  job: expected {' or '.join(exp.job)}, observed {job}")
+        where = f"  [{source}:{exp.job_line}]" if source and exp.job_line else ""
+        lines.insert(0, f"  job: expected {' or '.join(exp.job)}, observed {job}"
+                        + (where if job not in exp.job else ""))
     return buf.getvalue() + "\n".join(lines)
+
+
+def _base(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
 
 
 def _shorten(s: str, n: int) -> str:

@@ -14,6 +14,8 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from .steps import RUN as RUN_STEPS
+
 PHASE_COLOURS = {
     "waiting": "#e6e6e6",
     "init": "#4e79a7",
@@ -79,20 +81,16 @@ def phase_segments(rank: Dict[str, Any], end: float) -> List[Tuple[str, float, f
     return segs
 
 
-def net_periods(log: Sequence[Dict[str, Any]], end: float
-                ) -> List[Tuple[str, str, float, float, bool]]:
-    """(op, why, on, off, healed) from the run's network log ("op" ... "op off")."""
-    out: List[Tuple[str, str, float, float, bool]] = []
-    for i, e in enumerate(log):
-        op = str(e.get("op", ""))
-        if op.endswith(" off"):
+def step_rows(steps: Sequence[Dict[str, Any]]) -> List[Tuple[str, List[Dict[str, Any]]]]:
+    """The timeline's step rows: the steps that were done, grouped by what they act on, in
+    plan order; steps on a rank (its row shows them) and the run's own set-up are left out."""
+    rows: Dict[str, List[Dict[str, Any]]] = {}
+    for st in steps:
+        target = str(st.get("target") or "")
+        if st.get("on") is None or target.startswith("rank ") or st.get("fault") == RUN_STEPS:
             continue
-        on = float(e.get("t") or 0.0)
-        off = next((float(f.get("t") or 0.0) for f in log[i + 1:]
-                    if f.get("op") == op + " off" and f.get("why") == e.get("why")), None)
-        out.append((op, str(e.get("why", "")), on, off if off is not None else end,
-                    off is not None))
-    return out
+        rows.setdefault(target or str(st.get("fault")), []).append(st)
+    return list(rows.items())
 
 
 def _rank_end(rank: Dict[str, Any], fallback: float) -> float:
@@ -115,8 +113,8 @@ def timeline_svg(case: Dict[str, Any]) -> str:
     timeout = None if tl.get("timeout") is None else float(tl["timeout"])
     ends = {r["label"]: _rank_end(r, wall) for r in ranks}
     marks_t: List[float] = [float(s.get("t") or 0) for r in ranks for s in r.get("signals", [])]
-    marks_t += [float(h.get("released_at") or 0) for h in tl.get("holders", [])]
-    marks_t += [float(e.get("t") or 0) for e in tl.get("net_log") or []]
+    groups = step_rows(tl.get("steps") or [])
+    marks_t += [float(st.get(k) or 0) for _, sts in groups for st in sts for k in ("on", "off")]
     marks_t += [float(r.get("released_at") or 0) for r in ranks]
     tmax = max([wall, *ends.values(), *marks_t, 0.05])
     hung = any(r.get("killed_at_deadline") for r in ranks)
@@ -130,9 +128,8 @@ def timeline_svg(case: Dict[str, Any]) -> str:
     def x(t: float) -> float:
         return round(x0 + (x1 - x0) * max(0.0, min(t, tmax)) / tmax, 2)
 
-    holders = tl.get("holders") or []
-    net = net_periods(tl.get("net_log") or [], max(wall, *ends.values()))
-    rows = len(ranks) + len(holders) + (1 if net else 0)
+    end_all = max(wall, *ends.values())
+    rows = len(ranks) + len(groups)
     height = AXIS_H + rows * ROW_H + FOOT_H
     out: List[str] = [
         f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
@@ -212,48 +209,35 @@ def timeline_svg(case: Dict[str, Any]) -> str:
         out.append(f'<text class="outcome" data-outcome="{esc(outcome)}" x="{xe + 8}" '
                    f'y="{y + ROW_H / 2 + 4}" font-size="12" font-weight="bold" '
                    f'fill="{colour}">{esc(text)}</text>')
-    # port holders
-    for j, h in enumerate(holders):
+    # the faults' steps, drawn from their declaration: a row per thing they act on (a host's
+    # network, the port holder...); what a step does to a rank is a mark on the rank's row
+    for j, (target, sts) in enumerate(groups):
         y = AXIS_H + (len(ranks) + j) * ROW_H
         by = y + (ROW_H - BAR_H) / 2
-        rel = h.get("released_at")
-        stop = float(rel) if rel is not None else wall
         out.append(f'<text class="rowlabel" x="{x0 - 8}" y="{y + ROW_H / 2 + 4}" '
-                   f'text-anchor="end" font-size="12" fill="#555">port {esc(h.get("port"))}'
-                   '</text>')
-        out.append(f'<rect class="bar holder" x="{x0}" y="{by}" width="{max(x(stop) - x0, 1):.2f}"'
-                   f' height="{BAR_H}" fill="url(#hatch)" stroke="#999"><title>port '
-                   f'{esc(h.get("port"))} held ({esc(h.get("mode"))}) by pid {esc(h.get("pid"))}'
-                   '</title></rect>')
-        note = f"held ({h.get('mode')})"
-        if rel is not None:
-            xr = x(float(rel))
-            out.append(f'<line class="mark holder-release" x1="{xr}" y1="{y + 2}" x2="{xr}" '
-                       f'y2="{y + ROW_H - 2}" stroke="#111" stroke-width="2.5"><title>holder '
-                       f'released the port at {rel} s</title></line>')
-            note += f", released at {_fmt_s(float(rel))}"
-        out.append(f'<text x="{x(stop) + 8}" y="{y + ROW_H / 2 + 4}" font-size="11" '
-                   f'fill="#555">{esc(note)}</text>')
-    # network changes made by faults (firewall, partition, loss ...), one row for all
-    if net:
-        y = AXIS_H + (len(ranks) + len(holders)) * ROW_H
-        by = y + (ROW_H - BAR_H) / 2
-        out.append(f'<text class="rowlabel" x="{x0 - 8}" y="{y + ROW_H / 2 + 4}" '
-                   'text-anchor="end" font-size="12" fill="#555">network</text>')
-        for op, why, a, b, healed in net:
+                   f'text-anchor="end" font-size="12" fill="#555">{esc(target)}</text>')
+        for st in sts:
+            a = float(st.get("on") or 0.0)
+            undone = st.get("off") is not None
+            b = float(st["off"]) if undone else end_all
             w = max(x(b) - x(a), 2.0)
-            out.append(f'<rect class="bar net" x="{x(a)}" y="{by}" width="{w:.2f}" '
-                       f'height="{BAR_H}" fill="#f4c7c3" stroke="#c62828"><title>{esc(op)} '
-                       f'({esc(why)}) from {a:g} s' + (f" to {b:g} s" if healed else "")
-                       + '</title></rect>')
-            out.append(f'<line class="mark net-on" x1="{x(a)}" y1="{y + 2}" x2="{x(a)}" '
-                       f'y2="{y + ROW_H - 2}" stroke="#111" stroke-width="2.5"/>')
-            if healed:
-                out.append(f'<line class="mark net-off" x1="{x(b)}" y1="{y + 2}" x2="{x(b)}" '
+            what = str(st.get("what") or "")
+            title = f"{st.get('fault')}: {what}, {st.get('when')}" + (
+                f"; undone {st.get('undo_when')} ({b:g} s)" if undone else "")
+            out.append(f'<rect class="bar step" data-step="{esc(st.get("id"))}" '
+                       f'data-fault="{esc(st.get("fault"))}" x="{x(a)}" y="{by}" '
+                       f'width="{w:.2f}" height="{BAR_H}" fill="#f4c7c3" stroke="#c62828">'
+                       f'<title>{esc(title)}</title></rect>')
+            if a > 0:
+                out.append(f'<line class="mark step-on" x1="{x(a)}" y1="{y + 2}" x2="{x(a)}" '
                            f'y2="{y + ROW_H - 2}" stroke="#111" stroke-width="2.5"/>')
-            if w > 7 * len(op) + 8:
+            if undone:
+                out.append(f'<line class="mark step-off" x1="{x(b)}" y1="{y + 2}" '
+                           f'x2="{x(b)}" y2="{y + ROW_H - 2}" stroke="#111" '
+                           'stroke-width="2.5"/>')
+            if w > 6 * len(what) + 8:
                 out.append(f'<text class="barlabel" x="{x(a) + 4}" y="{by + BAR_H - 4}" '
-                           f'font-size="10" fill="#7f0000">{esc(op)}</text>')
+                           f'font-size="10" fill="#7f0000">{esc(what)}</text>')
     # vertical lines
     if timeout is not None and show_timeout:
         xt = x(timeout)
@@ -280,9 +264,8 @@ def legend_html() -> str:
              ("workload step", STEP_COLOURS[0]), ("next step", STEP_COLOURS[1]),
              ("destroy", PHASE_COLOURS["destroy"]), ("exit", PHASE_COLOURS["exit"])]
     parts = [f'<span class="key"><i style="background:{c}"></i>{esc(n)}</span>' for n, c in items]
-    parts += ['<span class="key"><i class="hatch"></i>port held by a holder</span>',
-              '<span class="key"><i style="background:#f4c7c3;border-color:#c62828"></i>'
-              'network fault active</span>',
+    parts += ['<span class="key"><i style="background:#f4c7c3;border-color:#c62828"></i>'
+              'a fault step in effect (a held port, a firewall rule...)</span>',
               '<span class="key"><b>|</b> signal / release by a fault</span>',
               '<span class="key"><b>▼</b> released late</span>',
               '<span class="key"><b style="color:#c62828">✕</b> killed at the deadline</span>',

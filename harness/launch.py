@@ -1,17 +1,19 @@
-"""Launch and supervise one run: start every rank, fire timed faults, enforce the deadline,
-capture stacks of whatever is still alive, kill every process group. Nothing outlives ``run``.
+"""Launch and supervise one run: start its processes, fire the fault steps, enforce the
+deadline, capture the stacks of whatever is still alive, kill it all. Nothing outlives a run.
 
-Every rank is a fresh ``python -m harness.worker`` in its own session (own process group), with
-PR_SET_PDEATHSIG so that it dies with the supervisor. Ranks import torch first and report
-``ready``; only then is the clock started (the start line) and each rank released, at its
-``start_delay``, by a line on its stdin. The loop then watches event files and processes until
-every rank has ended or the deadline passes.
+``run_scenario`` owns one run's life: the sweep of killed runs, the run directory, the port
+lease, the plan, the topology, the supervisor, and the cleanup (inside ``interrupts.shield()``:
+a SIGTERM or a second Ctrl-C waits until it has finished). The :class:`Supervisor` runs the
+plan: a launcher (``harness.launchers``) starts every process; every rank imports torch and
+reports ``ready``; only then is the clock started (the start line) and each rank released when
+its release trigger holds; the scheduler (``harness.steps``) fires the faults' steps when their
+triggers hold, through the small Runtime interface this class implements. The supervisor knows
+no fault by name.
 
 A rank's stdout and stderr go through pipes drained by one thread (``harness.capture``): kept
 up to a head and a tail with a marker of what was cut, so evidence stays bounded. A rank that
 dies before it reported ``ready`` (Python or torch could not start) is a HarnessError naming
-the rank and the cause. Cleanup (killing ranks and holders, the topology, the run directory)
-runs inside ``interrupts.shield()``: a SIGTERM or a second Ctrl-C waits until it has finished.
+the rank and the cause.
 """
 
 from __future__ import annotations
@@ -24,117 +26,26 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
-from . import interrupts, resolver
+from . import interrupts
 from .capture import Capture
 from .errors import HarnessError
-from .plan import ActionPlan, RankPlan, RunPlan, make_plan
+from .launchers import RankProcess, close_fds, launcher_for, process_env
+from .observe import RunObservation
+from .plan import HostPlan, RunPlan, make_plan
 from .ports import PortLease
+from .procs import ManagedProcess
+from .protocol import EXCEPTION, PHASE, RESULT, Event, ready_event
 from .rundir import RunDir, kill_recorded, sweep
 from .schema import Scenario
+from .steps import Scheduler, StepError
 
 READY_TIMEOUT = float(os.environ.get("HARNESS_READY_TIMEOUT", "180"))
 POLL = 0.02
 TAIL = 4000
 STACKS_MAX = 1 << 20     # a faulthandler dump is kept up to this many bytes per rank
-
-
-
-
-@dataclass
-class RankObservation:
-    label: str
-    pid: Optional[int] = None
-    host: str = "local"
-    addr: str = "127.0.0.1"
-    events: List[Dict[str, Any]] = field(default_factory=list)
-    returncode: Optional[int] = None     # negative: killed by that signal
-    killed_at_deadline: bool = False
-    signals: List[Dict[str, Any]] = field(default_factory=list)  # sent by faults: {sig, t}
-    stacks: str = ""
-    stdout_tail: str = ""
-    stderr_tail: str = ""
-    native_stacks: str = ""              # py-spy dump --native of a hung rank, where permitted
-    released_at: Optional[float] = None  # seconds after the start line
-    ended_at: Optional[float] = None     # seconds after the start line (as seen by the supervisor)
-
-    def result(self) -> Optional[Dict[str, Any]]:
-        for e in self.events:
-            if e.get("ev") == "result":
-                return e
-        return None
-
-
-@dataclass
-class RunObservation:
-    plan: Dict[str, Any]
-    torch_version: str
-    ranks: List[RankObservation]
-    holders: List[Dict[str, Any]]
-    wall: float                          # seconds from the start line to the end of the run
-    run_dir: str
-    t0: float = 0.0                      # the start line, on the monotonic clock
-    port_owners: List[Dict[str, Any]] = field(default_factory=list)  # who held MASTER_PORT
-    net_log: List[Dict[str, Any]] = field(default_factory=list)  # network changes and when
-    rules: Dict[str, str] = field(default_factory=dict)           # nft rules per host at the end
-
-    def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
-
-
-class _Rank:
-    def __init__(self, plan: RankPlan, proc: subprocess.Popen, ev_path: Path, st_path: Path,
-                 out_path: Path, err_path: Path):
-        self.plan, self.proc = plan, proc
-        self.ev_path, self.st_path, self.out_path, self.err_path = ev_path, st_path, out_path, \
-            err_path
-        self.obs = RankObservation(label=plan.label, pid=proc.pid, host=plan.host)
-        self._offset = 0
-        self._partial = b""
-        self.released = False
-        self.ended = False
-        self.cutoff: Optional[int] = None    # events after the deadline are not the run's
-
-    def read_events(self) -> List[Dict[str, Any]]:
-        new: List[Dict[str, Any]] = []
-        try:
-            with open(self.ev_path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except OSError:
-            return new
-        self._offset += len(data)
-        data = self._partial + data
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
-            try:
-                new.append(json.loads(line))
-            except ValueError:
-                continue
-        self.obs.events.extend(new)
-        return new
-
-    def ready(self) -> bool:
-        return any(e.get("ev") == "ready" for e in self.obs.events)
-
-    def release(self) -> None:
-        self.released = True
-        try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(b"go\n")
-            self.proc.stdin.close()
-        except (BrokenPipeError, OSError):
-            pass
-
-    def signal(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def _tail(path: Path) -> str:
@@ -173,12 +84,14 @@ def _read_stacks(path: Path) -> str:
 _ERROR_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception|Interrupt|Exit)\b|Fatal Python error)")
 
 
-def start_failure(label: str, returncode: Optional[int], events: List[Dict[str, Any]],
+def start_failure(label: str, returncode: Optional[int], events: Sequence[Event],
                   stderr: str) -> str:
     """One line: why a rank died before it was ready (could not start Python, import torch or
     the worker). The worker's own exception record wins, else the telling line of stderr."""
-    phase = next((e["phase"] for e in reversed(events) if e.get("ev") == "phase"), None)
-    exc = next((e.get("exc") for e in events if e.get("ev") == "result" and e.get("exc")), None)
+    phase = next((e.phase for e in reversed(events) if e.ev == PHASE), None)
+    exc = next((e.data.get("exc") for e in events
+                if e.ev == RESULT and e.data.get("status") == EXCEPTION and e.data.get("exc")),
+               None)
     if exc:
         first = (str(exc.get("message", "")).strip().splitlines() or [""])[0]
         cause = f"{exc.get('type')}: {first}"
@@ -249,145 +162,118 @@ def port_owners(port: int) -> List[Dict[str, Any]]:
     return out
 
 
-def _netem(host: Any, delay_ms: float, jitter_ms: float) -> None:
-    argv = ["tc", "-n", host.netns, "qdisc", "replace", "dev", host.ifname, "root", "netem",
-            "delay", f"{delay_ms}ms"] + ([f"{jitter_ms}ms"] if jitter_ms else [])
-    p = subprocess.run(argv, capture_output=True, text=True, start_new_session=True)
-    if p.returncode != 0:
-        raise HarnessError(f"latency: {' '.join(argv)} failed: {p.stderr.strip()}")
+class _Helper:
+    """A helper process a step started (harness.procs owns it); ``stop`` kills its group."""
 
+    def __init__(self, proc: ManagedProcess, name: str):
+        self.proc, self.name, self.pid = proc, name, proc.pid
 
-def _sig(name: str) -> int:
-    return int(getattr(signal, "SIG" + name))
-
-
-def _rank_env(rp: RankPlan, ev_fd: int, st_fd: int) -> Dict[str, str]:
-    env = dict(os.environ)
-    for k in list(env):
-        if k.startswith(("PYTEST_", "HARNESS_")) or k in ("MASTER_ADDR", "MASTER_PORT", "RANK",
-                                                           "WORLD_SIZE", "LOCAL_RANK",
-                                                           "LOCAL_WORLD_SIZE"):
-            env.pop(k)
-    env.update(rp.env)
-    for k in rp.unset:
-        env.pop(k, None)
-    env["HARNESS_EVENT_FD"] = str(ev_fd)
-    env["HARNESS_STACK_FD"] = str(st_fd)
-    # the rank resolves names with the harness's files only (no DNS query leaves the machine)
-    env[resolver.ENV_VIEW] = rp.resolver_view
-    if os.environ.get(resolver.ENV_USERNS):
-        env[resolver.ENV_USERNS] = os.environ[resolver.ENV_USERNS]
-    env["PYTHONUNBUFFERED"] = "1"
-    # torch's C++ store/gloo log lines (connect, retry, timeout) land in the rank's stderr
-    if "TORCH_CPP_LOG_LEVEL" not in rp.env:
-        env["TORCH_CPP_LOG_LEVEL"] = "INFO"
-    env.setdefault("PYTHONWARNINGS", "ignore")
-    # the worker must import this very harness, wherever the supervisor found it
-    pkg_root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
-                                    else "")
-    return env
+    def stop(self) -> None:
+        self.proc.kill()
 
 
 class Supervisor:
-    """Runs one RunPlan. Use ``run_scenario`` unless you build plans yourself."""
+    """Runs one RunPlan. It is the Runtime that fault steps act through (harness.steps) and
+    the Clock their triggers read. Use ``run_scenario`` unless you build plans yourself."""
 
-    def __init__(self, plan: RunPlan, run_dir: RunDir, topo: Any = None):
+    def __init__(self, plan: RunPlan, run_dir: RunDir, topo: Any = None,
+                 launcher: str = "direct"):
         self.plan = plan
         self.topo = topo                 # harness.topology.Topology when the run has namespaces
-        self._net_done: Dict[int, float] = {}      # net action index -> when it was done
-        self._net_handles: Dict[int, Any] = {}
-        self._net_undone: set = set()
         self.rundir = run_dir
         self.dir = Path(plan.run_dir)
-        self.ranks: List[_Rank] = []
-        self.holders: List[Dict[str, Any]] = []
-        self._holder_procs: List[subprocess.Popen] = []
-        self._fds: List[int] = []
-        self._actions_done: set = set()
+        self.run_dir = self.dir
+        self.ranks: List[RankProcess] = []
+        self.helpers: List[_Helper] = []
+        self.fds: List[int] = []
         self.capture = Capture()
+        self.launcher = launcher_for(launcher)
+        self.t0: Optional[float] = None
+        self.scheduler = Scheduler(plan.steps, self, self)
 
-    # -- start ---------------------------------------------------------------------------------
-    def _prepare(self) -> None:
-        if not self.plan.netns:   # the topology writes the views of namespace hosts
-            for view in sorted({r.resolver_view for r in self.plan.ranks}):
-                resolver.write_view(Path(view))
-        for prep in self.plan.preps:
-            if prep.kind == "unwritable_dir":
-                os.makedirs(prep.path, exist_ok=True)
-                os.chmod(prep.path, 0o555)
-                if os.geteuid() == 0:   # root ignores modes: make it immutable
-                    p = subprocess.run(["chattr", "+i", prep.path], capture_output=True,
-                                       text=True, start_new_session=True)
-                    if p.returncode != 0:
-                        raise HarnessError(f"could not make {prep.path} immutable (chattr +i): "
-                                           f"{p.stderr.strip()}")
-            elif prep.kind == "stale_filestore":
-                job = subprocess.run(
-                    [sys.executable, "-m", "harness.worker", "--stale-filestore", prep.path,
-                     str(prep.world_size)], capture_output=True, timeout=READY_TIMEOUT,
-                    env=_rank_env(self.plan.ranks[0], -1, -1), cwd=self.dir, text=True,
-                    start_new_session=True)
-                if job.returncode != -signal.SIGKILL or not os.path.exists(prep.path):
-                    raise HarnessError(f"could not make a stale FileStore at {prep.path}: "
-                                       f"rc {job.returncode}: {job.stderr[-800:]}")
-            else:
-                raise HarnessError(f"unknown preparation {prep.kind!r}")
+    # -- Runtime -------------------------------------------------------------------------------
+    def now(self) -> float:
+        return 0.0 if self.t0 is None else time.monotonic() - self.t0
 
-    def _prefix(self, host: str) -> List[str]:
+    def rank(self, label: str) -> RankProcess:
+        for r in self.ranks:
+            if r.label == str(label):
+                return r
+        raise KeyError(f"no rank {label!r} in this run")
+
+    def host(self, name: str) -> HostPlan:
+        return self.plan.host(name)
+
+    @property
+    def net(self) -> Any:
+        if self.topo is None:
+            raise StepError("this step needs the run's network namespaces, and it has none")
+        return self.topo
+
+    def python(self, module: str, *args: str) -> List[str]:
+        return [sys.executable, "-m", module, *args]
+
+    def start_helper(self, name: str, argv: Sequence[str], *, host: Optional[str] = None,
+                     ready_line: Optional[bytes] = b"ready") -> _Helper:
+        host = host or self._master_host()
+        with interrupts.shield():   # a process that exists is a process that is tracked
+            proc = ManagedProcess(argv, name=name, record=self.rundir.pids,
+                                  env=process_env(extra={}), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, prefix=self.prefix(host))
+            helper = _Helper(proc, name)
+            self.helpers.append(helper)
+        if ready_line is not None:
+            assert proc.popen.stdout is not None
+            line = proc.popen.stdout.readline()
+            if line.strip() != ready_line.strip():
+                err = proc.popen.stderr.read().decode(errors="replace") \
+                    if proc.popen.stderr else ""
+                raise StepError(f"{name} did not start: {err[-800:]}")
+        return helper
+
+    def run_helper(self, name: str, argv: Sequence[str], *, host: Optional[str] = None,
+                   timeout: float = READY_TIMEOUT) -> subprocess.CompletedProcess[str]:
+        host = host or self._master_host()
+        with interrupts.shield():
+            proc = ManagedProcess(argv, name=name, record=self.rundir.pids,
+                                  env=process_env(self.plan.ranks[0]), cwd=str(self.dir),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  prefix=self.prefix(host))
+        try:
+            out, err = proc.popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise StepError(f"{name} did not finish within {timeout:.0f} s") from None
+        return subprocess.CompletedProcess(proc.argv, proc.popen.returncode,
+                                           out.decode(errors="replace"),
+                                           err.decode(errors="replace"))
+
+    # -- Clock ---------------------------------------------------------------------------------
+    def phase_entered(self, rank: str, phase: str) -> Optional[float]:
+        if self.t0 is None:
+            return None
+        try:
+            t = self.rank(rank).entered(phase)
+        except KeyError:
+            return None
+        return None if t is None else t - self.t0
+
+    def step_done(self, step_id: str) -> Optional[float]:
+        return self.scheduler.step_done(step_id)
+
+    # -- where things run ----------------------------------------------------------------------
+    def prefix(self, host: str) -> List[str]:
         return self.topo.exec_prefix(host) if self.topo is not None else []
+
+    def addr_of(self, host: str) -> str:
+        if self.plan.hosts and any(h.name == host for h in self.plan.hosts):
+            return self.plan.host(host).addr
+        return self.plan.hosts[0].addr if self.plan.hosts else "127.0.0.1"
 
     def _master_host(self) -> str:
         return self.plan.ranks[0].host
 
-    def _start_holders(self) -> None:
-        for h in self.plan.holders:
-            with interrupts.shield():   # a process that exists is a process that is tracked
-                proc = subprocess.Popen(
-                    self._prefix(self._master_host())
-                    + [sys.executable, "-m", "harness.portholder", str(h.port), h.mode],
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                    env=_rank_env(self.plan.ranks[0], -1, -1))
-                self._holder_procs.append(proc)
-                self.rundir.record_pid(proc.pid)
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            if line.strip() != b"ready":
-                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-                raise HarnessError(f"port holder on {h.port} ({h.mode}) failed: {err[-800:]}")
-            self.holders.append({"port": h.port, "mode": h.mode, "pid": proc.pid,
-                                 "release_after": h.release_after, "released_at": None})
-
-    def _spawn(self, rp: RankPlan) -> None:
-        tag = rp.label.replace(":", "-")
-        ev_path, st_path = self.dir / f"rank-{tag}.events", self.dir / f"rank-{tag}.stacks"
-        out_path, err_path = self.dir / f"rank-{tag}.out", self.dir / f"rank-{tag}.err"
-        ev_fd = os.open(ev_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._fds.append(ev_fd)
-        st_fd = os.open(st_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._fds.append(st_fd)
-        spec = {"backend": self.plan.backend, "timeout": self.plan.timeout,
-                "steps": self.plan.steps, "destroy": self.plan.destroy,
-                "init": asdict(rp.init), "label": rp.label}
-        out_w, err_w = self.capture.pipe(out_path), self.capture.pipe(err_path)
-        try:
-            with interrupts.shield():   # a process that exists is a process that is tracked
-                proc = subprocess.Popen(
-                    self._prefix(rp.host)
-                    + [sys.executable, "-m", "harness.worker", json.dumps(spec)],
-                    stdin=subprocess.PIPE, stdout=out_w, stderr=err_w, pass_fds=(ev_fd, st_fd),
-                    start_new_session=True, env=_rank_env(rp, ev_fd, st_fd), cwd="/")
-                rank = _Rank(rp, proc, ev_path, st_path, out_path, err_path)
-                self.ranks.append(rank)
-                self.rundir.record_pid(proc.pid)
-        finally:
-            os.close(out_w)
-            os.close(err_w)
-        if self.plan.hosts:
-            h = self.plan.host(rp.host) if any(x.name == rp.host for x in self.plan.hosts) \
-                else self.plan.hosts[0]
-            rank.obs.addr = h.addr
-
+    # -- start ---------------------------------------------------------------------------------
     def _wait_ready(self) -> None:
         limit = time.monotonic() + READY_TIMEOUT
         while time.monotonic() < limit:
@@ -405,109 +291,17 @@ class Supervisor:
                     stream = self.capture.stream(r.err_path)
                     err = _tail(r.err_path) + (bytes(stream.tail[-TAIL:]).decode(
                         errors="replace") if stream is not None else "")
-                    raise HarnessError(start_failure(r.plan.label, r.proc.returncode,
+                    raise HarnessError(start_failure(r.label, r.proc.returncode,
                                                      r.obs.events, err))
             if not pending:
                 return
             time.sleep(POLL)
-        slow = [r.plan.label for r in self.ranks if not r.ready()]
+        slow = [r.label for r in self.ranks if not r.ready()]
         raise HarnessError(f"ranks {slow} did not import torch within {READY_TIMEOUT:.0f} s "
                            "(set HARNESS_READY_TIMEOUT for a slower machine)")
 
-    # -- the loop ------------------------------------------------------------------------------
-    def _due(self, a: ActionPlan, r: _Rank, now: float) -> bool:
-        if a.at is not None:
-            return now >= a.at
-        for e in r.obs.events:
-            if e.get("ev") == "phase" and e["phase"] == a.at_phase:
-                return now >= (e["t"] - self.t0) + a.after
-        return False
-
-    def _fire_actions(self, now: float) -> None:
-        for i, a in enumerate(self.plan.actions):
-            if i in self._actions_done:
-                continue
-            r = self._rank(a.target)
-            if r.ended or not r.released:
-                continue
-            if self._due(a, r, now):
-                self._actions_done.add(i)
-                r.signal(_sig(a.signal))
-                r.obs.signals.append({"signal": a.signal, "t": round(now, 3), "why": a.why})
-        for h, proc in zip(self.holders, self._holder_procs):
-            if h["release_after"] is not None and h["released_at"] is None \
-                    and now >= h["release_after"]:
-                proc.kill()
-                proc.wait()
-                h["released_at"] = round(now, 3)
-
-    def _net_do(self, i: int, now: Optional[float]) -> None:
-        a = self.plan.net_actions[i]
-        if self.topo is None:
-            raise HarnessError(f"{a.why}: needs the run's network namespaces, and it has none")
-        t, args = self.topo, a.args
-        if a.op == "firewall":
-            h = t.firewall(args["host"], action=args["action"], direction=args["direction"],
-                           ports=args["ports"])
-        elif a.op == "partition":
-            h = t.partition(args["a"], args["b"])
-        elif a.op == "packet_loss":
-            h = t.packet_loss(args["host"], args["percent"], args["direction"])
-        elif a.op == "bandwidth":
-            t.bandwidth(args["host"], args["rate"], direction=args["direction"])
-            h = None
-        elif a.op == "latency":
-            _netem(t.host(args["host"]), args["delay_ms"], args["jitter_ms"])
-            h = None
-        elif a.op == "hosts_file":
-            h = t.set_hosts_file(args["host"], args["entries"])
-        elif a.op == "resolv_conf":
-            h = t.set_resolv_conf(args["host"], args["lines"])
-        else:
-            raise HarnessError(f"unknown network action {a.op!r}")
-        self._net_handles[i] = h
-        self._net_done[i] = now if now is not None else 0.0
-
-    def _net_undo(self, i: int) -> None:
-        a, h = self.plan.net_actions[i], self._net_handles.get(i)
-        if a.op in ("firewall", "packet_loss"):
-            self.topo.remove_rule(a.args["host"], h)
-        elif a.op == "partition":
-            self.topo.heal(h)
-        elif a.op == "bandwidth":
-            self.topo.clear_bandwidth(a.args["host"], a.args["direction"])
-        elif a.op == "latency":
-            host = self.topo.host(a.args["host"])
-            subprocess.run(["tc", "-n", host.netns, "qdisc", "del", "dev", host.ifname, "root"],
-                           capture_output=True, start_new_session=True)
-        self._net_undone.add(i)
-
-    def _fire_net(self, now: float) -> None:
-        for i, a in enumerate(self.plan.net_actions):
-            if i not in self._net_done:
-                if a.at is None and a.at_phase is None:
-                    continue
-                r = self._rank(a.target)
-                due = now >= a.at if a.at is not None else self._due(
-                    ActionPlan(target=a.target, signal="", at_phase=a.at_phase, after=a.after),
-                    r, now)
-                if due:
-                    self._net_do(i, now)
-                    self.net_log.append({"op": a.op, "t": round(now, 3), "why": a.why,
-                                         "args": a.args})
-            elif a.undo_after is not None and i not in self._net_undone and \
-                    now >= self._net_done[i] + a.undo_after:
-                self._net_undo(i)
-                self.net_log.append({"op": a.op + " off", "t": round(now, 3), "why": a.why,
-                                     "args": a.args})
-
-    def _rank(self, label: str) -> _Rank:
-        for r in self.ranks:
-            if r.plan.label == label:
-                return r
-        raise KeyError(label)
-
-    def _capture_stacks(self, live: List[_Rank]) -> None:
+    # -- the end -------------------------------------------------------------------------------
+    def _capture_stacks(self, live: List[RankProcess]) -> None:
         """py-spy's native stacks where permitted, then the faulthandler dump of every live rank
         (SIGUSR1; SIGCONT too, so that a stopped rank can write it). What a resumed rank does
         after the deadline is not part of the run: its events are cut at the deadline."""
@@ -536,46 +330,34 @@ class Supervisor:
         while time.monotonic() < limit:
             done = True
             for r in live:
-                size = r.st_path.stat().st_size if r.st_path.exists() else 0
-                if size == 0 or sizes.get(r.plan.label) != size:
+                size = r.stacks_path.stat().st_size if r.stacks_path.exists() else 0
+                if size == 0 or sizes.get(r.label) != size:
                     done = False
-                sizes[r.plan.label] = size
+                sizes[r.label] = size
             if done:
                 break
             time.sleep(0.1)
         for r in live:
-            r.obs.stacks = _read_stacks(r.st_path)
+            r.obs.stacks = _read_stacks(r.stacks_path)
 
     def run(self) -> RunObservation:
-        self.net_log: List[Dict[str, Any]] = []
-        for i, a in enumerate(self.plan.net_actions):   # set-up time network changes
-            if a.at is None and a.at_phase is None:
-                self._net_do(i, None)
-                self.net_log.append({"op": a.op, "t": 0.0, "why": a.why, "args": a.args})
-        self._prepare()
-        self._start_holders()
+        self.scheduler.setup()            # set-up steps: before any process of the run starts
         owners = self._port_owners()
-        for rp in self.plan.ranks:
-            self._spawn(rp)
+        self.launcher.start(self)
         self._wait_ready()
         self.t0 = time.monotonic()
-        torch_version = str(next((e.get("torch") for r in self.ranks for e in r.obs.events
-                                  if e.get("ev") == "ready"), "unknown"))
+        torch_version = next((str(e.data.get("torch")) for r in self.ranks
+                              for e in [ready_event(r.obs.events)] if e is not None), "unknown")
         deadline = self.plan.deadline
         while True:
-            now = time.monotonic() - self.t0
+            now = self.now()
             for r in self.ranks:
-                if not r.released and now >= r.plan.start_delay and r.proc.poll() is None:
-                    r.release()
-                    r.obs.released_at = round(now, 3)
+                if not r.released and r.proc.poll() is None \
+                        and r.plan.release.due(now, self):
+                    r.release(now)
                 r.read_events()
-                if not r.ended and r.proc.poll() is not None:
-                    r.ended = True
-                    r.read_events()
-                    r.obs.returncode = r.proc.returncode
-                    r.obs.ended_at = round(time.monotonic() - self.t0, 3)
-            self._fire_actions(now)
-            self._fire_net(now)
+                r.poll_end(self.now())
+            self.scheduler.tick(now)
             if all(r.ended for r in self.ranks) or now >= deadline:
                 break
             time.sleep(POLL)
@@ -584,7 +366,7 @@ class Supervisor:
             self._capture_stacks(live)
             for r in live:
                 r.obs.killed_at_deadline = True
-                r.signal(signal.SIGKILL)
+                r.proc.signal_group(signal.SIGKILL)
         for r in self.ranks:
             r.proc.wait()
             r.read_events()
@@ -592,19 +374,24 @@ class Supervisor:
                 del r.obs.events[r.cutoff:]
             if r.obs.returncode is None:
                 r.obs.returncode = r.proc.returncode
-                r.obs.ended_at = round(time.monotonic() - self.t0, 3)
+                r.obs.ended_at = round(self.now(), 3)
         self.capture.close()    # every rank is gone: the last bytes, the tails, the markers
         for r in self.ranks:
             r.obs.stdout_tail, r.obs.stderr_tail = _tail(r.out_path), _tail(r.err_path)
-            if not r.obs.stacks and r.st_path.exists():
-                r.obs.stacks = _read_stacks(r.st_path)
-        wall = time.monotonic() - self.t0
+            if not r.obs.stacks and r.stacks_path.exists():
+                r.obs.stacks = _read_stacks(r.stacks_path)
+        wall = self.now()
+        rules = {h.name: self._rules(h.name) for h in self.plan.hosts} \
+            if self.topo is not None else {}
+        problems = self.scheduler.teardown(wall)
+        if problems:
+            raise HarnessError("; ".join(problems))
+        assert self.t0 is not None
         return RunObservation(plan=self.plan.to_dict(), torch_version=torch_version,
-                              ranks=[r.obs for r in self.ranks], holders=self.holders,
-                              wall=round(wall, 3), run_dir=str(self.dir), t0=self.t0,
-                              port_owners=owners, net_log=self.net_log,
-                              rules={h.name: self._rules(h.name) for h in self.plan.hosts}
-                              if self.topo is not None else {})
+                              ranks=[r.obs for r in self.ranks], wall=round(wall, 3),
+                              run_dir=str(self.dir), t0=self.t0,
+                              step_log=list(self.scheduler.log), port_owners=owners,
+                              rules=rules)
 
     def _port_owners(self) -> List[Dict[str, Any]]:
         """Who holds MASTER_PORT, seen from the master host (inside its namespace if any:
@@ -614,10 +401,9 @@ class Supervisor:
         code = ("import json,sys; from harness.launch import port_owners; "
                 f"print(json.dumps(port_owners({self.plan.master_port})))")
         try:
-            p = subprocess.run(self._prefix(self._master_host()) + [sys.executable, "-c", code],
+            p = subprocess.run(self.prefix(self._master_host()) + [sys.executable, "-c", code],
                                capture_output=True, text=True, timeout=60,
-                               env=_rank_env(self.plan.ranks[0], -1, -1),
-                               start_new_session=True)
+                               env=process_env(), start_new_session=True)
             return list(json.loads(p.stdout.strip().splitlines()[-1]))
         except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
             return []
@@ -629,33 +415,16 @@ class Supervisor:
             return f"(could not list: {e})"
 
     def close(self) -> None:
-        """Kill everything this run started (also after an exception), close files. Call it
-        inside ``interrupts.shield()``."""
+        """Kill everything this run started (also after an exception), undo what steps left
+        (a directory made immutable, say), close files. Call it inside ``interrupts.shield()``."""
         for r in self.ranks:
-            r.signal(signal.SIGKILL)
-            try:
-                r.proc.kill()
-            except OSError:
-                pass
+            r.proc.signal_group(signal.SIGKILL)
         for r in self.ranks:
-            r.proc.wait()
-            if r.proc.stdin and not r.proc.stdin.closed:
-                try:
-                    r.proc.stdin.close()
-                except OSError:
-                    pass
-        for proc in self._holder_procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            proc.wait()
-            for s in (proc.stdout, proc.stderr):
-                if s:
-                    s.close()
-        for fd in self._fds:
-            os.close(fd)
-        self._fds.clear()
+            r.proc.kill()
+        for h in self.helpers:
+            h.stop()
+        self.scheduler.teardown(self.now())
+        close_fds(self.fds)
         self.capture.close()
 
 
@@ -691,6 +460,9 @@ def run_scenario(scn: Scenario, keep: Optional[Path] = None) -> RunObservation:
                 topo.__enter__()
         sup = Supervisor(plan, rundir, topo)
         return sup.run()
+    except StepError as e:
+        failure = HarnessError(f"a fault step failed: {e}")
+        raise failure from None
     except BaseException as e:  # noqa: B036 - noted for the cleanup, re-raised
         failure = e
         raise

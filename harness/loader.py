@@ -57,7 +57,7 @@ from yaml.reader import Reader
 from yaml.resolver import Resolver
 from yaml.scanner import Scanner
 
-from .faults import FAULTS
+from .faults import REGISTRY
 from .safety import refuse_address
 from .schema import CASE_ID_RE, MAX_ADDR, MAX_NAME, MAX_WORLD, Scenario, bare_address_problem
 
@@ -588,10 +588,8 @@ def _known_fields(model: Any) -> str:
 
 def item_name(scn: Scenario) -> str:
     """The pytest item name of a case: ``name[case,seed=N]``; ``harness list`` shows it too."""
-    from .faults import resolve
-
     parts = [scn.case] if scn.case else []
-    parts += [s for f in resolve(scn) if (s := f.id_suffix())]
+    parts += [s for f in scn.faults if (s := f.id_suffix())]
     return f"{scn.name}[{','.join(parts)}]" if parts else scn.name
 
 
@@ -615,43 +613,63 @@ def validate_case(data: Dict[str, Any], file: str,
     """One case's merged data -> Scenario, or ScenarioFileError with located problems."""
     lines = lines if isinstance(lines, Lines) else Lines(lines)
     problems: List[Problem] = []
+    # faults first, each by its plugin's own model (found by kind): validated once, here, and
+    # kept typed on the scenario
+    typed: List[Any] = []
+    raw_faults = data.get("faults")
+    if isinstance(raw_faults, list):
+        for i, spec in enumerate(raw_faults):
+            loc: Tuple[Any, ...] = ("faults", i)
+            if not isinstance(spec, dict):
+                typed.append(spec)      # the scenario's own validation says what is wrong
+                continue
+            kind = spec.get("kind")
+            if not isinstance(kind, str):
+                where = loc + ("kind",)
+                problems.append(Problem(file, lines.line_of(where), _field(where),
+                                        "required field is missing" if "kind" not in spec
+                                        else "a fault's kind is a name (text)"))
+                continue
+            cls = REGISTRY.get(kind)
+            if cls is None:
+                problems.append(Problem(file, lines.line_of(loc + ("kind",)),
+                                        _field(loc + ("kind",)),
+                                        f"unknown fault kind {kind[:60]!r} (known: "
+                                        f"{', '.join(REGISTRY.kinds())})"))
+                continue
+            try:
+                typed.append(cls.model_validate(spec))
+            except ValidationError as e:
+                ps = _pydantic_problems(file, lines, e, data, loc)
+                for p in ps:
+                    if p.message.startswith("unknown field"):
+                        p.message += f" of {kind} (known: {_known_fields(cls)})"
+                problems += ps
     try:
-        scn = Scenario.model_validate(data)
+        scn = Scenario.model_validate({**data, "faults": typed} if isinstance(raw_faults, list)
+                                      else data)
     except ValidationError as e:
-        problems = _pydantic_problems(file, lines, e, data)
-        for p in problems:
+        ps = _pydantic_problems(file, lines, e, data)
+        for p in ps:
             if p.message.startswith("unknown field") and "." not in p.field \
                     and "[" not in p.field:
                 p.message += f" (known: {_known_fields(Scenario)}, cases)"
-        raise ScenarioFileError(_capped(file, problems)) from None
+        raise ScenarioFileError(_capped(file, problems + ps)) from None
+    if problems:
+        raise ScenarioFileError(_capped(file, problems))
 
-    # faults: each validated by its plugin's own model, then its own checks
+    # each fault's own checks (it sees the whole scenario)
     extra: List[Tuple[Tuple[Any, ...], int, str]] = []   # (where, processes added, kind)
     labels = {str(r) for r in range(scn.world_size)} | {"*"}
-    for i, spec in enumerate(scn.faults):
-        loc: Tuple[Any, ...] = ("faults", i)
-        cls = FAULTS.get(spec.kind)
-        if cls is None:
-            problems.append(Problem(file, lines.line_of(loc + ("kind",)), _field(loc + ("kind",)),
-                                    f"unknown fault kind {spec.kind[:60]!r} (known: "
-                                    f"{', '.join(sorted(FAULTS))})"))
-            continue
-        try:
-            fault = cls.model_validate(spec.model_dump())
-        except ValidationError as e:
-            ps = _pydantic_problems(file, lines, e, data, loc)
-            for p in ps:
-                if p.message.startswith("unknown field"):
-                    p.message += f" of {spec.kind} (known: {_known_fields(cls)})"
-            problems += ps
-            continue
+    for i, fault in enumerate(scn.faults):
+        loc = ("faults", i)
         for where, msg in fault.check(scn):
             problems.append(Problem(file, lines.line_of(loc + where), _field(loc + where), msg))
         added = fault.extra_labels(scn)
         labels |= set(added)
         if added:
             where = ("world_size",) if "world_size" in fault.model_fields_set else ("kind",)
-            extra.append((loc + where, len(added), spec.kind))
+            extra.append((loc + where, len(added), fault.kind))
 
     # limits on the whole run: every process counts (ranks on all hosts, ranks faults add)
     total = scn.world_size + sum(n for _, n, _ in extra)
@@ -661,11 +679,17 @@ def validate_case(data: Dict[str, Any], file: str,
                                 f"the run would start {total} processes ({scn.world_size} ranks "
                                 f"+ {total - scn.world_size} of {kind}): at most {MAX_WORLD}"))
 
-    # expectations may only name ranks that exist
+    # expectations may only name ranks that exist; each keeps the line it came from, so that
+    # a failed one names file.yaml:LINE
+    scn._source = file
     for j, block in enumerate(scn.expect):
-        for key in block.ranks:
+        block._line = lines.line_of(_yaml_loc(data, ("expect", j)))
+        if block.job is not None:
+            block._job_line = lines.line_of(_yaml_loc(data, ("expect", j, "job")))
+        for key, rank_expect in block.ranks.items():
+            yloc = _yaml_loc(data, ("expect", j, "ranks", key))
+            rank_expect._line = lines.line_of(yloc)
             if key not in labels:
-                yloc = _yaml_loc(data, ("expect", j, "ranks", key))
                 problems.append(Problem(file, lines.line_of(yloc), _field(yloc),
                                         f"rank {key[:40]} is outside the world (world_size "
                                         f"{scn.world_size}: ranks 0..{scn.world_size - 1})"))
@@ -873,7 +897,7 @@ def json_schema() -> Dict[str, Any]:
 
     from pydantic import Field, create_model
 
-    fault_union = U[tuple(FAULTS[k] for k in sorted(FAULTS))]  # type: ignore[valid-type]
+    fault_union = U[tuple(cls for _, cls in REGISTRY.items())]  # type: ignore[valid-type]
     model = create_model(  # type: ignore[call-overload]
         "ScenarioFile", __base__=Scenario,
         faults=(List[Annotated[fault_union, Field(discriminator="kind")]], []),  # type: ignore

@@ -1,27 +1,25 @@
 """Planning: one Scenario case -> a concrete RunPlan (pure: no processes, no sockets).
 
-The plan says everything the supervisor will do: which ranks start with which environment and
-init arguments, when each is released after the start line, which port holders exist, which
-signals are sent at which time or phase, what is prepared on disk, and the deadline. Faults only
-edit the plan (``Fault.apply``); the supervisor executes it without knowing any fault by name.
+The plan says everything the supervisor will do: which ranks start on which host with which
+environment and init arguments, when each is released (a :class:`~harness.triggers.Trigger`,
+normally the start line), and the fault :class:`~harness.steps.Step` objects with their
+triggers. Faults only edit the plan (``Fault.apply``); the supervisor executes it without knowing
+any fault by name.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
+from .protocol import InitSpec
 from .schema import Scenario
+from .steps import RUN, Step
+from .triggers import Trigger
 
-
-@dataclass
-class InitSpec:
-    method: str                      # env | tcp | file
-    url: Optional[str] = None        # tcp://addr:port or file:///path; None for env
-    rank: Optional[int] = None       # for init_process_group (tcp/file); None: torch reads env
-    world_size: Optional[int] = None
+if TYPE_CHECKING:
+    pass
 
 
 @dataclass
@@ -31,41 +29,17 @@ class RankPlan:
     env: Dict[str, str]              # set for the rank on top of the harness's environment
     init: InitSpec
     unset: List[str] = field(default_factory=list)   # variables removed from its environment
-    start_delay: float = 0.0         # released this long after the start line
+    release: Trigger = field(default_factory=lambda: Trigger.at_time(0.0))
     host: str = "local"
     resolver_view: str = ""          # the folder of the hosts/nsswitch/resolv.conf it resolves
     #                                  with (harness.resolver): /etc/netns/<ns> in the run's
     #                                  namespaces, <run_dir>/resolver in the machine's own
 
-
-@dataclass
-class PortHolderPlan:
-    port: int
-    mode: str                        # bound | listening | accepting
-    release_after: Optional[float] = None   # seconds after the start line; None: held to the end
-    label: str = "holder"
-
-
-@dataclass
-class ActionPlan:
-    """Send ``signal`` to rank ``target`` at ``at`` s after the start line, or ``after`` s after
-    the rank reports entering ``at_phase``."""
-
-    target: str
-    signal: str                      # KILL | STOP | TERM | SEGV | ...
-    at: Optional[float] = None
-    at_phase: Optional[str] = None
-    after: float = 0.0
-    why: str = ""
-
-
-@dataclass
-class PrepPlan:
-    """Something made on disk before launch."""
-
-    kind: str                        # unwritable_dir | stale_filestore
-    path: str
-    world_size: int = 1
+    def to_dict(self) -> Dict[str, Any]:
+        return {"label": self.label, "rank": self.rank, "env": dict(self.env),
+                "init": asdict(self.init), "unset": list(self.unset), "host": self.host,
+                "release": self.release.to_dict(), "released": self.release.describe(),
+                "resolver_view": self.resolver_view}
 
 
 @dataclass
@@ -77,20 +51,34 @@ class HostPlan:
 
 
 @dataclass
-class NetActionPlan:
-    """A change to the network, done by the topology: at set-up (``at`` and ``at_phase`` both
-    None), at ``at`` s after the start line, or ``after`` s after rank ``target`` enters
-    ``at_phase``; undone ``undo_after`` s after it was done (e.g. a partition that heals)."""
+class MakeDir(Step):
+    """The run's own preparation for ``init: file``: the store's directory exists before the
+    ranks start (torch does not make it, and retries open() of a path in a missing directory
+    far past the group's timeout)."""
 
-    op: str                          # firewall | partition | packet_loss | bandwidth | latency |
-    #                                  hosts_file | resolv_conf
-    args: Dict[str, Any]
-    at: Optional[float] = None
-    at_phase: Optional[str] = None
-    target: str = "0"
-    after: float = 0.0
-    undo_after: Optional[float] = None
-    why: str = ""
+    path: str = ""
+
+    def do(self, rt: Any) -> None:
+        Path(self.path).mkdir(parents=True, exist_ok=True)
+
+    def describe(self) -> str:
+        return f"make the directory {self.path}"
+
+
+@dataclass
+class WriteResolverView(Step):
+    """The run's own preparation for ranks in the machine's network namespace: the resolver
+    view they enter (harness.resolver; the topology writes the namespaces' own)."""
+
+    path: str = ""
+
+    def do(self, rt: Any) -> None:
+        from .resolver import write_view
+
+        write_view(Path(self.path))
+
+    def describe(self) -> str:
+        return f"write the ranks' resolver view to {self.path}"
 
 
 @dataclass
@@ -101,21 +89,18 @@ class RunPlan:
     world_size: int
     timeout: float
     deadline: float
-    steps: List[str]
+    workload: List[str]              # the workload steps after init (barrier, all_reduce...)
     destroy: bool
     master_addr: str
     master_port: int
     run_dir: str
     ranks: List[RankPlan]
-    holders: List[PortHolderPlan] = field(default_factory=list)
-    actions: List[ActionPlan] = field(default_factory=list)
-    preps: List[PrepPlan] = field(default_factory=list)
+    steps: List[Step] = field(default_factory=list)   # what faults (and set-up) do, timed
     notes: List[str] = field(default_factory=list)   # what each fault did, for humans
     hosts: List[HostPlan] = field(default_factory=list)
     netns: bool = False              # ranks run in network namespaces made for this run
     link: bool = False               # hosts are joined by a bridge (multi-host, or a fault asks)
     run_id: str = ""
-    net_actions: List[NetActionPlan] = field(default_factory=list)
     take_port: Optional[Callable[[], int]] = field(default=None, repr=False, compare=False)
 
     def rank(self, label: Any) -> RankPlan:
@@ -142,9 +127,19 @@ class RunPlan:
             raise RuntimeError("this plan has no port source")
         return self.take_port()
 
+    def add_step(self, fault: Any, step: Step) -> Step:
+        """Add a fault's step; it gets its id ("firewall#2") and its fault's kind."""
+        step.fault = getattr(fault, "kind", str(fault))
+        step.id = f"{step.fault}#{len(self.steps) + 1}"
+        self.steps.append(step)
+        return step
+
     def to_dict(self) -> Dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("take_port", None)
+        d = {k: v for k, v in self.__dict__.items() if k not in ("take_port", "ranks", "steps",
+                                                                "hosts")}
+        d["ranks"] = [r.to_dict() for r in self.ranks]
+        d["hosts"] = [asdict(h) for h in self.hosts]
+        d["steps"] = [s.to_dict() for s in self.steps]
         return d
 
 
@@ -203,13 +198,10 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
     for this run (the supervisor's port lease; tests pass a counter). ``netns``: the harness can
     make network namespaces (a multi-host scenario or a network fault needs them; a single-host
     one uses them when ``isolate`` allows)."""
-    from .faults import resolve
-
-    faults = resolve(scn)
+    faults = scn.faults
     run_id = run_id or Path(run_dir).name.replace("run-", "").replace("-", "_")
     multi = scn.hosts is not None and len(scn.hosts) > 1
-    needs_ns = multi or any(f.needs_netns for f in faults) or scn.isolate == "always"
-    use_ns = needs_ns or (netns and scn.isolate == "auto")
+    use_ns = scn.needs_namespaces() or (netns and scn.isolate == "auto")
     link = multi or any(f.needs_link for f in faults)
     hosts = plan_hosts(scn, run_id, use_ns, link)
     master = next(h for h in hosts if h.name == (scn.master_host or hosts[0].name))
@@ -234,11 +226,17 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
             r += 1
     plan = RunPlan(
         scenario=scn.name, case=scn.case, backend=scn.backend, world_size=scn.world_size,
-        timeout=scn.timeout, deadline=scn.deadline, steps=list(scn.workload.steps),
+        timeout=scn.timeout, deadline=scn.deadline, workload=list(scn.workload.steps),
         destroy=scn.workload.destroy, master_addr=addr, master_port=port,
         run_dir=run_dir, ranks=ranks, take_port=take_port, hosts=hosts, netns=use_ns,
         link=link, run_id=run_id,
     )
+    if not use_ns:
+        plan.add_step(RUN, WriteResolverView(path=resolver_view(run_dir, hosts[0]),
+                                                    target="resolver view"))
+    if scn.init == "file":
+        plan.add_step(RUN, MakeDir(path=str(Path(file_store_path(run_dir)).parent),
+                                      target="file store"))
     for fault in faults:
         fault.apply(plan, scn)
     for rp in plan.ranks:   # ranks a fault added too: no rank resolves outside a view

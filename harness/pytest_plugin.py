@@ -20,23 +20,23 @@ pytest's own exit code 2.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import signal
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Iterator, List, Optional
 
 import pytest
 
 from . import evidence as evidence_mod
 from . import interrupts
 from .classify import Verdict, classify_run, job_outcome
+from .discovery import is_scenario_file
 from .expect import check, failure_table
 from .loader import ScenarioFileError, item_name, load_file
+from .observe import RunObservation
 from .probe import probe
 from .schema import Scenario
 
-SUFFIXES = (".yaml", ".yml")
 _BROKEN_KEY = pytest.StashKey[int]()
 _STATE_KEY = pytest.StashKey["_SessionState"]()
 
@@ -234,23 +234,8 @@ def _sweep_leftovers() -> List[str]:
 
 
 def _is_scenario(file_path: Path, config: pytest.Config) -> bool:
-    if file_path.suffix not in SUFFIXES:
-        return False
-    path = file_path.resolve()
-    args = {Path(a.split("::")[0]).resolve() for a in config.args}
-    if path in args:
-        return True
-    # a folder named "scenarios" counts below the rootdir or below a path given on the command
-    # line, never above them (a checkout that happens to live in ~/scenarios/ is not a catalog)
-    for base in {config.rootpath.resolve(), *args}:
-        if base in path.parents:
-            parts = (base.name,) + path.relative_to(base).parts[:-1] if base in args \
-                else path.relative_to(base).parts[:-1]
-            if "scenarios" in parts:
-                return True
-    rel = str(file_path.relative_to(config.rootpath)) if file_path.is_relative_to(
-        config.rootpath) else str(file_path)
-    return any(fnmatch.fnmatch(rel, g) for g in config.getini("harness_scenarios"))
+    return is_scenario_file(file_path, given=[Path(a.split("::")[0]) for a in config.args],
+                            root=config.rootpath, globs=config.getini("harness_scenarios"))
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Optional[ScenarioFile]:
@@ -299,7 +284,7 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
     """A failure of the harness itself (in the item's setup) is one line, said as such."""
     outcome = yield
-    from .launch import HarnessError
+    from .errors import HarnessError
 
     if isinstance(item, ScenarioItem) and call.excinfo is not None \
             and isinstance(call.excinfo.value, HarnessError):
@@ -313,15 +298,15 @@ def _harness_error_text(item: Any, err: BaseException) -> str:
     return f"harness error (neither pass nor fail): {err}{kept}"
 
 
-def write_evidence(d: Path, run: Dict[str, Any], verdicts: List[Verdict]) -> None:
+def write_evidence(d: Path, run: RunObservation, verdicts: List[Verdict]) -> None:
     import json
 
     d.mkdir(parents=True, exist_ok=True)
-    (d / "observation.json").write_text(json.dumps(run, indent=1, default=str))
+    (d / "observation.json").write_text(json.dumps(run.to_dict(), indent=1, default=str))
     (d / "verdicts.json").write_text(json.dumps([v.to_dict() for v in verdicts], indent=1))
-    for r in run["ranks"]:
-        if r.get("native_stacks"):
-            (d / f"rank-{r['label'].replace(':', '-')}.native").write_text(r["native_stacks"])
+    for r in run.ranks:
+        if r.native_stacks:
+            (d / f"rank-{r.label.replace(':', '-')}.native").write_text(r.native_stacks)
 
 
 class ScenarioMismatch(Exception):
@@ -333,7 +318,7 @@ class ScenarioItem(pytest.Item):
         super().__init__(**kw)
         self.scenario = scenario
         self.verdicts: List[Verdict] = []
-        self.run: Dict[str, Any] = {}
+        self.run: Optional[RunObservation] = None
         self.add_marker("scenario")
         for m in scenario.marks:
             self.config.addinivalue_line("markers", f"{m}: from scenario files")
@@ -359,8 +344,7 @@ class ScenarioItem(pytest.Item):
             ranges = ", ".join(str(b.torch) for b in self.scenario.expect)
             pytest.skip(f"no expectation for torch {env['torch']} (blocks cover: {ranges})")
         self.evidence = self._evidence_dir()
-        obs = run_scenario(self.scenario, keep=self.evidence)
-        self.run = obs.to_dict()
+        self.run = run_scenario(self.scenario, keep=self.evidence)
         self.verdicts = classify_run(self.run)
         write_evidence(self.evidence, self.run, self.verdicts)
         self.user_properties.append(("job", job_outcome(self.verdicts)))
@@ -383,15 +367,24 @@ class ScenarioItem(pytest.Item):
         assert self.expectation is not None
         mismatches = check(self.expectation, self.verdicts)
         if mismatches:
-            raise ScenarioMismatch(failure_table(self.verdicts, self.expectation, mismatches))
+            raise ScenarioMismatch(failure_table(self.verdicts, self.expectation, mismatches,
+                                                 source=self.shown_path()))
+
+    def shown_path(self) -> str:
+        """The scenario file as the user would type it (relative to where pytest was run)."""
+        import os
+
+        shown = os.path.relpath(self.path, self.config.invocation_params.dir)
+        return str(self.path) if shown.startswith("..") else shown
 
     def repr_failure(self, excinfo, style=None):  # type: ignore[no-untyped-def]
-        from .launch import HarnessError
+        from .errors import HarnessError
 
         if isinstance(excinfo.value, ScenarioMismatch):
-            notes = self.run.get("plan", {}).get("notes", [])
+            notes = self.run.plan.get("notes", []) if self.run is not None else []
+            version = self.run.torch_version if self.run is not None else "?"
             head = (f"scenario {self.scenario.test_id} ({self.path.name}) on torch "
-                    f"{self.run.get('torch_version')}: ranks did not end as expected")
+                    f"{version}: ranks did not end as expected")
             faults = "\n".join(f"  fault: {n}" for n in notes)
             where = f"\n  evidence: {self.evidence}" if getattr(self, "evidence", None) else ""
             return f"{head}\n{faults}\n{excinfo.value}{where}".rstrip()

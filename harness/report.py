@@ -37,7 +37,13 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 import pytest
 
-FORMAT = 1
+from .classify import Verdict
+from .observe import RankObservation, RunObservation
+from .outcomes import job_outcome
+from .protocol import ExceptionRecord, entered, ready_event, result_of
+
+FORMAT = 2   # 2: the timeline draws the faults' steps (format 1's holders/net_log are gone);
+#              a format-1 report is still read (diff compares cases and ranks, not timelines)
 STATUSES = ("passed", "failed", "skipped", "error")
 ENV_PREFIXES = ("TORCH", "PYTORCH_", "NCCL_", "GLOO_", "MASTER_", "TP_SOCKET", "CUDA_", "HARNESS_",
                 "USE_LIBUV", "OMP_NUM_THREADS", "FI_", "UCX_", "NVIDIA_")
@@ -133,69 +139,85 @@ def _rel(t: Optional[float], t0: float) -> Optional[float]:
     return None if t is None or not t0 else round(t - t0, 4)
 
 
-def rank_record(verdict: Dict[str, Any], obs: Dict[str, Any], t0: float) -> Dict[str, Any]:
+def rank_record(verdict: Verdict, obs: Optional[RankObservation], t0: float) -> Dict[str, Any]:
     """One rank: its verdict, message family, and the evidence worth keeping in a report."""
-    result = next((e for e in obs.get("events", []) if e.get("ev") == "result"), None) or {}
-    exc = result.get("exc") or {}
-    events = obs.get("events", [])
-    start = next((e["t"] for e in events if e.get("ev") == "phase"
-                  and e.get("phase") == "start"), None)
-    ready = next((e["t"] for e in events if e.get("ev") == "ready"), None)
+    events = obs.events if obs is not None else []
+    result = result_of(events)
+    exc = ExceptionRecord.from_dict(result.data.get("exc") or {}) if result is not None else None
+    start = entered(events, "start")
+    ready = ready_event(events)
     rec: Dict[str, Any] = {
-        "label": verdict.get("label", obs.get("label")),
-        "outcome": verdict.get("outcome"),
-        "phase": verdict.get("phase"),
-        "duration": verdict.get("duration"),
-        "exception": verdict.get("exception"),
-        "exception_mro": verdict.get("exception_mro", []),
-        "message": verdict.get("message", ""),
-        "family": message_family(verdict.get("message")),
-        "reason": verdict.get("reason", ""),
-        "returncode": verdict.get("returncode"),
-        "host": verdict.get("host", obs.get("host", "local")),
-        "addr": verdict.get("addr") or obs.get("addr", ""),
-        "pid": obs.get("pid"),
-        "import_s": round(ready - start, 3) if start is not None and ready is not None else None,
+        "label": verdict.label,
+        "outcome": verdict.outcome,
+        "phase": verdict.phase,
+        "duration": verdict.duration,
+        "exception": verdict.exception,
+        "exception_mro": list(verdict.exception_mro),
+        "message": verdict.message,
+        "family": message_family(verdict.message),
+        "reason": verdict.reason,
+        "returncode": verdict.returncode,
+        "host": verdict.host,
+        "addr": verdict.addr or (obs.addr if obs is not None else ""),
+        "pid": obs.pid if obs is not None else None,
+        "import_s": round(ready.t - start, 3) if start is not None and ready is not None
+        else None,
     }
-    for key, value in (("traceback", exc.get("traceback")),
-                       ("stacks", obs.get("stacks") or verdict.get("stacks")),
-                       ("native_stacks", obs.get("native_stacks")),
-                       ("stdout_tail", obs.get("stdout_tail")),
-                       ("stderr_tail", obs.get("stderr_tail"))):
+    for key, value in (("traceback", exc.traceback if exc is not None else ""),
+                       ("stacks", (obs.stacks if obs is not None else "") or verdict.stacks),
+                       ("native_stacks", obs.native_stacks if obs is not None else ""),
+                       ("stdout_tail", obs.stdout_tail if obs is not None else ""),
+                       ("stderr_tail", obs.stderr_tail if obs is not None else "")):
         if value:
             rec[key] = value
     return rec
 
 
-def timeline(run: Dict[str, Any]) -> Dict[str, Any]:
-    """What the HTML chart draws: events, signals and holders, in seconds from the start line."""
-    t0 = run.get("t0") or 0.0
-    plan = run.get("plan") or {}
+def step_periods(run: RunObservation) -> List[Dict[str, Any]]:
+    """Every fault step of the run as the timeline draws it, from its declaration in the plan
+    and the step log: what, on what, when it was done (``on``) and undone (``off``; None: it
+    lasted to the end), in seconds from the start line."""
+    log = {(r.step, r.action): r for r in run.step_log}
+    out = []
+    for st in run.plan.get("steps", []):
+        done, undone = log.get((st.get("id"), "do")), log.get((st.get("id"), "undo"))
+        out.append({"id": st.get("id"), "fault": st.get("fault"), "what": st.get("what"),
+                    "target": st.get("target"), "when": st.get("when"),
+                    "undo_when": st.get("undo_when"),
+                    "on": None if done is None else done.t,
+                    "off": None if undone is None else undone.t,
+                    "info": dict(done.info) if done is not None else {}})
+    return out
+
+
+def timeline(run: RunObservation) -> Dict[str, Any]:
+    """What the HTML chart draws: phases, signals and the faults' steps, in seconds from the
+    start line."""
+    t0 = run.t0 or 0.0
+    plan = run.plan
     ranks = []
-    for r in run.get("ranks", []):
+    for r in run.ranks:
         events = []
-        for e in r.get("events", []):
-            ev = {"ev": e.get("ev"), "t": _rel(e.get("t"), t0)}
-            ev.update({k: e[k] for k in _EVENT_KEEP if k in e})
+        for e in r.events:
+            ev: Dict[str, Any] = {"ev": e.ev, "t": _rel(e.t, t0)}
+            ev.update({k: e.data[k] for k in _EVENT_KEEP if k in e.data})
             events.append(ev)
         ranks.append({
-            "label": r.get("label"),
-            "host": r.get("host", "local"),
-            "released_at": r.get("released_at"),
-            "ended_at": r.get("ended_at"),
-            "killed_at_deadline": bool(r.get("killed_at_deadline")),
-            "signals": list(r.get("signals", [])),
+            "label": r.label,
+            "host": r.host,
+            "released_at": r.released_at,
+            "ended_at": r.ended_at,
+            "killed_at_deadline": r.killed_at_deadline,
+            "signals": [x.to_dict() for x in r.signals],
             "events": events,
         })
     return {
         "deadline": plan.get("deadline"),
         "timeout": plan.get("timeout"),
-        "wall": run.get("wall"),
+        "wall": run.wall,
         "master_port": plan.get("master_port"),
         "ranks": ranks,
-        "holders": list(run.get("holders", [])),
-        "actions": list(plan.get("actions", [])),
-        "net_log": list(run.get("net_log", [])),
+        "steps": step_periods(run),
     }
 
 
@@ -204,19 +226,16 @@ def _jsonable(x: Any) -> Any:
 
 
 def case_record(*, nodeid: str, file: str, name: str, scenario: Any = None,
-                run: Optional[Dict[str, Any]] = None, verdicts: Sequence[Any] = (),
+                run: Optional[RunObservation] = None, verdicts: Sequence[Verdict] = (),
                 expectation: Any = None, mismatches: Sequence[Any] = (),
                 evidence: Optional[str] = None) -> Dict[str, Any]:
-    """A scenario case as far as it got: static facts, then the run's ranks if it ran.
+    """A scenario case as far as it got: static facts, then the run's ranks if it ran (the JSON
+    edge of the observation and the verdicts).
 
     ``status``, ``reason``, ``failure`` and ``duration`` are filled in from pytest's reports.
     """
-    from .classify import OUTCOME_SEVERITY
-
-    run = run or {}
-    plan = run.get("plan") or {}
-    vds = [v if isinstance(v, dict) else v.to_dict() for v in verdicts]
-    by_label = {r.get("label"): r for r in run.get("ranks", [])}
+    plan = run.plan if run is not None else {}
+    by_label = {r.label: r for r in run.ranks} if run is not None else {}
     rec: Dict[str, Any] = {
         "id": nodeid, "file": file, "name": name,
         "scenario": getattr(scenario, "name", None),
@@ -225,27 +244,28 @@ def case_record(*, nodeid: str, file: str, name: str, scenario: Any = None,
         "about": (getattr(scenario, "about", "") or "").strip(),
         "marks": list(getattr(scenario, "marks", []) or []),
         "faults": [f.kind for f in getattr(scenario, "faults", []) or []],
+        "random": any(f.is_random() for f in getattr(scenario, "faults", []) or []),
         "backend": getattr(scenario, "backend", None),
         "world_size": getattr(scenario, "world_size", None),
         "notes": list(plan.get("notes", [])),
         "status": None, "reason": "", "failure": "",
         "mismatches": [m if isinstance(m, dict) else
                        {"label": m.label, "field": m.field, "expected": m.expected,
-                        "observed": m.observed} for m in mismatches],
-        "job": max((v["outcome"] for v in vds), key=OUTCOME_SEVERITY.index) if vds else None,
+                        "observed": m.observed, "line": m.line} for m in mismatches],
+        "job": job_outcome(v.outcome for v in verdicts),
         "expectation": (expectation.model_dump(exclude_none=True)
                         if hasattr(expectation, "model_dump") else expectation),
-        "torch_version": run.get("torch_version"),
+        "torch_version": run.torch_version if run is not None else None,
         "duration": None,
-        "wall": run.get("wall"),
+        "wall": run.wall if run is not None else None,
         "deadline": plan.get("deadline", getattr(scenario, "deadline", None)),
         "timeout": plan.get("timeout", getattr(scenario, "timeout", None)),
         "evidence": evidence,
-        "port_owners": run.get("port_owners") or [],
-        "rules": run.get("rules") or {},
-        "ranks": [rank_record(v, by_label.get(v.get("label"), {}), run.get("t0") or 0.0)
-                  for v in vds],
-        "timeline": timeline(run) if run else None,
+        "port_owners": run.port_owners if run is not None else [],
+        "rules": run.rules if run is not None else {},
+        "ranks": [rank_record(v, by_label.get(v.label), run.t0 if run is not None else 0.0)
+                  for v in verdicts],
+        "timeline": timeline(run) if run is not None else None,
     }
     return _jsonable(rec)
 
@@ -322,22 +342,9 @@ def read(path: Union[str, Path]) -> Dict[str, Any]:
 # -- the pytest side -----------------------------------------------------------------------------
 
 def _evidence_of(item: Any) -> Optional[str]:
-    """The item's evidence directory (absolute), wherever the plugin keeps it."""
-    for attr in ("evidence_dir", "evidence"):
-        v = getattr(item, attr, None)
-        if v:
-            return os.path.abspath(str(v))
-    run = getattr(item, "run", None) or {}
-    for key in ("evidence_dir", "evidence"):
-        if run.get(key):
-            return os.path.abspath(str(run[key]))
-    try:
-        keep = item.config.getoption("harness_keep")
-    except ValueError:
-        keep = None
-    if keep and run:
-        return str(Path(keep) / item.nodeid.replace("/", "_").replace("::", "__"))
-    return None
+    """The item's evidence directory (absolute), where the plugin kept it."""
+    v = getattr(item, "evidence", None)
+    return os.path.abspath(str(v)) if v else None
 
 
 def item_record(item: Any) -> Dict[str, Any]:
@@ -350,7 +357,7 @@ def item_record(item: Any) -> Dict[str, Any]:
     nodeid = item.nodeid
     return case_record(
         nodeid=nodeid, file=nodeid.split("::", 1)[0], name=item.name,
-        scenario=item.scenario, run=getattr(item, "run", None) or {}, verdicts=verdicts,
+        scenario=item.scenario, run=getattr(item, "run", None), verdicts=verdicts,
         expectation=expectation, mismatches=mismatches, evidence=_evidence_of(item))
 
 

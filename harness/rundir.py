@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import tempfile
@@ -26,9 +25,8 @@ import uuid
 from pathlib import Path
 from typing import List, Optional
 
-import psutil
-
 from .errors import HarnessError
+from .procs import PidRecord, alive, identity
 
 STATE_PREFIX = "torchdist-harness-"
 
@@ -78,18 +76,6 @@ def base_dir() -> Path:
     return private_dir(tmp_root() / f"{STATE_PREFIX}{os.geteuid()}")
 
 
-def _start_time(pid: int) -> Optional[float]:
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
-
-
-def _same_process(pid: int, create_time: float) -> bool:
-    t = _start_time(pid)
-    return t is not None and abs(t - create_time) < 0.05
-
-
 class RunDir:
     def __init__(self, base: Optional[Path] = None):
         self.base = base or base_dir()
@@ -100,28 +86,29 @@ class RunDir:
         tmp = self.base / f".new-{self.id}"
         try:
             tmp.mkdir(mode=0o755)
-            me = os.getpid()
-            (tmp / "owner.json").write_text(json.dumps({"pid": me,
-                                                        "create_time": _start_time(me)}))
+            (tmp / "owner.json").write_text(json.dumps(identity(os.getpid())))
             os.rename(tmp, self.path)
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             raise HarnessError(f"cannot make a run directory in {self.base}: "
                                f"{e.strerror or e}") from None
 
-    def record_pid(self, pid: int) -> None:
-        with open(self.path / "pids.jsonl", "a") as f:
-            f.write(json.dumps({"pid": pid, "create_time": _start_time(pid)}) + "\n")
+    @property
+    def pids(self) -> PidRecord:
+        """The record of every process this run started (harness.procs)."""
+        return PidRecord(self.path / "pids.jsonl")
+
+    def record_pid(self, pid: int, name: str = "") -> None:
+        self.pids.add(pid, name)
 
     def remove(self) -> None:
         _rmtree(self.path)
 
 
 def _rmtree(path: Path) -> None:
-    ro = path / "readonly"   # made unwritable (0555, and chattr +i as root) by file_init
-    if ro.exists() and shutil.which("chattr"):
-        subprocess.run(["chattr", "-i", str(ro)], capture_output=True, start_new_session=True)
-
+    """Remove a run directory whatever a step made of it: read-only folders get their mode back,
+    and as root immutable ones (chattr +i, which file_init's step makes and undoes itself, but
+    not when the run was killed) lose the flag."""
     def onerror(func, p, exc):
         try:
             os.chmod(os.path.dirname(p), 0o755)
@@ -130,31 +117,23 @@ def _rmtree(path: Path) -> None:
         except OSError:
             pass
     shutil.rmtree(path, onerror=onerror)
+    if path.exists() and os.geteuid() == 0 and shutil.which("chattr"):
+        subprocess.run(["chattr", "-R", "-i", str(path)], capture_output=True,
+                       start_new_session=True)
+        shutil.rmtree(path, onerror=onerror)
 
 
 def kill_recorded(run: Path) -> List[int]:
-    killed: List[int] = []
-    pids = run / "pids.jsonl"
+    """Kill what a run recorded and is still the same process (harness.procs.alive)."""
+    return PidRecord(run / "pids.jsonl").kill_all()
+
+
+def _owner_alive(run: Path) -> bool:
     try:
-        lines = pids.read_text().splitlines()
-    except OSError:
-        return killed
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("create_time") and _same_process(rec["pid"], rec["create_time"]):
-            try:
-                os.killpg(rec["pid"], signal.SIGKILL)
-            except OSError:
-                pass
-            try:
-                os.kill(rec["pid"], signal.SIGKILL)
-                killed.append(rec["pid"])
-            except OSError:
-                pass
-    return killed
+        owner = json.loads((run / "owner.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(owner, dict) and alive(owner)
 
 
 def sweep(base: Optional[Path] = None) -> List[str]:
@@ -162,12 +141,7 @@ def sweep(base: Optional[Path] = None) -> List[str]:
     removed = []
     base = base or base_dir()
     for run in sorted(base.glob("run-*")):
-        try:
-            owner = json.loads((run / "owner.json").read_text())
-        except (OSError, ValueError):
-            owner = {}
-        if owner.get("pid") and owner.get("create_time") and \
-                _same_process(owner["pid"], owner["create_time"]):
+        if _owner_alive(run):
             continue
         pids = kill_recorded(run)
         _rmtree(run)
@@ -180,11 +154,6 @@ def leftovers(base: Optional[Path] = None) -> List[str]:
     out = []
     base = base or base_dir()
     for run in sorted(base.glob("run-*")):
-        try:
-            owner = json.loads((run / "owner.json").read_text())
-        except (OSError, ValueError):
-            owner = {}
-        if not (owner.get("pid") and owner.get("create_time")
-                and _same_process(owner["pid"], owner["create_time"])):
+        if not _owner_alive(run):
             out.append(str(run))
     return out

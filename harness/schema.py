@@ -1,8 +1,10 @@
 """The scenario format: typed models for one scenario case (pure, no I/O).
 
 A scenario file is YAML; ``harness.loader`` turns it into ``Scenario`` objects (one per case) and
-reports every error as ``file:line: field.path: message``. Faults are validated by their own
-plugin models (``harness.faults``); here they are carried as ``FaultSpec`` and resolved later.
+reports every error as ``file:line: field.path: message``. Faults are typed by their own
+plugin models (``harness.faults``, looked up by ``kind`` in the registry), validated once and
+kept typed on the scenario. The loader also leaves, on each expectation, the line it came from
+(``RankExpect.line``), so that a failed expectation names ``file.yaml:LINE``.
 
 Every value a file can give has a stated bound (README, "Limits"): what passes here must also
 start, run and be written down (spawned env, torch's timedelta, test ids, evidence paths).
@@ -21,89 +23,40 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
-# -- limits ----------------------------------------------------------------------------------
-MAX_WORLD = 128          # processes in one run: ranks on every host plus ranks a fault adds
-MAX_HOSTS = 16           # hosts (network namespaces) in one run
-MAX_SECONDS = 86400.0    # any duration: timeout, deadline, delays, times, windows (one day)
-MIN_TIMEOUT = 0.001      # torch counts its timeout in milliseconds: less would be 0
-MAX_NAME = 64            # name and case id: they become test ids and evidence folder names
-MAX_TEXT = 65536         # about
-MAX_SHORT = 1024         # message patterns, exception names, phases, version ranges
-MAX_ADDR = 253           # an address or host name (DNS's own limit)
-MAX_ENV_VARS = 256       # env entries
-MAX_ENV_VALUE = 32768    # bytes of one env value (UTF-8)
-MAX_ENV_TOTAL = 131072   # bytes of all env names and values together
-MAX_FAULTS = 64          # faults in one case
-MAX_EXPECT_BLOCKS = 16   # torch-scoped expect blocks
-MAX_STEPS = 256          # workload steps
-MAX_MARKS = 32           # marks
-
-# -- reusable field types --------------------------------------------------------------------
-
-
-def _no_bool(v: Any) -> Any:
-    if isinstance(v, bool):   # pydantic would read yes/true as 1 and no/false as 0
-        raise ValueError("YAML reads this as a boolean (yes/no/on/off/true/false), not a number")
-    return v
-
-
-# a duration in seconds: finite, 0 <= s <= MAX_SECONDS (a boolean is refused, not read as 0/1)
-Seconds = Annotated[float, BeforeValidator(_no_bool),
-                    Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
-PositiveSeconds = Annotated[float, BeforeValidator(_no_bool),
-                            Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
-Number = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
-Port = Annotated[int, Field(ge=1, le=65535)]
-ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
-
-
-def _env_name(v: str) -> str:
-    if not ENV_NAME_RE.fullmatch(v) or len(v) > MAX_SHORT:
-        raise ValueError("not an environment variable name: letters, digits and _, not starting "
-                         "with a digit (no '=', NUL or space)")
-    return v
-
-
-def _env_value(v: str) -> str:
-    if "\0" in v:
-        raise ValueError("an environment value cannot hold a NUL character (\\0): no process "
-                         "could be started with it")
-    n = len(v.encode("utf-8", "surrogatepass"))
-    if n > MAX_ENV_VALUE:
-        raise ValueError(f"an environment value of {n} bytes: at most {MAX_ENV_VALUE}")
-    return v
-
-
-EnvName = Annotated[str, AfterValidator(_env_name)]
-EnvValue = Annotated[str, AfterValidator(_env_value)]
-
-
-def env_as_text(v: Any) -> Any:
-    """Numbers in env become text (``A: 5`` is ``"5"``); booleans and lists do not."""
-    if isinstance(v, dict):
-        return {k: (str(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x)
-                for k, x in v.items()}
-    return v
-
-
-def bare_address_problem(addr: str) -> Optional[str]:
-    """``[::1]`` is URL syntax: MASTER_ADDR must be the bare address (torch adds brackets)."""
-    if addr.startswith("[") or addr.endswith("]"):
-        bare = addr.strip("[]")
-        return (f"{addr!r}: write the bare address {bare} without brackets: MASTER_ADDR is used "
-                "as is, and torch adds the brackets where a URL needs them")
-    return None
-
-
-def located(field: str, msg: str) -> PydanticCustomError:
-    """A model-level error that the loader locates at ``field`` (pydantic gives it no loc)."""
-    return PydanticCustomError("located", "{msg}", {"field": field, "msg": msg})
-
+from .faults import Fault
+from .limits import (  # noqa: F401 - the limits are part of the format's vocabulary
+    ENV_NAME_RE,
+    MAX_ADDR,
+    MAX_ENV_TOTAL,
+    MAX_ENV_VALUE,
+    MAX_ENV_VARS,
+    MAX_EXPECT_BLOCKS,
+    MAX_FAULTS,
+    MAX_HOSTS,
+    MAX_MARKS,
+    MAX_NAME,
+    MAX_SECONDS,
+    MAX_SHORT,
+    MAX_STEPS,
+    MAX_TEXT,
+    MAX_WORLD,
+    MIN_TIMEOUT,
+    EnvName,
+    EnvValue,
+    Number,
+    Port,
+    PositiveSeconds,
+    Seconds,
+    bare_address_problem,
+    env_as_text,
+    located,
+    no_bool,
+)
 
 OUTCOMES = ("ok", "error", "timeout", "hang", "crash")
 Outcome = Literal["ok", "error", "timeout", "hang", "crash"]
@@ -131,6 +84,15 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+def _phase_name(v: str) -> str:
+    from .protocol import PHASE_RE
+
+    if len(v) > MAX_SHORT or not PHASE_RE.match(v):
+        raise ValueError(f"phase {v[:40]!r}: use start, import, init, 'workload step N', "
+                         "destroy or exit")
+    return v
+
+
 def _as_outcome_set(v: Any) -> Any:
     if isinstance(v, str):
         return [v]
@@ -139,6 +101,12 @@ def _as_outcome_set(v: Any) -> Any:
 
 class RankExpect(Strict):
     """What one rank must do. Every field is optional; a rank with no field is not checked."""
+
+    _line: Optional[int] = PrivateAttr(None)    # where it is written (set by the loader)
+
+    @property
+    def line(self) -> Optional[int]:
+        return self._line
 
     outcome: Optional[List[Outcome]] = Field(
         None, description="allowed outcome(s): ok | error | timeout | hang | crash")
@@ -151,13 +119,19 @@ class RankExpect(Strict):
         description="regular expression searched (case-insensitive) in the exception message")
     within: Optional[Tuple[Number, Number]] = Field(
         None, description="[min, max] seconds from the start line to the rank's end")
-    phase: Optional[str] = Field(
-        None, max_length=MAX_SHORT, description="phase the rank ended in: start, import, init, "
-        "workload step N, destroy, exit")
+    phase: Optional[List[Annotated[str, AfterValidator(_phase_name)]]] = Field(
+        None, max_length=16, description="phase(s) the rank may end in: start, import, init, "
+        "workload step N, destroy, exit; a list when torch races between paths")
 
     # json_schema_input_type: the exported JSON Schema must accept the shorthands too
     _outcome = field_validator("outcome", mode="before", json_schema_input_type=Optional[
         Union[Outcome, List[Outcome]]])(_as_outcome_set)
+    _phase = field_validator("phase", mode="before", json_schema_input_type=Optional[
+        Union[str, List[str]]])(_as_outcome_set)
+
+    def racy(self) -> bool:
+        """Declares a race: several outcomes or several phases are all this rank's behaviour."""
+        return len(self.outcome or ()) > 1 or len(self.phase or ()) > 1
 
     @field_validator("message")
     @classmethod
@@ -182,7 +156,7 @@ class RankExpect(Strict):
         if self.within:
             out.append(f"in {self.within[0]:g}..{self.within[1]:g} s")
         if self.phase:
-            out.append(f"phase {self.phase}")
+            out.append(f"phase {'|'.join(self.phase)}")
         return out
 
     @field_validator("within")
@@ -195,6 +169,17 @@ class RankExpect(Strict):
 
 class Expect(Strict):
     """Expectations for the job and its ranks, optionally scoped to a torch version range."""
+
+    _line: Optional[int] = PrivateAttr(None)       # where the block starts (set by the loader)
+    _job_line: Optional[int] = PrivateAttr(None)   # where its job: is
+
+    @property
+    def line(self) -> Optional[int]:
+        return self._line
+
+    @property
+    def job_line(self) -> Optional[int]:
+        return self._job_line
 
     torch: Optional[str] = Field(
         None, max_length=MAX_SHORT,
@@ -297,11 +282,20 @@ class Workload(Strict):
         return _workload_shorthand(v)
 
 
-class FaultSpec(BaseModel):
-    """A fault before its plugin validated it: a kind and the plugin's parameters."""
+def fault_of(v: Any) -> Any:
+    """A fault as the scenario keeps it: its plugin's model, found by ``kind`` in the registry.
+    The loader validates faults itself (to locate every problem) and passes them typed; this
+    is for a scenario built in code (tests), where an unknown kind is a plain error."""
+    if isinstance(v, Fault) or not isinstance(v, dict):
+        return v
+    from .faults import REGISTRY
 
-    model_config = ConfigDict(extra="allow")
-    kind: str = Field(max_length=MAX_SHORT)
+    kind = v.get("kind")
+    cls = REGISTRY.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ValueError(f"unknown fault kind {str(kind)[:60]!r} (known: "
+                         f"{', '.join(REGISTRY.kinds())})")
+    return cls.model_validate(v)
 
 
 class Host(Strict):
@@ -313,6 +307,8 @@ class Host(Strict):
 
 
 class Scenario(Strict):
+    _source: Optional[str] = PrivateAttr(None)     # the file it was loaded from (the loader)
+
     name: str = Field(pattern=NAME_RE, max_length=MAX_NAME,
                       description="short id, used in test ids: letters, digits, . _ - (not "
                       "starting with . or -)")
@@ -324,7 +320,7 @@ class Scenario(Strict):
     init: Literal["env", "tcp", "file"] = Field(
         "env", description="init method: env (env://, MASTER_ADDR/PORT), tcp (tcp://addr:port) or "
         "file (file:///shared/path)")
-    timeout: Annotated[float, BeforeValidator(_no_bool), Field(
+    timeout: Annotated[float, BeforeValidator(no_bool), Field(
         ge=MIN_TIMEOUT, le=MAX_SECONDS, allow_inf_nan=False)] = Field(
         30.0, description="torch's own timeout for init_process_group, s")
     deadline: PositiveSeconds = Field(
@@ -349,7 +345,9 @@ class Scenario(Strict):
         default_factory=dict, max_length=MAX_ENV_VARS,
         description="extra env for every rank (names of letters, digits and _)")
     workload: Workload = Field(default_factory=lambda: Workload())
-    faults: List[FaultSpec] = Field(default_factory=list, max_length=MAX_FAULTS)
+    faults: List[Annotated[Fault, BeforeValidator(fault_of)]] = Field(
+        default_factory=list, max_length=MAX_FAULTS,
+        description="faults, each a mapping with its kind and the kind's parameters")
     expect: List[Expect] = Field(
         default_factory=lambda: [Expect()], max_length=MAX_EXPECT_BLOCKS,
         description="one block, or a list of torch-scoped blocks (the first whose 'torch' range "
@@ -416,6 +414,12 @@ class Scenario(Strict):
     def host_names(self) -> List[str]:
         return [h.name for h in self.hosts] if self.hosts else ["local"]
 
+    def needs_namespaces(self) -> bool:
+        """The run must have network namespaces: several hosts, a fault that says so, or
+        ``isolate: always``."""
+        multi = self.hosts is not None and len(self.hosts) > 1
+        return multi or self.isolate == "always" or any(f.needs_netns for f in self.faults)
+
     @field_validator("env", mode="before", json_schema_input_type=Dict[
         str, Union[str, int, float]])
     @classmethod
@@ -428,6 +432,11 @@ class Scenario(Strict):
     @classmethod
     def _one_block(cls, v: Any) -> Any:
         return [v] if isinstance(v, dict) else v
+
+    @property
+    def source(self) -> Optional[str]:
+        """The scenario file this case was loaded from (None: built in code)."""
+        return self._source
 
     @property
     def test_id(self) -> str:

@@ -73,6 +73,7 @@ from types import TracebackType
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Set, Tuple, Type, Union
 
 from . import resolver
+from .procs import alive, identity
 
 __all__ = [
     "PREFIX",
@@ -253,39 +254,12 @@ def _delete_netns(netns: str) -> None:
 # owner records
 
 
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _start_time(pid: int) -> Optional[int]:
-    """Start time of a live process in clock ticks since boot; None if gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    if len(fields) < 20 or fields[0] in ("Z", "X", "x"):
-        return None
-    return int(fields[19])
-
-
 def _owner_record() -> Dict[str, Any]:
-    pid = os.getpid()
-    return {"pid": pid, "start_time": _start_time(pid), "boot_id": _boot_id()}
+    return identity(os.getpid())
 
 
 def _owner_alive(owner: Mapping[str, Any]) -> bool:
-    try:
-        pid = int(owner["pid"])
-        start = owner["start_time"]
-    except (KeyError, TypeError, ValueError):
-        return False
-    if owner.get("boot_id", "") != _boot_id():
-        return False
-    return start is not None and _start_time(pid) == start
+    return alive(owner)
 
 
 def _create_json_exclusively(path: Path, data: Mapping[str, Any]) -> None:
@@ -893,6 +867,22 @@ class Topology:
         for netns, dev in self._shaped_links(host, direction):
             _run(["tc", "-n", netns, "qdisc", "delete", "dev", dev, "root"], ok_if_gone=True)
 
+    def latency(self, host: str, delay_ms: float, jitter_ms: float = 0.0) -> None:
+        """Delay what the host sends on its link with a ``netem`` qdisc (where the kernel has
+        one: :func:`qdisc_missing`)."""
+        self._require_up()
+        net = self.host(host)
+        argv = ["tc", "-n", net.netns, "qdisc", "replace", "dev", net.ifname, "root", "netem",
+                "delay", f"{delay_ms}ms"] + ([f"{jitter_ms}ms"] if jitter_ms else [])
+        _run(argv)
+
+    def clear_latency(self, host: str) -> None:
+        """Remove a delay set by :meth:`latency` (no error if there is none)."""
+        self._require_up()
+        net = self.host(host)
+        _run(["tc", "-n", net.netns, "qdisc", "delete", "dev", net.ifname, "root"],
+             ok_if_gone=True)
+
     # ---- name resolution ------------------------------------------------------------------
 
     def _etc_file(self, host: str, name: str, text: str) -> Path:
@@ -993,6 +983,28 @@ def sweep(prefix: str = PREFIX) -> List[str]:
     if failures:
         raise TopologyError(f"sweep removed {removed} but failed on:\n" + "\n".join(failures))
     return removed
+
+
+def qdisc_missing(kind: str) -> Optional[str]:
+    """Whether this kernel has the ``kind`` qdisc (tried in a scratch namespace); None if it
+    does, else what tc said."""
+    if missing():
+        return "; ".join(missing())
+    netns = f"{PREFIX}probe{os.getpid()}"
+    try:
+        _run(["ip", "netns", "add", netns])
+    except TopologyError as exc:
+        return f"could not make a scratch namespace to try it: {exc}"
+    try:
+        proc = subprocess.run(_argv(["tc", "-n", netns, "qdisc", "add", "dev", "lo", "root",
+                                     kind] + (["delay", "1ms"] if kind == "netem" else [])),
+                              capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
+                              start_new_session=True)
+        if proc.returncode != 0:
+            return f"the {kind} qdisc is missing (tc said: {proc.stderr.strip()[:120]})"
+        return None
+    finally:
+        _delete_netns(netns)
 
 
 def _effective_caps() -> int:

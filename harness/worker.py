@@ -1,97 +1,61 @@
 """The code inside each rank: phase events, the workload, a result record.
 
-Run as ``python -m harness.worker SPEC_JSON`` by the supervisor, never by hand. Everything it
-reports goes as JSON lines to an inherited file descriptor (``HARNESS_EVENT_FD``): each line is
-written with one ``write(2)`` before the next step starts, so what was said survives a SIGKILL.
-``SIGUSR1`` dumps the Python stacks of all threads (faulthandler) to ``HARNESS_STACK_FD``, which
-works even while the rank is blocked inside C++ (``TCPStore`` connect, gloo's mesh).
-
-Order: enter the resolver view (``harness.resolver``, before any thread exists) -> start ->
-import torch -> "ready" -> wait for the start line on stdin -> init ->
-workload step 1..N -> destroy -> exit. The rank exits with ``os._exit`` (0 ok, 1 exception) so
-that no interpreter teardown of torch's threads can blur the verdict.
+Run as ``python -m harness.worker SPEC_JSON`` by the supervisor, never by hand. It speaks the
+worker protocol (:mod:`harness.protocol`: the event channel, the stack channel, the start line,
+the phases). Order: enter the resolver view (``harness.resolver``, before any thread exists)
+-> start -> import torch -> "ready" -> wait for the start line on stdin -> init -> workload
+step 1..N -> destroy -> exit. The rank exits with ``os._exit`` (0 ok,
+1 exception) so that no interpreter teardown of torch's threads can blur the verdict.
 """
 
 from __future__ import annotations
 
-import ctypes
 import faulthandler
-import json
 import os
 import signal
 import sys
 import time
-import traceback
 from datetime import timedelta
-from typing import Any, Dict
+from typing import Any
 
-from harness import resolver
+from . import protocol as P
+from . import resolver
+from .procs import die_with_parent
 
 _EV_FD = -1
 _PHASE = "start"
 
 
 def emit(ev: str, **fields: Any) -> None:
-    rec = {"ev": ev, "t": time.monotonic(), **fields}
-    data = (json.dumps(rec, default=str) + "\n").encode()
     if _EV_FD >= 0:
-        os.write(_EV_FD, data)
+        os.write(_EV_FD, P.encode(ev, **fields))
 
 
 def phase(name: str, **fields: Any) -> str:
     global _PHASE
     _PHASE = name
-    emit("phase", phase=name, **fields)
+    emit(P.PHASE, phase=name, **fields)
     return name
 
 
-def _die_with_parent() -> None:
-    """PR_SET_PDEATHSIG: the kernel SIGKILLs this rank when the supervisor dies."""
-    parent = os.getppid()
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-    except OSError:
-        pass
-    if os.getppid() != parent:  # the supervisor died before prctl took effect
-        os._exit(3)
-
-
-def describe(exc: BaseException) -> Dict[str, Any]:
-    cls = type(exc)
-    return {
-        "type": cls.__name__,
-        "qualname": f"{cls.__module__}.{cls.__qualname__}",
-        "mro": [f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__],
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(cls, exc, exc.__traceback__)),
-    }
-
-
-def run_workload(spec: Dict[str, Any], dist: Any, torch: Any) -> None:
+def run_workload(spec: P.WorkerSpec, dist: Any, torch: Any) -> None:
     phase("init")
-    kwargs: Dict[str, Any] = {"backend": spec["backend"],
-                              "timeout": timedelta(seconds=spec["timeout"])}
-    init = spec["init"]
-    if init["method"] == "env":
+    kwargs: dict = {"backend": spec.backend, "timeout": timedelta(seconds=spec.timeout)}
+    init = spec.init
+    if init.method == "env":
         kwargs["init_method"] = "env://"
-    else:
-        kwargs["init_method"] = init["url"]
-        if init["method"] == "file":
-            # nothing else makes the run's file-store directory, and torch's FileStore retries
-            # open() of a path in a missing directory far past the group's timeout (a healthy
-            # 'init: file' run hung to the deadline); an existing (even unwritable) one is kept
-            os.makedirs(os.path.dirname(init["url"][len("file://"):]), exist_ok=True)
-        kwargs["rank"] = init["rank"]
-        kwargs["world_size"] = init["world_size"]
+    else:   # tcp:// or file:// (the run's set-up made the file store's directory)
+        kwargs["init_method"] = init.url
+        kwargs["rank"] = init.rank
+        kwargs["world_size"] = init.world_size
     device = torch.device("cpu")
-    if spec["backend"] == "nccl":
+    if spec.backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     dist.init_process_group(**kwargs)
     rank, world = dist.get_rank(), dist.get_world_size()
-    emit("joined", rank=rank, world_size=world)
-    for i, step in enumerate(spec["steps"], start=1):
+    emit(P.JOINED, rank=rank, world_size=world)
+    for i, step in enumerate(spec.steps, start=1):
         phase(f"workload step {i}", step=step)
         if step == "barrier":
             dist.barrier()
@@ -111,20 +75,9 @@ def run_workload(spec: Dict[str, Any], dist: Any, torch: Any) -> None:
             time.sleep(float(step.split()[1]))
         else:  # the schema rejects unknown steps; this is a bug guard
             raise ValueError(f"unknown step {step!r}")
-    if spec["destroy"]:
+    if spec.destroy:
         phase("destroy")
         dist.destroy_process_group()
-
-
-def make_stale_filestore(path: str, world_size: int) -> None:
-    """Leave a FileStore file the way a killed job does: used, then SIGKILLed mid-run."""
-    import torch.distributed as dist
-
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=world_size,
-                            timeout=timedelta(seconds=10))
-    dist.barrier()
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main() -> None:
@@ -135,13 +88,10 @@ def main() -> None:
     except resolver.ViewError as e:
         print(f"harness worker: cannot enter the resolver view: {e}", file=sys.stderr)
         os._exit(4)
-    if len(sys.argv) == 4 and sys.argv[1] == "--stale-filestore":
-        make_stale_filestore(sys.argv[2], int(sys.argv[3]))
-        return
-    spec = json.loads(sys.argv[1])
-    _EV_FD = int(os.environ.pop("HARNESS_EVENT_FD"))
-    stack_file = os.fdopen(int(os.environ.pop("HARNESS_STACK_FD")), "w")
-    _die_with_parent()
+    spec = P.WorkerSpec.from_json(sys.argv[1])
+    _EV_FD = int(os.environ.pop(P.EVENT_FD_ENV))
+    stack_file = os.fdopen(int(os.environ.pop(P.STACK_FD_ENV)), "w")
+    die_with_parent()
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     phase("start", pid=os.getpid())
     try:
@@ -149,19 +99,19 @@ def main() -> None:
         import torch
         import torch.distributed as dist
 
-        emit("ready", torch=torch.__version__, pid=os.getpid())
-        line = sys.stdin.readline()
-        if not line:  # the supervisor went away before the start line
+        emit(P.READY, torch=torch.__version__, pid=os.getpid())
+        line = sys.stdin.buffer.readline()
+        if line != P.GO_LINE:  # the supervisor went away before the start line
             os._exit(3)
-        emit("released")
+        emit(P.RELEASED)
         run_workload(spec, dist, torch)
     except BaseException as exc:  # noqa: B036 - the verdict needs every kind, KeyboardInterrupt too
-        emit("result", status="exception", phase=_PHASE, exc=describe(exc))
+        emit(P.RESULT, status=P.EXCEPTION, phase=_PHASE, exc=P.ExceptionRecord.of(exc).to_dict())
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
     phase("exit")
-    emit("result", status="ok", phase="exit")
+    emit(P.RESULT, status=P.OK, phase="exit")
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -1,7 +1,7 @@
 """Shared fixtures of the harness's own tests.
 
 ``pytester`` runs pytest inside pytest (the plugin tests); the builders below make observation
-dicts shaped exactly like ``harness.launch.RunObservation.to_dict()`` (checked against a real run
+dicts shaped exactly like ``harness.observe.RunObservation.to_dict()`` (checked against a real run
 in tests/test_launch.py), so that classify and expect are tested on what the supervisor
 really produces, without processes.
 """
@@ -12,6 +12,8 @@ import itertools
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import pytest
+
+from harness.observe import RankObservation, RunObservation
 
 pytest_plugins = ["pytester"]
 
@@ -115,18 +117,30 @@ def rank_obs(label: str = "0", *, reached: str = "exit", exc: Optional[Dict[str,
 def run_obs(*ranks: Dict[str, Any]) -> Dict[str, Any]:
     """A RunObservation as a dict around the given ranks (plan reduced to what classify reads)."""
     return {"plan": {"scenario": "built", "case": None, "notes": []},
-            "torch_version": "2.13.0+cpu", "ranks": list(ranks), "holders": [],
+            "torch_version": "2.13.0+cpu", "ranks": list(ranks),
             "wall": max((r["ended_at"] or 0.0) for r in ranks) if ranks else 0.0,
-            "run_dir": "/tmp/torchdist-harness/run-built", "t0": T0, "port_owners": [],
-            "net_log": [], "rules": {}}
+            "run_dir": "/tmp/torchdist-harness/run-built", "t0": T0, "step_log": [],
+            "port_owners": [], "rules": {}}
+
+
+def typed_rank(*args: Any, **kw: Any) -> RankObservation:
+    """``rank_obs`` as the typed object the supervisor makes (its JSON form is the dict)."""
+    return RankObservation.from_dict(rank_obs(*args, **kw))
+
+
+def typed_run(*ranks: RankObservation) -> RunObservation:
+    return RunObservation.from_dict(run_obs(*(r.to_dict() for r in ranks)))
 
 
 @pytest.fixture
 def obs() -> Any:
-    """The observation builders: ``obs.rank(...)``, ``obs.run(...)``, ``obs.exc(cls, msg)``."""
+    """The observation builders: ``obs.rank(...)``, ``obs.run(...)`` (typed, as the supervisor
+    makes them), ``obs.rank_dict``/``obs.run_dict`` (their JSON form), ``obs.exc(cls, msg)``."""
     class _Builders:
-        rank = staticmethod(rank_obs)
-        run = staticmethod(run_obs)
+        rank = staticmethod(typed_rank)
+        run = staticmethod(typed_run)
+        rank_dict = staticmethod(rank_obs)
+        run_dict = staticmethod(run_obs)
         exc = staticmethod(exc_record)
         t0 = T0
         hung_stacks = HUNG_STACKS

@@ -136,7 +136,7 @@ LEAVES: List[Tuple[Tuple[Any, ...], str]] = [
     (("expect", "ranks", "0", "exception"), "str"), (("expect", "ranks", "0", "message"), "str"),
     (("expect", "ranks", "0", "within", 0), "float"),
     (("expect", "ranks", "0", "within", 1), "float"),
-    (("expect", "ranks", "0", "phase"), "str"), (("marks", 0), "marker"),
+    (("expect", "ranks", "0", "phase"), "phase"), (("marks", 0), "marker"),
 ]
 
 # mappings of BASE that are models (an unknown key there is an unknown field), and their fields
@@ -181,6 +181,8 @@ def wrong_for(kind: str, text: str, number: int, nested: Any) -> Any:
         return text if text and not STEP_RE.match(text) else number
     if kind == "marker":
         return f"{text} x"
+    if kind == "phase":   # a phase name or a list of them: never a number or a mapping
+        return {"x": number}
     raise AssertionError(kind)
 
 

@@ -83,8 +83,9 @@ def test_a_rank_that_prints_a_lot_is_cut_and_still_ends_ok(tmp_path, monkeypatch
         env: {PYTHONVERBOSE: "2"}
     """), "chatty.yaml")
     keep = tmp_path / "evidence"
-    obs = run_scenario(scn, keep=keep).to_dict()
-    (v,) = classify_run(obs)
+    observed = run_scenario(scn, keep=keep)
+    obs = observed.to_dict()
+    (v,) = classify_run(observed)
     assert v.outcome == "ok"
     err = (keep / "rank-0.err").read_bytes()
     m = re.search(rb"\[harness: (\d+) bytes cut here: this stream wrote (\d+) bytes; kept the "

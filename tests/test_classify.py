@@ -1,8 +1,8 @@
 """Classification (harness.classify): one rank's observation -> one Verdict. Pure.
 
-Observations are dicts shaped like RunObservation.to_dict() (tests/conftest.py builds them; the
-shape is checked against a real run in tests/test_launch.py). Exception classes and messages
-are those torch 2.2 .. 2.13 really raise, as docs/FIELD_NOTES quote them.
+Observations are typed, built from dicts shaped like RunObservation.to_dict() (tests/conftest.py
+builds them; the shape is checked against a real run in tests/test_launch.py). Exception classes
+and messages are those torch 2.2 .. 2.13 really raise, as docs/FIELD_NOTES quote them.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 
 from harness.classify import (
-    OUTCOME_SEVERITY,
     Verdict,
     classify,
     classify_run,
@@ -18,6 +17,7 @@ from harness.classify import (
     job_outcome,
     mro_names,
 )
+from harness.outcomes import OUTCOMES
 
 # (exception class, message, outcome): what torch says at start-up, and what it is
 TORCH_FAILURES = [
@@ -167,7 +167,7 @@ def test_alive_at_the_deadline_is_hang(obs):
     r = obs.rank("1", reached="init", result=False, killed_at_deadline=True, end=9.0,
                  stacks=obs.hung_stacks)
     v = classify(r, obs.t0)
-    assert (v.outcome, v.phase, v.duration) == ("hang", "init", r["ended_at"])
+    assert (v.outcome, v.phase, v.duration) == ("hang", "init", r.ended_at)
     assert v.reason == "alive at the harness's deadline; killed"
     assert v.stacks == obs.hung_stacks
 
@@ -199,7 +199,7 @@ def test_phase_of_an_exception_is_the_one_the_result_names(obs):
 
 def test_no_events_at_all_is_crash_at_start(obs):
     r = obs.rank(result=False, returncode=-9)
-    r["events"] = []
+    r.events = []
     v = classify(r, obs.t0)
     assert (v.outcome, v.phase) == ("crash", "start")
 
@@ -224,7 +224,7 @@ def _v(*outcomes):
 
 
 def test_severity_order_is_hang_crash_timeout_error_ok():
-    assert OUTCOME_SEVERITY == ["ok", "error", "timeout", "crash", "hang"]
+    assert OUTCOMES == ("ok", "error", "timeout", "crash", "hang")
 
 
 @pytest.mark.parametrize("outcomes,job", [

@@ -92,13 +92,13 @@ def test_list_shows_ids_marks_faults_and_expectations(scen):
 def test_show_expands_the_plan(scen):
     p = harness("show", scen / "stopped.yaml")
     assert p.returncode == 0, p.stderr
-    for words in ("deadline 3 s", "torch timeout 1 s", "SIGSTOP",
-                  "0.1 s after entering workload step 2", "RANK=1", "WORLD_SIZE=2",
+    for words in ("deadline 3 s", "torch timeout 1 s", "SIGSTOP to rank 1",
+                  "when rank 1 enters workload step 2 + 0.1 s", "RANK=1", "WORLD_SIZE=2",
                   "every run reserves its own", "job hang"):
         assert words in p.stdout, words
     busy = harness("show", scen / "busy.yaml")
-    assert "port holders" in busy.stdout and "listening" in busy.stdout
-    assert "1 s after the start line" in busy.stdout
+    assert "hold port" in busy.stdout and "(listening)" in busy.stdout
+    assert "at set-up" in busy.stdout and "at 1 s" in busy.stdout
 
 
 def test_show_json_has_real_ports_from_the_harness_range(scen):
@@ -106,7 +106,7 @@ def test_show_json_has_real_ports_from_the_harness_range(scen):
     assert p.returncode == 0
     (plan,) = json.loads(p.stdout)
     assert LOW <= plan["master_port"] <= HIGH
-    assert [r["start_delay"] for r in plan["ranks"]] == [0.0, 1.0]
+    assert [r["release"] for r in plan["ranks"]] == [{"at": 0.0}, {"at": 1.0}]
     assert plan["ranks"][0]["env"]["MASTER_PORT"] == str(plan["master_port"])
 
 
@@ -201,7 +201,7 @@ def test_doctor_reports_torch_ports_and_leftovers_and_cleans(tmp_path):
 
     run = tmp_path / f"torchdist-harness-{os.geteuid()}" / "run-deadbeef"
     run.mkdir(parents=True)
-    (run / "owner.json").write_text(json.dumps({"pid": 999999999, "create_time": 1.0}))
+    (run / "owner.json").write_text(json.dumps({"pid": 999999999, "start_time": 1, "boot_id": ""}))
     env = {"HARNESS_TMP": str(tmp_path)}
     p = harness("doctor", "--json", env=env)
     assert p.returncode == 0, p.stderr

@@ -48,8 +48,8 @@ DRIVER = textwrap.dedent("""\
     out = []
     for path in sys.argv[1:]:
         for scn in load_file(path):
-            obs = run_scenario(scn).to_dict()
-            verdicts = classify_run(obs)
+            observed = run_scenario(scn)
+            obs, verdicts = observed.to_dict(), classify_run(observed)
             out.append({"id": scn.test_id, "job": job_outcome(verdicts),
                         "ranks": [v.outcome for v in verdicts],
                         "port": obs["plan"]["master_port"], "netns": obs["plan"]["netns"]})

@@ -71,7 +71,7 @@ def _old_session(root: Path, name: str, pid: int, started: str) -> Path:
     d = root / name
     d.mkdir(parents=True)
     (d / ev.MARKER).write_text(json.dumps({"tool": "torchdist-harness", "version": "0",
-                                           "pid": pid, "create_time": 1.0,
+                                           "pid": pid, "start_time": 1, "boot_id": "",
                                            "started": started}))
     (d / "case").mkdir()
     return d
@@ -80,13 +80,13 @@ def _old_session(root: Path, name: str, pid: int, started: str) -> Path:
 def test_pruning_removes_only_marked_sessions_of_dead_owners_beyond_the_newest(tmp_path):
     dead = [_old_session(tmp_path, f"session-2026010{i}T000000Z-00000{i}", 999999999,
                          f"2026-01-0{i}T00:00:00") for i in range(1, 5)]
-    me = os.getpid()
-    import psutil
+    from harness.procs import identity
+
     live = tmp_path / "session-20250101T000000Z-aaaaaa"    # the oldest, but still running
     live.mkdir()
     (live / ev.MARKER).write_text(json.dumps({
-        "tool": "torchdist-harness", "pid": me, "started": "2025-01-01T00:00:00",
-        "create_time": psutil.Process(me).create_time()}))
+        "tool": "torchdist-harness", "started": "2025-01-01T00:00:00",
+        **identity(os.getpid())}))
     unmarked = tmp_path / "session-20240101T000000Z-bbbbbb"
     unmarked.mkdir()
     (tmp_path / "notes.txt").write_text("mine")

@@ -90,10 +90,12 @@ def test_hang_has_deadline_line_signal_mark_kill_mark_and_open_stacks(page, rep)
 
 
 def test_port_holder_row_and_release_mark(page, rep):
+    """The holder is a step of busy_port: a row of its own, from set-up until it was undone."""
     sec = section(page, rep, "busy_port_released")
-    assert tags(sec, "rect", **{"class": "holder"})
-    assert tags(sec, "line", **{"class": "holder-release"})
-    assert "released at" in sec
+    (bar,) = tags(sec, "rect", **{"class": "step"})
+    assert (bar["data-fault"], bar["data-step"]) == ("busy_port", "busy_port#1")
+    assert len(tags(sec, "line", **{"class": "step-off"})) == 1
+    assert "port holder" in sec and "undone at 1 s" in sec
 
 
 def test_late_rank_is_waiting_then_released(page, rep):
@@ -244,18 +246,30 @@ def test_chromium_screenshot_shows_the_chart(tmp_path, rep):
     assert colour_count(rows[:40], bpp, (0x26, 0x32, 0x38), step=1) > 1000
 
 
-def test_network_row_from_the_run_network_log(rep):
+STEPS = [
+    {"id": "firewall#1", "fault": "firewall", "what": "drop inbound master port 1",
+     "target": "host node0", "when": "at set-up", "undo_when": None, "on": 0.0, "off": None},
+    {"id": "partition#2", "fault": "partition", "what": "partition ['a'] | ['b']",
+     "target": "network", "when": "at 0.5 s", "undo_when": "1 s after partition#2",
+     "on": 0.5, "off": 1.5},
+    {"id": "kill_rank#3", "fault": "kill_rank", "what": "SIGKILL to rank 1", "target": "rank 1",
+     "when": "at 9 s", "undo_when": None, "on": None, "off": None},
+    {"id": "run#4", "fault": "run", "what": "make the directory /x", "target": "file store",
+     "when": "at set-up", "undo_when": None, "on": 0.0, "off": None},
+]
+
+
+def test_fault_steps_are_drawn_from_their_declaration(rep):
+    """A row per thing the steps act on; a step that never fired, a step on a rank (its row
+    shows the signal) and the run's own set-up are not rows."""
     r = copy.deepcopy(rep)
     c = next(c for c in r["cases"] if c["test_id"] == "busy_port_released")
-    c["timeline"]["net_log"] = [
-        {"op": "firewall", "t": 0.0, "why": "firewall", "args": {}},
-        {"op": "partition", "t": 0.5, "why": "partition", "args": {}},
-        {"op": "partition off", "t": 1.5, "why": "partition", "args": {}}]
+    c["timeline"]["steps"] = copy.deepcopy(STEPS)
     c["rules"] = {"node0": "table inet thx { chain input { tcp dport 1 drop } }"}
     sec = section(html.render(r), r, "busy_port_released")
-    nets = tags(sec, "rect", **{"class": "net"})
-    assert len(nets) == 2 and "network" in sec
-    assert len(tags(sec, "line", **{"class": "net-off"})) == 1      # only the partition healed
+    bars = tags(sec, "rect", **{"class": "step"})
+    assert [b["data-step"] for b in bars] == ["firewall#1", "partition#2"]
+    assert len(tags(sec, "line", **{"class": "step-off"})) == 1      # only the partition healed
+    assert "host node0" in sec and "network" in sec
     assert "nftables rules of host node0" in sec
-    assert html.net_periods(c["timeline"]["net_log"], 3.0) == [
-        ("firewall", "firewall", 0.0, 3.0, False), ("partition", "partition", 0.5, 1.5, True)]
+    assert [t for t, _ in html.step_rows(STEPS)] == ["host node0", "network"]

@@ -21,7 +21,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 pytestmark = pytest.mark.timeout(300)
@@ -156,19 +155,17 @@ def _what_runs_made(runs):
     for run in runs:
         for line in (run / "pids.jsonl").read_text().splitlines():
             rec = json.loads(line)
-            procs.append((rec["pid"], rec["create_time"]))
+            procs.append(rec)
         state = Path("/run/thx") / f"thx-{run.name[len('run-'):]}.json"
         if state.exists():
             namespaces += json.loads(state.read_text())["namespaces"]
     return procs, namespaces
 
 
-def _alive(pid: int, ctime: float) -> bool:
-    try:
-        p = psutil.Process(pid)
-        return abs(p.create_time() - ctime) < 0.05 and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+def _alive(rec) -> bool:
+    from harness.procs import alive
+
+    return alive(rec)
 
 
 def _netns() -> set:
@@ -212,7 +209,7 @@ def interrupt(root: Path, argv, signals, *, runs: int, to_group: bool):
 
 def assert_nothing_left(root: Path, made):
     procs, namespaces = made
-    assert [p for p, t in procs if _alive(p, t)] == []
+    assert [p["pid"] for p in procs if _alive(p)] == []
     assert sorted(set(namespaces) & _netns()) == []
     assert list(_state(root).glob("run-*")) == []
     assert list((root / "tmp").glob("harness-run-*")) == []

@@ -47,7 +47,7 @@ def harness_descendants():
             cmd = " ".join(p.cmdline())
         except psutil.Error:
             continue
-        if ("harness.worker" in cmd or "harness.portholder" in cmd) and alive(p.pid):
+        if ("harness.worker" in cmd or "harness.faults" in cmd) and alive(p.pid):
             out.append(f"{p.pid} {cmd[:100]}")
     return out
 
@@ -65,7 +65,8 @@ def our_run_dirs():
 
 
 def assert_nothing_left(o):
-    pids = [r["pid"] for r in o["ranks"]] + [h["pid"] for h in o["holders"]]
+    pids = [r["pid"] for r in o["ranks"]] + [s["info"]["pid"] for s in o["step_log"]
+                                             if "pid" in s["info"]]
     assert [p for p in pids if alive(p)] == []
     assert harness_descendants() == []
     assert not Path(o["run_dir"]).exists()
@@ -73,8 +74,8 @@ def assert_nothing_left(o):
 
 
 def run(text: str):
-    o = run_scenario(scenario(text)).to_dict()
-    return o, {v.label: v for v in classify_run(o)}
+    observed = run_scenario(scenario(text))
+    return observed.to_dict(), {v.label: v for v in classify_run(observed)}
 
 
 def events(o, label):
@@ -123,7 +124,7 @@ def test_built_observations_have_the_shape_of_a_real_one(healthy, obs):
     """tests/conftest.py builds the observations classify and expect are tested on: they must
     have the keys, the events and the event fields of a real one."""
     real = healthy[0]
-    built = obs.run(obs.rank("0"))
+    built = obs.run_dict(obs.rank_dict("0"))
     assert sorted(built) == sorted(real)
     real_rank, built_rank = real["ranks"][0], built["ranks"][0]
     assert sorted(built_rank) == sorted(real_rank)
@@ -200,8 +201,8 @@ def test_the_peer_of_a_killed_rank_does_not_end_ok(killed):
 def test_built_exception_record_has_the_shape_of_a_real_one(killed, obs):
     o, _ = killed
     real = next(e for e in events(o, "0") if e["ev"] == "result")
-    built = next(e for e in obs.rank("0", reached="workload step 2",
-                                     exc=obs.exc("RuntimeError", "x"))["events"]
+    built = next(e for e in obs.rank_dict("0", reached="workload step 2",
+                                          exc=obs.exc("RuntimeError", "x"))["events"]
                  if e["ev"] == "result")
     assert real["status"] == built["status"] == "exception"
     assert sorted(built) == sorted(real) and sorted(built["exc"]) == sorted(real["exc"])
@@ -271,7 +272,8 @@ def test_busy_master_port_fails_rank_0_with_eaddrinuse_and_leaves_no_holder():
           - kind: busy_port
             mode: listening
     """)
-    assert len(o["holders"]) == 1
+    holders = [r for r in o["step_log"] if r["fault"] == "busy_port" and r["action"] == "do"]
+    assert len(holders) == 1 and holders[0]["info"]["pid"] > 0
     assert (vs["0"].outcome, vs["0"].exception) == ("error", "DistNetworkError")
     assert "EADDRINUSE" in vs["0"].message
     assert_nothing_left(o)

@@ -18,9 +18,16 @@ from typing import List
 import pytest
 
 from harness import topology
+from harness.faults.bandwidth import RateLimit
+from harness.faults.firewall import FirewallRule
+from harness.faults.latency import Delay
+from harness.faults.packet_loss import Loss
+from harness.faults.partition import Cut
 from harness.loader import ScenarioFileError, load_file, load_text
-from harness.plan import NetActionPlan, make_plan
+from harness.plan import make_plan
 from harness.requirements import skip_reason
+from harness.steps import RUN
+from harness.triggers import Trigger
 
 DATA = Path(__file__).parent / "data" / "net"
 RUN_DIR = "/tmp/torchdist-harness/run-nettest"
@@ -33,6 +40,11 @@ TWO_HOSTS = """\
     hosts: [{name: a}, {name: b}]
     timeout: 5
 """
+
+
+def net_steps(plan):
+    """The steps the faults added (the run's own set-up steps left out)."""
+    return [s for s in plan.steps if s.fault != RUN]
 
 
 def load(text: str):
@@ -141,17 +153,17 @@ def test_a_network_fault_forces_namespaces_on_a_single_host(counter_ports):
 
 def test_firewall_defaults_master_port_drop_inbound_on_the_master_host_at_setup(counter_ports):
     plan = plan_of(with_faults("{kind: firewall}"), counter_ports)
-    assert plan.net_actions == [NetActionPlan(
-        op="firewall", args={"host": "a", "action": "drop", "direction": "in",
-                             "ports": [30000]},
-        at=None, at_phase=None, target="0", after=0.0, undo_after=None, why="firewall")]
+    (s,) = net_steps(plan)
+    assert isinstance(s, FirewallRule)
+    assert (s.host, s.action, s.direction, s.ports, s.trigger, s.undo_trigger, s.fault) == \
+        ("a", "drop", "in", [30000], Trigger.setup(), None, "firewall")
     assert plan.notes == ["firewall: drop inbound master port 30000 on host a, from the start"]
 
 
 def test_firewall_default_host_follows_master_host(counter_ports):
     plan = plan_of(with_faults("{kind: firewall}", base=TWO_HOSTS + "    master_host: b\n"),
                    counter_ports)
-    assert plan.net_actions[0].args["host"] == "b"
+    assert net_steps(plan)[0].host == "b"
 
 
 @pytest.mark.parametrize("ports, expected", [
@@ -161,29 +173,28 @@ def test_firewall_default_host_follows_master_host(counter_ports):
 ])
 def test_firewall_port_selections(counter_ports, ports, expected):
     plan = plan_of(with_faults(f"{{kind: firewall, ports: {ports}}}"), counter_ports)
-    assert plan.net_actions[0].args["ports"] == expected
+    assert net_steps(plan)[0].ports == expected
 
 
 def test_firewall_port_range_reject_outbound_on_another_host(counter_ports):
     plan = plan_of(with_faults("{kind: firewall, host: b, action: reject, direction: out, "
                                "port_range: [20000, 20100]}"), counter_ports)
-    assert plan.net_actions[0].args == {"host": "b", "action": "reject", "direction": "out",
-                                        "ports": (20000, 20100)}
+    s = net_steps(plan)[0]
+    assert (s.host, s.action, s.direction, s.ports) == ("b", "reject", "out", (20000, 20100))
 
 
 def test_firewall_at_a_phase_of_a_rank_plus_delay(counter_ports):
     plan = plan_of(with_faults('{kind: firewall, ports: all, phase: "workload step 2", '
                                'rank: 1, after: 0.5}'), counter_ports)
-    a = plan.net_actions[0]
-    assert (a.at, a.at_phase, a.target, a.after, a.undo_after) == \
-        (None, "workload step 2", "1", 0.5, None)
+    a = net_steps(plan)[0]
+    assert (a.trigger, a.undo_trigger) == (Trigger.on_phase("1", "workload step 2", 0.5), None)
     assert plan.notes[0].endswith("when rank 1 enters workload step 2 + 0.5 s")
 
 
 def test_firewall_at_a_time_healed_later(counter_ports):
     plan = plan_of(with_faults("{kind: firewall, at: 1.5, heal_after: 3}"), counter_ports)
-    a = plan.net_actions[0]
-    assert (a.at, a.at_phase, a.undo_after) == (1.5, None, 3.0)
+    a = net_steps(plan)[0]
+    assert (a.trigger, a.undo_trigger) == (Trigger.at_time(1.5), Trigger.after_step(a.id, 3))
     assert plan.notes[0].endswith("at 1.5 s, healed 3 s later")
 
 
@@ -192,9 +203,10 @@ def test_firewall_at_a_time_healed_later(counter_ports):
 def test_partition_groups_and_heal(counter_ports):
     plan = plan_of(with_faults("{kind: partition, groups: [[a], [b]], heal_after: 2}"),
                    counter_ports)
-    (a,) = plan.net_actions
-    assert (a.op, a.args, a.at, a.at_phase, a.undo_after) == \
-        ("partition", {"a": ["a"], "b": ["b"]}, None, None, 2.0)
+    (a,) = net_steps(plan)
+    assert isinstance(a, Cut)
+    assert (a.a, a.b, a.trigger, a.undo_trigger) == \
+        (["a"], ["b"], Trigger.setup(), Trigger.after_step(a.id, 2))
 
 
 def test_unreachable_master_is_a_silent_address_inside_the_runs_24(counter_ports):
@@ -203,7 +215,7 @@ def test_unreachable_master_is_a_silent_address_inside_the_runs_24(counter_ports
     silent = {r.env["MASTER_ADDR"] for r in plan.ranks}
     assert silent == {str(net.network_address + 250)}
     assert not silent & {h.addr for h in plan.hosts}
-    assert plan.net_actions == []
+    assert net_steps(plan) == []
 
 
 def test_unreachable_master_for_some_ranks_with_tcp_init(counter_ports):
@@ -222,7 +234,7 @@ def test_unresolvable_host_only_renames_master_addr_each_rank_keeps_its_hosts_vi
     assert {r.env["MASTER_ADDR"] for r in plan.ranks} == {"master.harness.invalid"}
     # the name fails locally because every rank resolves with the harness's view (no DNS);
     # the fault changes nothing of the network
-    assert plan.net_actions == []
+    assert net_steps(plan) == []
     assert [r.resolver_view for r in plan.ranks] == [f"/etc/netns/thx-{RUN_ID}-a",
                                                      f"/etc/netns/thx-{RUN_ID}-b"]
 
@@ -262,19 +274,20 @@ def test_wrong_interface_named(counter_ports):
     assert {r.env["GLOO_SOCKET_IFNAME"] for r in plan.ranks} == {"ib0"}
 
 
-@pytest.mark.parametrize("fault, op, args", [
-    ("{kind: bandwidth}", "bandwidth", {"host": "a", "rate": "1mbit", "direction": "out"}),
-    ("{kind: bandwidth, host: b, rate: 100kbit, direction: both}", "bandwidth",
-     {"host": "b", "rate": "100kbit", "direction": "both"}),
-    ("{kind: packet_loss, percent: 30}", "packet_loss",
-     {"host": "a", "percent": 30.0, "direction": "both"}),
-    ("{kind: latency, delay_ms: 100, host: b}", "latency",
-     {"host": "b", "delay_ms": 100.0, "jitter_ms": 0.0}),
+@pytest.mark.parametrize("fault, step", [
+    ("{kind: bandwidth}", RateLimit(host="a", rate="1mbit", direction="out")),
+    ("{kind: bandwidth, host: b, rate: 100kbit, direction: both}",
+     RateLimit(host="b", rate="100kbit", direction="both")),
+    ("{kind: packet_loss, percent: 30}", Loss(host="a", percent=30.0, direction="both")),
+    ("{kind: latency, delay_ms: 100, host: b}", Delay(host="b", delay_ms=100.0, jitter_ms=0.0)),
 ])
-def test_link_faults(counter_ports, fault, op, args):
+def test_link_faults(counter_ports, fault, step):
     plan = plan_of(with_faults(fault), counter_ports)
-    (a,) = plan.net_actions
-    assert (a.op, a.args, a.at, a.at_phase) == (op, args, None, None)
+    (a,) = net_steps(plan)
+    params = {k: v for k, v in a.to_dict().items() if k in ("host", "rate", "direction",
+                                                             "percent", "delay_ms", "jitter_ms")}
+    want = {k: v for k, v in step.to_dict().items() if k in params}
+    assert (type(a), params, a.trigger) == (type(step), want, Trigger.setup())
 
 
 # -- located errors ----------------------------------------------------------------------------
@@ -360,15 +373,15 @@ real = pytest.mark.skipif(bool(_MISSING), reason="real network runs need: " + ";
 
 @real
 def test_latency_is_skipped_with_the_netem_reason_or_runs():
-    from harness import requirements
+    from harness.faults.latency import NETEM
 
-    why = requirements.netem_missing()
+    why = NETEM.missing()
     if why is None:
         pytest.skip("this kernel has netem: latency scenarios run here")
-    assert why.startswith("latency: not supported on this kernel: the netem qdisc is missing")
+    assert why.startswith("not supported on this kernel: the netem qdisc is missing")
     assert "no user-space delay proxy" in why
     scn = load(with_faults("{kind: latency, delay_ms: 100}"))
-    assert skip_reason(scn, TORCH_ENV) == why
+    assert skip_reason(scn, TORCH_ENV) == f"latency: {why}"
 
 
 def _ours_left(run_id: str) -> List[str]:
@@ -397,12 +410,13 @@ def _run(text: str):
     from harness.launch import run_scenario
 
     links = set(_root_veths_and_bridges())
-    obs = run_scenario(load(text)).to_dict()
+    observed = run_scenario(load(text))
+    obs = observed.to_dict()
     run_id = obs["plan"]["run_id"]
     assert _ours_left(run_id) == []
     assert set(_root_veths_and_bridges()) - links == set()   # none of ours in the root ns
     assert "thx" not in _root_nft_tables()         # no table of ours in the root namespace
-    return obs, {v.label: v for v in classify_run(obs)}
+    return obs, {v.label: v for v in classify_run(observed)}
 
 
 @real
@@ -420,7 +434,8 @@ def test_real_master_port_drop_times_out_both_ranks():
     assert (v["0"].outcome, v["1"].outcome) == ("timeout", "timeout")
     assert all(x.phase == "init" and 2.5 <= x.duration <= 30 for x in v.values())
     assert "drop" in obs["rules"]["a"] and str(obs["plan"]["master_port"]) in obs["rules"]["a"]
-    assert obs["net_log"][0]["op"] == "firewall"
+    (done,) = [r for r in obs["step_log"] if r["fault"] == "firewall"]
+    assert (done["action"], done["t"], done["error"]) == ("do", 0.0, None)
 
 
 def test_env_master_addr_outside_is_refused():

@@ -13,10 +13,15 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.faults import FAULTS, Fault, register, resolve
+from harness.faults import REGISTRY, Fault
+from harness.faults.busy_port import HoldPort
+from harness.faults.file_init import StaleFileStore, Unwritable
 from harness.faults.malformed_env import ALLOWED, garbage
+from harness.faults.signal_rank import Signal
 from harness.loader import ScenarioFileError, load_text
-from harness.plan import ActionPlan, PortHolderPlan, PrepPlan, make_plan
+from harness.plan import MakeDir, make_plan
+from harness.steps import RUN
+from harness.triggers import Trigger
 
 RUN_DIR = "/tmp/x"
 
@@ -33,6 +38,15 @@ def plan(counter_ports, faults=(), **fields):
 
 def env_of(p, label):
     return p.rank(label).env
+
+
+def fault_steps(p):
+    """The steps faults added (the run's own set-up steps left out)."""
+    return [s for s in p.steps if s.fault != RUN]
+
+
+def resolve(s):
+    return list(s.faults)
 
 
 # -- the plan of a scenario without faults -------------------------------------------------------
@@ -77,15 +91,15 @@ def test_scenario_env_is_added_to_every_rank(counter_ports):
 def test_plan_carries_the_scenario_settings(counter_ports):
     p = plan(counter_ports, timeout=7, deadline=33, workload={"steps": ["barrier"],
                                                               "destroy": False})
-    assert (p.scenario, p.case, p.backend, p.world_size, p.timeout, p.deadline, p.steps,
+    assert (p.scenario, p.case, p.backend, p.world_size, p.timeout, p.deadline, p.workload,
             p.destroy, p.master_port, p.run_dir) == \
         ("p", None, "gloo", 2, 7.0, 33.0, ["barrier"], False, 30000, RUN_DIR)
 
 
-def test_plan_without_faults_has_no_actions(counter_ports):
+def test_plan_without_faults_has_no_fault_steps(counter_ports):
     p = plan(counter_ports)
-    assert (p.holders, p.actions, p.preps, p.notes) == ([], [], [], [])
-    assert [r.start_delay for r in p.ranks] == [0.0, 0.0]
+    assert (fault_steps(p), p.notes) == ([], [])
+    assert [r.release for r in p.ranks] == [Trigger.at_time(0.0)] * 2
     assert [r.label for r in p.ranks] == ["0", "1"]
 
 
@@ -97,7 +111,22 @@ def test_plan_takes_one_port_without_faults(counter_ports):
 def test_plan_to_dict_is_json_without_the_port_source(counter_ports):
     d = plan(counter_ports, faults=[{"kind": "busy_port"}]).to_dict()
     assert "take_port" not in d
-    assert json.loads(json.dumps(d))["holders"][0]["port"] == 30000
+    (step,) = [st for st in json.loads(json.dumps(d))["steps"] if st["fault"] == "busy_port"]
+    assert (step["step"], step["port"], step["when"]) == ("HoldPort", 30000, "at set-up")
+
+
+def test_step_ids_are_unique_and_name_their_fault(counter_ports):
+    p = plan(counter_ports, faults=[{"kind": "busy_port"}, {"kind": "kill_rank", "at": 1},
+                                    {"kind": "kill_rank", "at": 2}])
+    ids = [s.id for s in fault_steps(p)]
+    assert ids == ["busy_port#1", "kill_rank#2", "kill_rank#3"] or len(set(ids)) == 3
+    assert [s.fault for s in fault_steps(p)] == ["busy_port", "kill_rank", "kill_rank"]
+
+
+def test_file_init_of_the_run_makes_the_store_directory_before_the_ranks(counter_ports):
+    p = plan(counter_ports, init="file")
+    (mk,) = [s for s in p.steps if isinstance(s, MakeDir)]
+    assert (mk.path, mk.trigger.is_setup, mk.fault) == ("/tmp/x/filestore", True, RUN)
 
 
 def test_rank_lookup_of_an_unknown_label(counter_ports):
@@ -313,37 +342,58 @@ def test_malformed_env_with_some_values_from_faker_keeps_the_seed_in_the_id():
 def test_delayed_rank_start_delays(counter_ports):
     p = plan(counter_ports, world_size=3, faults=[{"kind": "delayed_rank", "ranks": [1, 2],
                                                    "delay": 9}])
-    assert [r.start_delay for r in p.ranks] == [0.0, 9.0, 9.0]
+    assert [r.release for r in p.ranks] == [Trigger.at_time(0), Trigger.at_time(9),
+                                            Trigger.at_time(9)]
 
 
 def test_busy_port_holds_the_master_port(counter_ports):
     p = plan(counter_ports, faults=[{"kind": "busy_port"}])
-    assert p.holders == [PortHolderPlan(30000, "listening", None)]
+    (h,) = fault_steps(p)
+    assert isinstance(h, HoldPort)
+    assert (h.port, h.mode, h.trigger.is_setup, h.undo_trigger) == (30000, "listening", True,
+                                                                     None)
 
 
 def test_busy_port_mode_and_release(counter_ports):
     p = plan(counter_ports, faults=[{"kind": "busy_port", "mode": "accepting",
                                      "release_after": 2.5}])
-    assert (p.holders[0].mode, p.holders[0].release_after) == ("accepting", 2.5)
+    (h,) = fault_steps(p)
+    assert (h.mode, h.undo_trigger) == ("accepting", Trigger.at_time(2.5))
 
 
 def test_kill_rank_at_a_time(counter_ports):
     p = plan(counter_ports, faults=[{"kind": "kill_rank", "rank": 1, "at": 2}])
-    assert p.actions == [ActionPlan(target="1", signal="KILL", at=2.0, at_phase=None,
-                                    after=0.0, why="kill_rank")]
+    (s,) = fault_steps(p)
+    assert isinstance(s, Signal)
+    assert (s.rank, s.signal, s.trigger, s.undo_trigger, s.fault) == \
+        ("1", "KILL", Trigger.at_time(2), None, "kill_rank")
 
 
 def test_kill_rank_at_a_phase_with_another_signal(counter_ports):
     p = plan(counter_ports, faults=[{"kind": "kill_rank", "rank": 0, "phase": "workload step 1",
                                      "after": 0.5, "signal": "SEGV"}])
-    assert p.actions == [ActionPlan(target="0", signal="SEGV", at=None,
-                                    at_phase="workload step 1", after=0.5, why="kill_rank")]
+    (s,) = fault_steps(p)
+    assert (s.rank, s.signal, s.trigger) == \
+        ("0", "SEGV", Trigger.on_phase("0", "workload step 1", 0.5))
 
 
 def test_stop_rank_sends_stop(counter_ports):
     p = plan(counter_ports, faults=[{"kind": "stop_rank", "phase": "init"}])
-    assert (p.actions[0].target, p.actions[0].signal, p.actions[0].at_phase) == \
-        ("1", "STOP", "init")
+    (s,) = fault_steps(p)
+    assert (s.rank, s.signal, s.trigger, s.heal_signal) == \
+        ("1", "STOP", Trigger.on_phase("1", "init"), None)
+
+
+def test_stop_rank_healed_sends_cont_after_the_stop(counter_ports):
+    p = plan(counter_ports, faults=[{"kind": "stop_rank", "at": 1, "heal_after": 3}])
+    (s,) = fault_steps(p)
+    assert (s.signal, s.heal_signal, s.undo_trigger) == \
+        ("STOP", "CONT", Trigger.after_step(s.id, 3))
+
+
+def test_kill_rank_cannot_be_healed():
+    with pytest.raises(ScenarioFileError, match="cannot be healed"):
+        scn([{"kind": "kill_rank", "at": 1, "heal_after": 2}])
 
 
 # -- file_init -----------------------------------------------------------------------------------
@@ -356,14 +406,18 @@ def test_file_init_per_rank_path(counter_ports):
 
 def test_file_init_stale_file_is_prepared(counter_ports):
     p = plan(counter_ports, init="file", faults=[{"kind": "file_init", "mode": "stale_file"}])
-    assert p.preps == [PrepPlan("stale_filestore", "/tmp/x/filestore/pg", world_size=1)]
+    (s,) = fault_steps(p)
+    assert isinstance(s, StaleFileStore)
+    assert (s.path, s.world_size, s.trigger.is_setup) == ("/tmp/x/filestore/pg", 1, True)
     assert {r.init.url for r in p.ranks} == {"file:///tmp/x/filestore/pg"}
 
 
 def test_file_init_unwritable_dir(counter_ports):
     p = plan(counter_ports, init="file", faults=[{"kind": "file_init",
                                                   "mode": "unwritable_dir"}])
-    assert p.preps == [PrepPlan("unwritable_dir", "/tmp/x/readonly")]
+    (s,) = fault_steps(p)
+    assert isinstance(s, Unwritable)
+    assert (s.path, s.trigger.is_setup, s.UNDO_AT_TEARDOWN) == ("/tmp/x/readonly", True, True)
     assert {r.init.url for r in p.ranks} == {"file:///tmp/x/readonly/pg"}
 
 
@@ -375,7 +429,7 @@ def test_concurrent_job_adds_a_second_job_on_the_same_port(counter_ports):
     assert [r.label for r in extra] == ["job2:0", "job2:1"]
     for i, r in enumerate(extra):
         assert (r.rank, r.env["RANK"], r.env["MASTER_PORT"], r.env["WORLD_SIZE"],
-                r.start_delay) == (i, str(i), "30000", "2", 1.5)
+                r.release) == (i, str(i), "30000", "2", Trigger.at_time(1.5))
 
 
 def test_concurrent_job_of_another_size(counter_ports):
@@ -390,8 +444,8 @@ def test_faults_after_concurrent_job_touch_only_the_first_job(counter_ports):
     p = plan(counter_ports, faults=[{"kind": "concurrent_job"},
                                     {"kind": "delayed_rank", "ranks": [1], "delay": 4},
                                     {"kind": "missing_env", "vars": ["WORLD_SIZE"]}])
-    assert p.rank("job2:1").start_delay == 0.0 and "WORLD_SIZE" in env_of(p, "job2:0")
-    assert p.rank(1).start_delay == 4.0 and "WORLD_SIZE" not in env_of(p, 0)
+    assert p.rank("job2:1").release == Trigger.at_time(0) and "WORLD_SIZE" in env_of(p, "job2:0")
+    assert p.rank(1).release == Trigger.at_time(4) and "WORLD_SIZE" not in env_of(p, 0)
 
 
 def test_expectation_may_name_the_second_jobs_ranks():
@@ -412,7 +466,7 @@ def test_expectation_of_a_second_job_rank_that_does_not_exist_is_located():
 
 def checked(kind, init="env", **params):
     s = scn(world_size=2, init=init)
-    return FAULTS[kind].model_validate({"kind": kind, **params}).check(s)
+    return REGISTRY.get(kind).model_validate({"kind": kind, **params}).check(s)
 
 
 def test_check_of_a_rank_list_names_the_index():
@@ -473,25 +527,29 @@ BUILTIN_KINDS = {"wrong_port", "wrong_addr", "rank_collision", "rank_out_of_rang
 
 
 def test_every_builtin_fault_is_registered():
-    assert BUILTIN_KINDS <= set(FAULTS)
+    assert BUILTIN_KINDS <= set(REGISTRY.kinds())
+
+
+def test_builtin_faults_come_from_the_entry_point():
+    assert REGISTRY.origin("kill_rank") == "entry point 'builtin' (harness.faults)"
 
 
 @pytest.mark.parametrize("kind", sorted(BUILTIN_KINDS))
 def test_every_builtin_fault_says_what_it_does(kind):
-    assert FAULTS[kind].summary
+    assert REGISTRY.get(kind).summary
 
 
-def test_register_refuses_a_fault_without_a_kind_name():
+def test_the_registry_refuses_a_fault_without_a_kind_name():
     class Nameless(Fault):
         kind: str
 
     with pytest.raises(TypeError, match="needs a default"):
-        register(Nameless)
+        REGISTRY.add(Nameless, "a test")
 
 
-def test_resolve_gives_plugin_objects_in_order():
+def test_faults_are_kept_typed_on_the_scenario_in_order():
     s = scn([{"kind": "wrong_port"}, {"kind": "delayed_rank", "delay": 1}])
-    assert [type(f).__name__ for f in resolve(s)] == ["WrongPort", "DelayedRank"]
+    assert [type(f).__name__ for f in s.faults] == ["WrongPort", "DelayedRank"]
 
 
 def test_busy_port_with_file_init_is_refused_as_a_no_op():

@@ -125,7 +125,7 @@ def test_write_then_read_round_trips(tmp_path):
     rep = report.build([], env={"torch": "x"}, argv=["a"], duration=1.23456)
     p = report.write(rep, tmp_path / "sub" / "r.json")
     back = report.read(p)
-    assert back["format"] == report.FORMAT == 1
+    assert back["format"] == report.FORMAT == 2
     assert back["summary"] == {"total": 0, "passed": 0, "failed": 0, "skipped": 0, "error": 0,
                                "collect_errors": 0}
     assert back["duration"] == 1.235 and back["environment"] == {"torch": "x"}
@@ -151,8 +151,9 @@ def test_plain_session_reports_failures_and_skips(tmp_path):
     assert hang["id"] == "scenarios/expect_hang.yaml::wrong_expectation[hang]"
     assert hang["file"] == "scenarios/expect_hang.yaml" and hang["case"] == "hang"
     assert hang["status"] == "failed" and hang["reason"] == "ranks did not end as expected"
-    assert {"label": "job", "field": "outcome", "expected": "hang", "observed": "ok"} in \
-        hang["mismatches"]
+    (job,) = [m for m in hang["mismatches"] if m["label"] == "job"]
+    assert (job["field"], job["expected"], job["observed"]) == ("outcome", "hang", "ok")
+    assert isinstance(job["line"], int)   # the line of the expectation in the scenario file
     assert "did not end as expected" in hang["failure"]
     assert hang["expectation"] == {"job": ["hang"], "ranks": {}}
     nccl = _case(rep, "wrong_expectation[nccl]")

@@ -128,8 +128,7 @@ deadline: 60
 isolate: never
 workload: init
 """, "user.yaml")
-obs = run_scenario(scn).to_dict()
-print([v.outcome for v in classify_run(obs)])
+print([v.outcome for v in classify_run(run_scenario(scn))])
 '''
 
 
@@ -141,7 +140,7 @@ def test_a_non_root_run_after_a_root_run_works_in_its_own_folder(shared_tmp, mon
     from harness.loader import load_text
 
     (scn,) = load_text(ONE_RANK.split('"""')[1], "root.yaml")
-    assert [v.outcome for v in classify_run(run_scenario(scn).to_dict())] == ["ok"]
+    assert [v.outcome for v in classify_run(run_scenario(scn))] == ["ok"]
     assert (shared_tmp / "torchdist-harness-0").is_dir()
     p = as_nobody(prefix, ONE_RANK, shared_tmp)
     assert p.returncode == 0 and p.stdout.strip() == "['ok']", p.stderr[-2000:]

@@ -1,34 +1,64 @@
-"""Faults: one module per fault kind, registered by name.
+"""Faults: one module per fault kind, each owning everything about itself.
 
-A fault is a small pydantic model (its YAML parameters, ``kind`` first) with two pure methods:
-``check(scenario)`` returns located problems the schema alone cannot see, and
-``apply(plan, scenario)`` edits the RunPlan (env, init args, start delays, port holders, timed
-signals, on-disk preparation). The supervisor executes plans and knows no fault by name.
+A fault is a small pydantic model (its YAML parameters, ``kind`` first) and owns:
 
-Third-party faults register through the ``torchdist_harness.faults`` entry-point group, each entry
-pointing at a Fault subclass.
+* ``check(scenario)``: located problems the schema alone cannot see (a rank outside the world,
+  the wrong init method...);
+* ``requirements(scenario)``: what it needs from the machine (root, a tool, a kernel feature),
+  as :class:`harness.requirements.Requirement` objects; the skip reason of a scenario and
+  ``harness doctor`` both read them (``REQUIRES`` lists every one a kind may need);
+* ``apply(plan, scenario)``: its effect on the run plan: environment and init arguments of
+  ranks, extra ranks, and :class:`harness.steps.Step` objects with their triggers.
+
+Every fault kind, the built-in ones included, is registered through the entry-point group
+``torchdist_harness.faults``. An entry point may name a Fault subclass, a module, or a package
+(every Fault subclass with a ``kind`` defined in the module, or in the package's modules, is
+registered). The built-in faults are the entry point ``builtin = "harness.faults"``: this
+package, scanned, with no hand-kept list. A plugin that fails to load is one warning naming it;
+the other kinds still work.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional, Tuple, Type
+import inspect
+import pkgutil
+import types
+import warnings
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+)
 
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from ..plan import RunPlan
+    from ..requirements import Requirement
     from ..schema import Scenario
 
 Problem = Tuple[Tuple[Any, ...], str]   # (location inside the fault, message)
+ENTRY_POINT_GROUP = "torchdist_harness.faults"
+
+
+class HarnessPluginWarning(UserWarning):
+    """A fault plugin could not be loaded (or clashes with a kind already registered)."""
 
 
 class Fault(BaseModel):
-    # every float is finite (and bounded by its field): see schema.Seconds
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     kind: str
     summary: ClassVar[str] = ""
-    needs_netns: ClassVar[bool] = False   # network faults: the run must have namespaces
+    REQUIRES: ClassVar[Sequence[Requirement]] = ()   # everything this kind may need
+    needs_netns: ClassVar[bool] = False   # the run must have network namespaces
     needs_link: ClassVar[bool] = False    # ... and hosts joined by a real link (not only lo)
 
     def check(self, scn: Scenario) -> List[Problem]:
@@ -45,6 +75,10 @@ class Fault(BaseModel):
                                           f"{scn.world_size}: ranks 0..{scn.world_size - 1})"))
         return problems
 
+    def requirements(self, scn: Scenario) -> Sequence[Requirement]:
+        """What this fault, with these parameters, needs from the machine."""
+        return self.REQUIRES
+
     def apply(self, plan: RunPlan, scn: Scenario) -> None:
         raise NotImplementedError
 
@@ -56,42 +90,104 @@ class Fault(BaseModel):
         """Something that must appear in the test id (a faker seed, say)."""
         return None
 
-
-FAULTS: Dict[str, Type[Fault]] = {}
-
-BUILTIN = ["wrong_port", "wrong_addr", "rank_collision", "rank_out_of_range",
-           "world_size_mismatch", "missing_env", "malformed_env", "delayed_rank", "busy_port",
-           "signal_rank", "file_init", "concurrent_job",
-           # network faults: need the run's network namespaces (root, ip, nft, tc)
-           "firewall", "partition", "unreachable_master", "unresolvable_host", "wrong_interface",
-           "bandwidth", "packet_loss", "latency"]
+    def is_random(self) -> bool:
+        """The fault draws at random while the run goes on (a packet is dropped or not), so
+        one run's timings are one draw: ``harness diff`` compares them only across repeats."""
+        return False
 
 
-def register(cls: Type[Fault]) -> Type[Fault]:
-    kind = cls.model_fields["kind"].default
-    if not isinstance(kind, str):
-        raise TypeError(f"{cls.__name__}.kind needs a default (its registered name)")
-    FAULTS[kind] = cls
-    return cls
+def kind_of(cls: Type[Fault]) -> Optional[str]:
+    field = cls.model_fields.get("kind")
+    kind = field.default if field is not None else None
+    return kind if isinstance(kind, str) else None
 
 
-def _load() -> None:
-    for mod in BUILTIN:
-        importlib.import_module(f"{__name__}.{mod}")
-    try:
+class Registry:
+    """Fault kinds by name, loaded from the entry points on first use."""
+
+    def __init__(self) -> None:
+        self._kinds: Dict[str, Type[Fault]] = {}
+        self._origin: Dict[str, str] = {}
+        self._loaded = False
+        self.problems: List[str] = []      # plugins that failed, as warned
+
+    def _warn(self, text: str) -> None:
+        self.problems.append(text)
+        warnings.warn(text, HarnessPluginWarning, stacklevel=3)
+
+    def add(self, cls: Type[Fault], origin: str) -> None:
+        kind = kind_of(cls)
+        if kind is None:
+            raise TypeError(f"{cls.__name__}.kind needs a default (its registered name)")
+        if kind in self._kinds and self._kinds[kind] is not cls:
+            self._warn(f"torchdist-harness: fault kind {kind!r} from {origin} is ignored: "
+                       f"{self._origin[kind]} already registered it")
+            return
+        self._kinds[kind] = cls
+        self._origin[kind] = origin
+
+    def _add_from(self, obj: Any, origin: str) -> int:
+        """Register a Fault subclass, or every one defined in a module or package."""
+        if inspect.isclass(obj):
+            if not issubclass(obj, Fault):
+                raise TypeError(f"{obj!r} is not a harness.faults.Fault subclass")
+            self.add(obj, origin)
+            return 1
+        if not isinstance(obj, types.ModuleType):
+            raise TypeError(f"{obj!r} is neither a Fault subclass nor a module")
+        modules = [obj]
+        if hasattr(obj, "__path__"):   # a package: its modules, in name order
+            for info in sorted(pkgutil.iter_modules(obj.__path__), key=lambda m: m.name):
+                if not info.name.startswith("_"):
+                    modules.append(importlib.import_module(f"{obj.__name__}.{info.name}"))
+        n = 0
+        for mod in modules:
+            for _, cls in inspect.getmembers(mod, inspect.isclass):
+                if issubclass(cls, Fault) and cls.__module__ == mod.__name__ \
+                        and kind_of(cls) is not None and not inspect.isabstract(cls):
+                    self.add(cls, origin)
+                    n += 1
+        return n
+
+    def load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
         from importlib.metadata import entry_points
-        eps = entry_points()
-        group = (eps.select(group="torchdist_harness.faults") if hasattr(eps, "select")
-                 else eps.get("torchdist_harness.faults", []))  # type: ignore
-        for ep in group:
-            register(ep.load())
-    except Exception:  # a broken third-party plugin must not hide the built-in faults
-        pass
+
+        eps = list(entry_points(group=ENTRY_POINT_GROUP))
+        # the built-in kinds first, so that a plugin cannot shadow one
+        eps.sort(key=lambda ep: (ep.value.split(":")[0] != __name__, ep.name))
+        if not any(ep.value.split(":")[0] == __name__ for ep in eps):
+            # a source checkout that was never installed has no entry points: same scan
+            self._add_from(importlib.import_module(__name__), "harness (not installed)")
+        for ep in eps:
+            origin = f"entry point {ep.name!r} ({ep.value})"
+            try:
+                self._add_from(ep.load(), origin)
+            except Exception as e:  # noqa: BLE001 - one plugin must never hide the others
+                self._warn(f"torchdist-harness: the fault plugin {origin} failed to load and "
+                           f"is not available: {type(e).__name__}: {e}")
+
+    def get(self, kind: str) -> Optional[Type[Fault]]:
+        self.load()
+        return self._kinds.get(kind)
+
+    def kinds(self) -> List[str]:
+        self.load()
+        return sorted(self._kinds)
+
+    def items(self) -> Iterable[Tuple[str, Type[Fault]]]:
+        self.load()
+        return sorted(self._kinds.items())
+
+    def origin(self, kind: str) -> str:
+        self.load()
+        return self._origin.get(kind, "")
 
 
-def resolve(scn: Scenario) -> List[Fault]:
-    """The scenario's faults as validated plugin objects (the loader has already checked them)."""
-    return [FAULTS[f.kind].model_validate(f.model_dump()) for f in scn.faults]
+REGISTRY = Registry()
 
 
-_load()
+def fault_class(kind: str) -> Optional[Type[Fault]]:
+    return REGISTRY.get(kind)

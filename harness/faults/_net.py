@@ -1,35 +1,27 @@
-"""Shared parts of the network faults (they need the run's network namespaces)."""
+"""Shared parts of the network faults: they need the run's network namespaces, and they are
+timed (``at`` | ``phase``, ``heal_after``) like every trigger of the harness."""
 
-import re
-from typing import List, Optional
+from typing import ClassVar, List, Optional, Sequence
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from ..plan import NetActionPlan
-from ..schema import MAX_NAME, PositiveSeconds, Seconds
+from ..limits import MAX_NAME
+from ..requirements import NAMESPACES, Requirement
+from ..steps import Step
+from ..triggers import When
 from . import Fault
 
-PHASE_RE = re.compile(r"^(init|workload step [0-9]{1,4}|destroy)\Z", re.ASCII)
+
+class NetStep(Step):
+    """A change to the run's own network: it goes with the namespaces, so nothing is undone
+    at teardown (a heal, ``heal_after``, still undoes it during the run)."""
+
+    UNDO_AT_TEARDOWN = False
 
 
-class NetFault(Fault):
+class NetFault(Fault, When):
     needs_netns = True
-    at: Optional[Seconds] = Field(None, description="switch it on at this many seconds "
-                                "after the start line (default: before the ranks start)")
-    phase: Optional[str] = Field(None, description="or: when rank `rank` enters this phase "
-                                 "(init, workload step N, destroy)")
-    rank: int = Field(0, description="with phase: whose phase")
-    after: Seconds = Field(0.0, description="with phase: extra seconds")
-    heal_after: Optional[PositiveSeconds] = Field(
-        None, description="switch it off this many seconds after it was switched on")
-
-    @model_validator(mode="after")
-    def _when(self):
-        if self.at is not None and self.phase is not None:
-            raise ValueError("give at most one of 'at' and 'phase'")
-        if self.phase is not None and not PHASE_RE.match(self.phase):
-            raise ValueError(f"phase {self.phase[:40]!r}: use init, 'workload step N' or destroy")
-        return self
+    REQUIRES: ClassVar[Sequence[Requirement]] = (NAMESPACES,)
 
     def check_hosts(self, scn, names: List[str], field: str):
         problems = super().check(scn)
@@ -39,20 +31,11 @@ class NetFault(Fault):
                                  f"no host {n!r} (hosts: {', '.join(scn.host_names())})"))
         return problems
 
-    def net_action(self, op: str, **args) -> NetActionPlan:
-        return NetActionPlan(op=op, args=args, at=self.at, at_phase=self.phase,
-                             target=str(self.rank), after=self.after,
-                             undo_after=self.heal_after, why=self.kind)
-
-    def when(self) -> str:
-        if self.at is not None:
-            w = f"at {self.at:g} s"
-        elif self.phase is not None:
-            w = f"when rank {self.rank} enters {self.phase}" + (
-                f" + {self.after:g} s" if self.after else "")
-        else:
-            w = "from the start"
-        return w + (f", healed {self.heal_after:g} s later" if self.heal_after else "")
+    def add_step(self, plan, step) -> None:
+        """Add the fault's one step, timed by the fault's own fields (its heal included)."""
+        step.trigger = self.trigger()
+        plan.add_step(self, step)
+        step.undo_trigger = self.heal(step.id)
 
 
 class HostNetFault(NetFault):

@@ -1,14 +1,29 @@
 """bandwidth: a tc tbf rate limit on a host's link."""
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field
 
-from . import register
-from ._net import HostNetFault
+from ._net import HostNetFault, NetStep
 
 
-@register
+@dataclass
+class RateLimit(NetStep):
+    host: str = ""
+    rate: str = "1mbit"
+    direction: str = "out"
+
+    def do(self, rt):
+        rt.net.bandwidth(self.host, self.rate, direction=self.direction)
+
+    def undo(self, rt):
+        rt.net.clear_bandwidth(self.host, self.direction)
+
+    def describe(self):
+        return f"limit to {self.rate} ({self.direction})"
+
+
 class Bandwidth(HostNetFault):
     kind: Literal["bandwidth"] = "bandwidth"
     summary = "a tbf rate limit on a host's link"
@@ -18,7 +33,7 @@ class Bandwidth(HostNetFault):
 
     def apply(self, plan, scn):
         host = self.target_host(plan, scn)
-        plan.net_actions.append(self.net_action("bandwidth", host=host, rate=self.rate,
-                                            direction=self.direction))
+        self.add_step(plan, RateLimit(host=host, rate=self.rate, direction=self.direction,
+                                      target=f"host {host}"))
         plan.notes.append(f"bandwidth: {self.rate} {self.direction} on host {host}, "
                           f"{self.when()}")

@@ -4,12 +4,12 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
+from ..limits import MAX_WORLD, Seconds
 from ..plan import RankPlan, base_env, init_spec
-from ..schema import MAX_WORLD, Seconds
-from . import Fault, register
+from ..triggers import Trigger
+from . import Fault
 
 
-@register
 class ConcurrentJob(Fault):
     kind: Literal["concurrent_job"] = "concurrent_job"
     summary = "a second job on the same MASTER_PORT (two jobs on one machine, default port)"
@@ -30,6 +30,6 @@ class ConcurrentJob(Fault):
                 label=f"job2:{i}", rank=i,
                 env=base_env(scn, plan.master_addr, plan.master_port, i, n),
                 init=init_spec(scn, plan.master_addr, plan.master_port, i, n, plan.run_dir),
-                start_delay=self.delay))
+                release=Trigger.at_time(self.delay)))
         plan.notes.append(f"concurrent_job: a second job of {n} ranks (job2:0..{n - 1}) on port "
                           f"{plan.master_port}, {self.delay:g} s after the first")

@@ -4,11 +4,11 @@ from typing import List, Literal
 
 from pydantic import Field
 
-from ..schema import MAX_WORLD, Seconds
-from . import Fault, register
+from ..limits import MAX_WORLD, Seconds
+from ..triggers import Trigger
+from . import Fault
 
 
-@register
 class DelayedRank(Fault):
     kind: Literal["delayed_rank"] = "delayed_rank"
     summary = "chosen ranks are released this many seconds after the start line"
@@ -17,5 +17,5 @@ class DelayedRank(Fault):
 
     def apply(self, plan, scn):
         for r in plan.main_ranks(self.ranks):
-            r.start_delay = self.delay
+            r.release = Trigger.at_time(self.delay)
         plan.notes.append(f"delayed_rank: ranks {self.ranks} start {self.delay:g} s late")

@@ -1,19 +1,79 @@
-"""file_init: faults of file:// initialisation (per-rank paths, stale file, unwritable dir)."""
+"""file_init: faults of file:// initialisation (per-rank paths, stale file, unwritable dir).
 
+``python -m harness.faults.file_init --stale PATH WORLD_SIZE`` is the helper that leaves a
+FileStore file the way a killed job does: used, then SIGKILLed mid-run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Literal
+from typing import ClassVar, List, Literal
 
 from pydantic import Field
 
-from ..plan import PrepPlan, file_store_path
-from ..schema import MAX_WORLD
-from . import Fault, register
+from ..limits import MAX_WORLD
+from ..plan import file_store_path
+from ..requirements import Tool
+from ..steps import Step, StepError
+from . import Fault
+
+CHATTR = Tool("chattr", package="e2fsprogs", only_as_root=True,
+              ok="file_init unwritable_dir can make a directory immutable as root",
+              why="as root a 0555 directory is still writable, so file_init unwritable_dir "
+                  "makes it immutable with chattr +i")
 
 
-@register
+@dataclass
+class StaleFileStore(Step):
+    """Run a one-rank job on ``path`` and SIGKILL it mid-run, before the ranks start."""
+
+    path: str = ""
+    world_size: int = 1
+
+    def do(self, rt):
+        job = rt.run_helper("stale filestore", rt.python(
+            "harness.faults.file_init", "--stale", self.path, str(self.world_size)))
+        if job.returncode != -9 or not os.path.exists(self.path):
+            raise StepError(f"could not make a stale FileStore at {self.path}: rc "
+                            f"{job.returncode}: {job.stderr[-800:]}")
+
+    def describe(self):
+        return f"leave a stale FileStore at {self.path}"
+
+
+@dataclass
+class Unwritable(Step):
+    """A directory the ranks cannot write: mode 0555 and, as root (who writes anywhere),
+    immutable (chattr +i); undone at teardown so that the run directory can be removed."""
+
+    path: str = ""
+    UNDO_AT_TEARDOWN: ClassVar[bool] = True
+
+    def do(self, rt):
+        os.makedirs(self.path, exist_ok=True)
+        os.chmod(self.path, 0o555)
+        if os.geteuid() == 0:
+            p = subprocess.run(["chattr", "+i", self.path], capture_output=True, text=True)
+            if p.returncode != 0:
+                raise StepError(f"could not make {self.path} immutable (chattr +i): "
+                                f"{p.stderr.strip()}")
+
+    def undo(self, rt):
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", self.path], capture_output=True)
+        os.chmod(self.path, 0o755)
+
+    def describe(self):
+        return f"make {self.path} unwritable"
+
+
 class FileInit(Fault):
     kind: Literal["file_init"] = "file_init"
     summary = "file:// init with a path per rank, a stale file, or an unwritable directory"
+    REQUIRES = (CHATTR,)
     mode: Literal["per_rank_path", "stale_file", "unwritable_dir"]
     ranks: List[int] = Field(default_factory=lambda: [1], max_length=MAX_WORLD,
                              description="per_rank_path: ranks that get a path of their own")
@@ -25,19 +85,48 @@ class FileInit(Fault):
                                         f"{scn.init!r})"))
         return problems
 
+    def requirements(self, scn):
+        return self.REQUIRES if self.mode == "unwritable_dir" else ()
+
     def apply(self, plan, scn):
         path = file_store_path(plan.run_dir)
         if self.mode == "per_rank_path":
             for r in plan.main_ranks(self.ranks):
-                r.init.url = f"file://{path}-rank{r.label}"
+                r.init = r.init.with_url(f"file://{path}-rank{r.label}")
             plan.notes.append(f"file_init: ranks {self.ranks} use a path of their own")
         elif self.mode == "stale_file":
-            plan.preps.append(PrepPlan("stale_filestore", path, world_size=1))
+            plan.add_step(self, StaleFileStore(path=path, world_size=1, target="file store"))
             plan.notes.append(f"file_init: {path} left behind by a killed job")
         else:
             ro = str(Path(plan.run_dir) / "readonly")
-            plan.preps.append(PrepPlan("unwritable_dir", ro))
+            plan.add_step(self, Unwritable(path=ro, target="file store"))
             for r in plan.ranks:
-                r.init.url = f"file://{ro}/pg"
+                r.init = r.init.with_url(f"file://{ro}/pg")
             plan.notes.append(f"file_init: {ro} is not writable for the ranks (mode 0555; "
                               "as root also immutable, chattr +i, since root writes anywhere)")
+
+
+def make_stale_filestore(path: str, world_size: int) -> None:
+    """Leave a FileStore file the way a killed job does: used, then SIGKILLed mid-run."""
+    import signal
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from ..procs import die_with_parent
+
+    die_with_parent()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=world_size,
+                            timeout=timedelta(seconds=10))
+    dist.barrier()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) == 4 and sys.argv[1] == "--stale":
+        make_stale_filestore(sys.argv[2], int(sys.argv[3]))
+    else:
+        sys.exit("usage: python -m harness.faults.file_init --stale PATH WORLD_SIZE")

@@ -1,12 +1,12 @@
 """firewall: nftables drop or reject on a host, for the master port, data ports, a range or all."""
 
-from typing import Annotated, List, Literal, Optional, Union
+from dataclasses import dataclass, field
+from typing import Annotated, Any, List, Literal, Optional, Union
 
 from pydantic import Discriminator, Field, Tag
 
-from ..schema import Port
-from . import register
-from ._net import HostNetFault
+from ..limits import Port
+from ._net import HostNetFault, NetStep
 
 # one branch checked, chosen by the value's type: a bad port is one error, not one per branch
 PortSel = Annotated[
@@ -15,7 +15,29 @@ PortSel = Annotated[
     Discriminator(lambda v: "list" if isinstance(v, list) else "name")]
 
 
-@register
+@dataclass
+class FirewallRule(NetStep):
+    """An nftables rule in a host's namespace; undone by removing it."""
+
+    host: str = ""
+    action: str = "drop"
+    direction: str = "in"
+    ports: Any = "all"           # as Topology.firewall takes them
+    shown: str = ""
+    _handle: Optional[str] = field(default=None, init=False, repr=False, compare=False)
+
+    def do(self, rt):
+        self._handle = rt.net.firewall(self.host, action=self.action, direction=self.direction,
+                                       ports=self.ports)
+
+    def undo(self, rt):
+        if self._handle is not None:
+            rt.net.remove_rule(self.host, self._handle)
+
+    def describe(self):
+        return f"{self.action} {self.direction}bound {self.shown}"
+
+
 class Firewall(HostNetFault):
     kind: Literal["firewall"] = "firewall"
     summary = "nftables drop/reject on a host (inbound or outbound; master port, data ports...)"
@@ -28,6 +50,7 @@ class Firewall(HostNetFault):
 
     def apply(self, plan, scn):
         host = self.target_host(plan, scn)
+        ports: Any
         if self.port_range:
             ports = tuple(self.port_range)
             shown = f"ports {self.port_range[0]}-{self.port_range[1]}"
@@ -40,7 +63,7 @@ class Firewall(HostNetFault):
             ports, shown = "all", "all ports"
         else:
             ports, shown = list(self.ports), f"ports {self.ports}"
-        plan.net_actions.append(self.net_action("firewall", host=host, action=self.action,
-                                            direction=self.direction, ports=ports))
+        self.add_step(plan, FirewallRule(host=host, action=self.action, direction=self.direction,
+                                         ports=ports, shown=shown, target=f"host {host}"))
         plan.notes.append(f"firewall: {self.action} {self.direction}bound {shown} on host "
                           f"{host}, {self.when()}")

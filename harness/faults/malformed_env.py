@@ -4,8 +4,8 @@ from typing import Dict, List, Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from ..schema import MAX_WORLD, EnvValue, env_as_text
-from . import Fault, register
+from ..limits import MAX_WORLD, EnvValue, env_as_text
+from . import Fault
 
 ALLOWED = ("MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
@@ -29,7 +29,6 @@ def garbage(var: str, seed: int) -> str:
     return str(fake.random_element(makers)())
 
 
-@register
 class MalformedEnv(Fault):
     kind: Literal["malformed_env"] = "malformed_env"
     summary = "garbage values in MASTER_PORT, RANK, WORLD_SIZE... (faker, seeded)"

@@ -4,11 +4,10 @@ from typing import List, Literal, Optional
 
 from pydantic import Field
 
-from ..schema import MAX_ENV_VARS, MAX_WORLD, EnvName
-from . import Fault, register
+from ..limits import MAX_ENV_VARS, MAX_WORLD, EnvName
+from . import Fault
 
 
-@register
 class MissingEnv(Fault):
     kind: Literal["missing_env"] = "missing_env"
     summary = "variables such as WORLD_SIZE or MASTER_ADDR are unset"

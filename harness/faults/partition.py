@@ -1,15 +1,33 @@
 """partition: two groups of hosts cannot reach each other (optionally healed later)."""
 
-from typing import Annotated, List, Literal
+from dataclasses import dataclass, field
+from typing import Annotated, List, Literal, Optional
 
 from pydantic import Field
 
-from ..schema import MAX_HOSTS, MAX_NAME
-from . import register
-from ._net import NetFault
+from ..limits import MAX_HOSTS, MAX_NAME
+from ._net import NetFault, NetStep
 
 
-@register
+@dataclass
+class Cut(NetStep):
+    """Each side drops what comes from the other; undone by healing."""
+
+    a: List[str] = field(default_factory=list)
+    b: List[str] = field(default_factory=list)
+    _handle: Optional[str] = field(default=None, init=False, repr=False, compare=False)
+
+    def do(self, rt):
+        self._handle = rt.net.partition(self.a, self.b)
+
+    def undo(self, rt):
+        if self._handle is not None:
+            rt.net.heal(self._handle)
+
+    def describe(self):
+        return f"partition {self.a} | {self.b}"
+
+
 class Partition(NetFault):
     kind: Literal["partition"] = "partition"
     summary = "two groups of hosts cannot reach each other"
@@ -29,5 +47,6 @@ class Partition(NetFault):
         return problems
 
     def apply(self, plan, scn):
-        plan.net_actions.append(self.net_action("partition", a=self.groups[0], b=self.groups[1]))
+        self.add_step(plan, Cut(a=list(self.groups[0]), b=list(self.groups[1]),
+                                target="network"))
         plan.notes.append(f"partition: {self.groups[0]} | {self.groups[1]}, {self.when()}")

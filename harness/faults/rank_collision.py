@@ -4,10 +4,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from . import Fault, register
+from . import Fault
 
 
-@register
 class RankCollision(Fault):
     kind: Literal["rank_collision"] = "rank_collision"
     summary = "a process claims the rank of another"

@@ -4,10 +4,9 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from . import Fault, register
+from . import Fault
 
 
-@register
 class RankOutOfRange(Fault):
     kind: Literal["rank_out_of_range"] = "rank_out_of_range"
     summary = "a process is told a rank >= world_size (or negative)"

@@ -1,57 +1,88 @@
 """kill_rank and stop_rank: a signal to a rank at a time or when it enters a phase."""
 
-import re
-from typing import Literal, Optional
+from dataclasses import dataclass
+from typing import ClassVar, Literal, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from ..plan import ActionPlan
-from ..schema import Seconds
-from . import Fault, register
-
-PHASE_RE = re.compile(r"^(init|workload step [0-9]{1,4}|destroy)\Z", re.ASCII)
+from ..steps import Step
+from ..triggers import When
+from . import Fault
 
 
-class _SignalRank(Fault):
-    rank: int = Field(1, description="the rank that gets the signal")
-    at: Optional[Seconds] = Field(None, description="seconds after the start line")
-    phase: Optional[str] = Field(
-        None, description="or: when the rank enters this phase (init, workload step N, destroy)")
-    after: Seconds = Field(0.0, description="extra seconds after the phase is entered")
+@dataclass
+class Signal(Step):
+    """SIG<signal> to a rank's process group (recorded on the rank as evidence); its undo, for
+    a heal, sends ``heal_signal`` (SIGCONT after SIGSTOP). It fires only once the rank was
+    released, and never after it ended."""
 
-    @model_validator(mode="after")
-    def _when(self):
-        if (self.at is None) == (self.phase is None):
-            raise ValueError("give exactly one of 'at' (seconds) or 'phase'")
-        if self.phase is not None and not PHASE_RE.match(self.phase):
-            raise ValueError(f"phase {self.phase[:40]!r}: use init, 'workload step N' or destroy")
-        return self
+    rank: str = ""
+    signal: str = "KILL"
+    heal_signal: Optional[str] = None
+    UNDO_AT_TEARDOWN: ClassVar[bool] = False   # the ranks are killed at the end anyway
+
+    def can_fire(self, rt):
+        r = rt.rank(self.rank)
+        return r.released and not r.ended
+
+    def do(self, rt):
+        rt.rank(self.rank).signal(self.signal)
+
+    def undo(self, rt):
+        if self.heal_signal:
+            r = rt.rank(self.rank)
+            if not r.ended:
+                r.signal(self.heal_signal)
+
+    def describe(self):
+        return f"SIG{self.signal} to rank {self.rank}"
+
+
+class _SignalRank(Fault, When):
+    WHEN_REQUIRED = True
+    rank: int = Field(1, description="the rank that gets the signal (and whose phase counts)")
 
     def _signal(self) -> str:
         raise NotImplementedError
 
+    def _heal_signal(self) -> Optional[str]:
+        return None
+
     def apply(self, plan, scn):
         sig = self._signal()
-        plan.actions.append(ActionPlan(target=str(self.rank), signal=sig, at=self.at,
-                                       at_phase=self.phase, after=self.after, why=self.kind))
+        step = Signal(rank=str(self.rank), signal=sig, heal_signal=self._heal_signal(),
+                      trigger=self.trigger(), target=f"rank {self.rank}")
+        plan.add_step(self, step)
+        step.undo_trigger = self.heal(step.id) if self._heal_signal() else None
         when = f"at {self.at:g} s" if self.at is not None else f"{self.after:g} s into {self.phase}"
-        plan.notes.append(f"{self.kind}: SIG{sig} to rank {self.rank} {when}")
+        heal = f", SIG{self._heal_signal()} {self.heal_after:g} s later" \
+            if self._heal_signal() and self.heal_after else ""
+        plan.notes.append(f"{self.kind}: SIG{sig} to rank {self.rank} {when}{heal}")
 
 
-@register
 class KillRank(_SignalRank):
     kind: Literal["kill_rank"] = "kill_rank"
     summary = "SIGKILL (or another fatal signal) to a rank at a time or phase"
     signal: Literal["KILL", "TERM", "SEGV", "ABRT", "INT"] = "KILL"
 
+    def check(self, scn):
+        problems = super().check(scn)
+        if self.heal_after is not None:
+            problems.append((("heal_after",), "a killed rank cannot be healed (stop_rank can: "
+                                              "SIGCONT after heal_after)"))
+        return problems
+
     def _signal(self) -> str:
         return self.signal
 
 
-@register
 class StopRank(_SignalRank):
     kind: Literal["stop_rank"] = "stop_rank"
-    summary = "SIGSTOP a rank at a time or phase (it freezes, like a stuck host)"
+    summary = "SIGSTOP a rank at a time or phase (it freezes, like a stuck host); heal_after: " \
+        "SIGCONT that many seconds later"
 
     def _signal(self) -> str:
         return "STOP"
+
+    def _heal_signal(self) -> Optional[str]:
+        return "CONT" if self.heal_after is not None else None

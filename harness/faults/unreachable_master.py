@@ -5,11 +5,10 @@ from typing import List, Literal, Optional
 
 from pydantic import Field
 
-from ..schema import MAX_WORLD
-from . import Fault, register
+from ..limits import MAX_WORLD
+from . import Fault
 
 
-@register
 class UnreachableMaster(Fault):
     kind: Literal["unreachable_master"] = "unreachable_master"
     summary = "MASTER_ADDR points at an address where no host answers"
@@ -26,5 +25,5 @@ class UnreachableMaster(Fault):
         for r in plan.main_ranks(self.ranks):
             r.env["MASTER_ADDR"] = addr
             if r.init.method == "tcp":
-                r.init.url = f"tcp://{addr}:{r.env['MASTER_PORT']}"
+                r.init = r.init.with_url(f"tcp://{addr}:{r.env['MASTER_PORT']}")
         plan.notes.append(f"unreachable_master: MASTER_ADDR={addr}, where no host is")

@@ -9,11 +9,10 @@ from typing import List, Literal, Optional
 
 from pydantic import Field
 
-from ..schema import MAX_ADDR, MAX_WORLD
-from . import Fault, register
+from ..limits import MAX_ADDR, MAX_WORLD
+from . import Fault
 
 
-@register
 class UnresolvableHost(Fault):
     kind: Literal["unresolvable_host"] = "unresolvable_host"
     summary = "MASTER_ADDR is a host name that does not resolve (looked up without DNS)"
@@ -27,6 +26,6 @@ class UnresolvableHost(Fault):
         for r in plan.main_ranks(self.ranks):
             r.env["MASTER_ADDR"] = self.name
             if r.init.method == "tcp":
-                r.init.url = f"tcp://{self.name}:{r.env['MASTER_PORT']}"
+                r.init = r.init.with_url(f"tcp://{self.name}:{r.env['MASTER_PORT']}")
         plan.notes.append(f"unresolvable_host: MASTER_ADDR={self.name}; the ranks' resolver "
                           "view has no DNS, so the lookup fails locally (no query leaves)")

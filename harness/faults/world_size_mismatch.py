@@ -4,11 +4,10 @@ from typing import List, Literal
 
 from pydantic import Field
 
-from ..schema import MAX_WORLD
-from . import Fault, register
+from ..limits import MAX_WORLD
+from . import Fault
 
 
-@register
 class WorldSizeMismatch(Fault):
     kind: Literal["world_size_mismatch"] = "world_size_mismatch"
     summary = "chosen ranks are told another WORLD_SIZE"

@@ -4,12 +4,11 @@ from typing import List, Literal
 
 from pydantic import Field
 
+from ..limits import MAX_ADDR, MAX_WORLD, bare_address_problem
 from ..safety import refuse_address
-from ..schema import MAX_ADDR, MAX_WORLD, bare_address_problem
-from . import Fault, register
+from . import Fault
 
 
-@register
 class WrongAddr(Fault):
     kind: Literal["wrong_addr"] = "wrong_addr"
     summary = "chosen ranks get another MASTER_ADDR"
@@ -29,5 +28,5 @@ class WrongAddr(Fault):
         for r in plan.main_ranks(self.ranks):
             r.env["MASTER_ADDR"] = self.addr
             if r.init.method == "tcp":
-                r.init.url = f"tcp://{self.addr}:{r.env['MASTER_PORT']}"
+                r.init = r.init.with_url(f"tcp://{self.addr}:{r.env['MASTER_PORT']}")
         plan.notes.append(f"wrong_addr: ranks {self.ranks} get MASTER_ADDR={self.addr}")

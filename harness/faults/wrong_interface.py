@@ -4,13 +4,12 @@ from typing import List, Literal, Optional
 
 from pydantic import Field
 
-from ..schema import MAX_WORLD
-from . import Fault, register
+from ..limits import MAX_WORLD
+from . import Fault
 
 VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
-@register
 class WrongInterface(Fault):
     kind: Literal["wrong_interface"] = "wrong_interface"
     summary = "the socket interface variables unset, naming a missing or a wrong interface"

@@ -4,11 +4,10 @@ from typing import List, Literal, Optional
 
 from pydantic import Field
 
-from ..schema import MAX_WORLD
-from . import Fault, register
+from ..limits import MAX_WORLD
+from . import Fault
 
 
-@register
 class WrongPort(Fault):
     kind: Literal["wrong_port"] = "wrong_port"
     summary = "chosen ranks dial another MASTER_PORT than the master listens on"
@@ -22,6 +21,6 @@ class WrongPort(Fault):
         for r in plan.main_ranks(self.ranks):
             r.env["MASTER_PORT"] = str(port)
             if r.init.method == "tcp":
-                r.init.url = f"tcp://{r.env['MASTER_ADDR']}:{port}"
+                r.init = r.init.with_url(f"tcp://{r.env['MASTER_ADDR']}:{port}")
         plan.notes.append(f"wrong_port: ranks {self.ranks} dial port {port}, the master listens "
                           f"on {plan.master_port}")

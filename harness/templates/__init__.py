@@ -22,11 +22,10 @@ def _value(field: Any) -> str:
 
 
 def fault_examples() -> str:
-    from ..faults import FAULTS
+    from ..faults import REGISTRY
 
     lines: List[str] = []
-    for kind in sorted(FAULTS):
-        cls = FAULTS[kind]
+    for kind, cls in REGISTRY.items():
         fields = [(n, f) for n, f in cls.model_fields.items() if n != "kind"]
         params = [f"{n}: {_value(f)}" for n, f in fields
                   if f.is_required() or f.get_default(call_default_factory=True) is not None]

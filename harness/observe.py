@@ -1,0 +1,104 @@
+"""Observations: what the supervisor saw of a run, typed (dicts only at the JSON edge).
+
+A :class:`RunObservation` holds one :class:`RankObservation` per process the launcher made
+(its events, exit, signals sent to it, stacks and output tails), the step log (what the
+faults did and when), and the evidence taken around the run (who held the master port, the
+firewall rules at the end). ``classify`` reads it; ``to_dict``/``from_dict`` are the JSON edge
+(``observation.json`` in the evidence, the report).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from .protocol import READY, Event, result_of
+from .steps import StepRecord
+
+
+@dataclass
+class SignalSent:
+    """A signal a step sent to a rank (evidence: a rank killed by it is 'sent by the fault')."""
+
+    signal: str                          # KILL, STOP, CONT...
+    t: float                             # seconds after the start line
+    why: str = ""                        # the fault kind
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"signal": self.signal, "t": self.t, "why": self.why}
+
+
+@dataclass
+class RankObservation:
+    label: str
+    pid: Optional[int] = None
+    host: str = "local"
+    addr: str = "127.0.0.1"
+    events: List[Event] = field(default_factory=list)
+    returncode: Optional[int] = None     # negative: killed by that signal
+    killed_at_deadline: bool = False
+    signals: List[SignalSent] = field(default_factory=list)
+    stacks: str = ""                     # faulthandler's dump (all threads) of a hung rank
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    native_stacks: str = ""              # py-spy dump --native of a hung rank, where permitted
+    released_at: Optional[float] = None  # seconds after the start line
+    ended_at: Optional[float] = None     # seconds after the start line (as seen by the supervisor)
+
+    def result(self) -> Optional[Event]:
+        return result_of(self.events)
+
+    def ready(self) -> bool:
+        return any(e.ev == READY for e in self.events)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"label": self.label, "pid": self.pid, "host": self.host, "addr": self.addr,
+                "events": [e.to_dict() for e in self.events], "returncode": self.returncode,
+                "killed_at_deadline": self.killed_at_deadline,
+                "signals": [s.to_dict() for s in self.signals], "stacks": self.stacks,
+                "stdout_tail": self.stdout_tail, "stderr_tail": self.stderr_tail,
+                "native_stacks": self.native_stacks, "released_at": self.released_at,
+                "ended_at": self.ended_at}
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> RankObservation:
+        return cls(label=str(d["label"]), pid=d.get("pid"), host=d.get("host", "local"),
+                   addr=d.get("addr", ""),
+                   events=[Event.from_dict(e) for e in d.get("events", [])],
+                   returncode=d.get("returncode"),
+                   killed_at_deadline=bool(d.get("killed_at_deadline")),
+                   signals=[SignalSent(str(s.get("signal")), float(s.get("t", 0.0)),
+                                       str(s.get("why", ""))) for s in d.get("signals", [])],
+                   stacks=d.get("stacks", ""), stdout_tail=d.get("stdout_tail", ""),
+                   stderr_tail=d.get("stderr_tail", ""),
+                   native_stacks=d.get("native_stacks", ""),
+                   released_at=d.get("released_at"), ended_at=d.get("ended_at"))
+
+
+@dataclass
+class RunObservation:
+    plan: Dict[str, Any]                 # the plan as it ran (its JSON form)
+    torch_version: str
+    ranks: List[RankObservation]
+    wall: float                          # seconds from the start line to the end of the run
+    run_dir: str
+    t0: float = 0.0                      # the start line, on the monotonic clock
+    step_log: List[StepRecord] = field(default_factory=list)   # what the faults did, when
+    port_owners: List[Dict[str, Any]] = field(default_factory=list)  # who held MASTER_PORT
+    rules: Dict[str, str] = field(default_factory=dict)          # nft rules per host at the end
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"plan": self.plan, "torch_version": self.torch_version,
+                "ranks": [r.to_dict() for r in self.ranks], "wall": self.wall,
+                "run_dir": self.run_dir, "t0": self.t0,
+                "step_log": [s.to_dict() for s in self.step_log],
+                "port_owners": self.port_owners, "rules": self.rules}
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> RunObservation:
+        return cls(plan=d.get("plan", {}), torch_version=str(d.get("torch_version", "")),
+                   ranks=[RankObservation.from_dict(r) for r in d.get("ranks", [])],
+                   wall=float(d.get("wall", 0.0)), run_dir=str(d.get("run_dir", "")),
+                   t0=float(d.get("t0", 0.0)),
+                   step_log=[StepRecord(**s) for s in d.get("step_log", [])],
+                   port_owners=list(d.get("port_owners", [])), rules=dict(d.get("rules", {})))

@@ -1,0 +1,154 @@
+"""When things happen: the one trigger model for every timed thing of a run (pure).
+
+A rank's release (a late rank), a signal, a port holder's exit, a firewall rule and its heal,
+a step of a third-party fault: each has a :class:`Trigger` with exactly one anchor:
+
+* set-up: before the ranks start (nothing anchors it);
+* ``at``: seconds after the start line;
+* ``phase``: when a rank enters a phase (one syntax: :mod:`harness.protocol`), plus ``delay``;
+* ``after``: when another step was done, plus ``delay`` (a heal ``heal_after`` s later).
+
+A trigger is data; whether it holds is asked of a :class:`Clock`, which the supervisor gives
+(phase entry times of the ranks, when each step was done). The YAML side is :class:`When`, the
+fields every timed fault shares (``at`` | ``phase`` + ``rank`` + ``after``, and ``heal_after``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Dict, Optional, Protocol
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from .limits import PositiveSeconds, Seconds
+from .protocol import TRIGGER_PHASE_HELP, check_trigger_phase
+
+
+class Clock(Protocol):
+    """What a trigger needs to know about the run so far (seconds from the start line)."""
+
+    def phase_entered(self, rank: str, phase: str) -> Optional[float]: ...
+
+    def step_done(self, step_id: str) -> Optional[float]: ...
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """When: at set-up (no anchor), ``at`` s after the start line, ``delay`` s after rank
+    ``rank`` enters ``phase``, or ``delay`` s after step ``after`` was done."""
+
+    at: Optional[float] = None
+    rank: Optional[str] = None
+    phase: Optional[str] = None
+    after: Optional[str] = None
+    delay: float = 0.0
+
+    def __post_init__(self) -> None:
+        anchors = sum(x is not None for x in (self.at, self.phase, self.after))
+        if anchors > 1:
+            raise ValueError("a trigger has at most one of at, phase and after")
+        if (self.phase is None) != (self.rank is None):
+            raise ValueError("a phase trigger names both the rank and the phase")
+        if self.phase is not None:
+            check_trigger_phase(self.phase)
+        if self.delay < 0 or (self.at is not None and self.at < 0):
+            raise ValueError("trigger times are never negative")
+
+    # -- the four kinds --------------------------------------------------------------------------
+    @classmethod
+    def setup(cls) -> Trigger:
+        return cls()
+
+    @classmethod
+    def at_time(cls, t: float) -> Trigger:
+        return cls(at=float(t))
+
+    @classmethod
+    def on_phase(cls, rank: Any, phase: str, delay: float = 0.0) -> Trigger:
+        return cls(rank=str(rank), phase=phase, delay=float(delay))
+
+    @classmethod
+    def after_step(cls, step_id: str, delay: float = 0.0) -> Trigger:
+        return cls(after=step_id, delay=float(delay))
+
+    @property
+    def is_setup(self) -> bool:
+        return self.at is None and self.phase is None and self.after is None
+
+    def when(self, clock: Clock) -> Optional[float]:
+        """The time (s after the start line) this trigger holds from, if it is known yet."""
+        if self.at is not None:
+            return self.at
+        if self.phase is not None:
+            assert self.rank is not None
+            t = clock.phase_entered(self.rank, self.phase)
+            return None if t is None else t + self.delay
+        if self.after is not None:
+            t = clock.step_done(self.after)
+            return None if t is None else t + self.delay
+        return 0.0
+
+    def due(self, now: float, clock: Clock) -> bool:
+        t = self.when(clock)
+        return t is not None and now >= t
+
+    def describe(self) -> str:
+        if self.at is not None:
+            return f"at {self.at:g} s"
+        if self.phase is not None:
+            return f"when rank {self.rank} enters {self.phase}" + (
+                f" + {self.delay:g} s" if self.delay else "")
+        if self.after is not None:
+            return f"{self.delay:g} s after {self.after}"
+        return "at set-up"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {k: v for k, v in (("at", self.at), ("rank", self.rank), ("phase", self.phase),
+                                  ("after", self.after), ("delay", self.delay or None))
+                if v is not None}
+
+
+class When(BaseModel):
+    """The YAML fields of a timed fault: ``at`` (s after the start line) or ``phase`` (+ whose:
+    ``rank``, + ``after`` s), and ``heal_after`` (undone that many seconds after it was done).
+
+    Subclasses say whether a time is required (``WHEN_REQUIRED``) and which rank's phase is
+    meant by default (``rank``, whose default a subclass may change)."""
+
+    WHEN_REQUIRED: ClassVar[bool] = False   # True: a time (at or phase) must be given
+
+    at: Optional[Seconds] = Field(None, description="seconds after the start line")
+    phase: Optional[str] = Field(None, description=f"or: when `rank` enters this phase "
+                                 f"({TRIGGER_PHASE_HELP})")
+    rank: int = Field(0, description="with phase: whose phase")
+    after: Seconds = Field(0.0, description="with phase: extra seconds after it is entered")
+    heal_after: Optional[PositiveSeconds] = Field(None, description="undo it this many "
+                                                  "seconds after it was done")
+
+    @field_validator("phase")
+    @classmethod
+    def _phase(cls, v: Optional[str]) -> Optional[str]:
+        return None if v is None else check_trigger_phase(v)
+
+    @model_validator(mode="after")
+    def _one_anchor(self) -> When:
+        if self.at is not None and self.phase is not None:
+            raise ValueError("give at most one of 'at' and 'phase'")
+        if self.WHEN_REQUIRED and self.at is None and self.phase is None:
+            raise ValueError("give exactly one of 'at' (seconds) or 'phase'")
+        return self
+
+    def trigger(self) -> Trigger:
+        if self.at is not None:
+            return Trigger.at_time(self.at)
+        if self.phase is not None:
+            return Trigger.on_phase(self.rank, self.phase, self.after)
+        return Trigger.setup()
+
+    def heal(self, step_id: str) -> Optional[Trigger]:
+        return None if self.heal_after is None else Trigger.after_step(step_id, self.heal_after)
+
+    def when(self) -> str:
+        w = self.trigger().describe()
+        w = "from the start" if w == "at set-up" else w
+        return w + (f", healed {self.heal_after:g} s later" if self.heal_after else "")
