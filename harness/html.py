@@ -265,7 +265,7 @@ def legend_html() -> str:
              ("destroy", PHASE_COLOURS["destroy"]), ("exit", PHASE_COLOURS["exit"])]
     parts = [f'<span class="key"><i style="background:{c}"></i>{esc(n)}</span>' for n, c in items]
     parts += ['<span class="key"><i style="background:#f4c7c3;border-color:#c62828"></i>'
-              'a fault step in effect (a held port, a firewall rule...)</span>',
+              'a fault step in effect (a held port, a filter rule...)</span>',
               '<span class="key"><b>|</b> signal / release by a fault</span>',
               '<span class="key"><b>▼</b> released late</span>',
               '<span class="key"><b style="color:#c62828">✕</b> killed at the deadline</span>',

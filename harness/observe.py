@@ -3,7 +3,7 @@
 A :class:`RunObservation` holds one :class:`RankObservation` per process the launcher made
 (its events, exit, signals sent to it, stacks and output tails), the step log (what the
 faults did and when), and the evidence taken around the run (who held the master port, the
-firewall rules at the end). ``classify`` reads it; ``to_dict``/``from_dict`` are the JSON edge
+nftables rules at the end). ``classify`` reads it; ``to_dict``/``from_dict`` are the JSON edge
 (``observation.json`` in the evidence, the report).
 """
 

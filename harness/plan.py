@@ -128,7 +128,7 @@ class RunPlan:
         return self.take_port()
 
     def add_step(self, fault: Any, step: Step) -> Step:
-        """Add a fault's step; it gets its id ("firewall#2") and its fault's kind."""
+        """Add a fault's step; it gets its id ("<kind>#2") and its fault's kind."""
         step.fault = getattr(fault, "kind", str(fault))
         step.id = f"{step.fault}#{len(self.steps) + 1}"
         self.steps.append(step)

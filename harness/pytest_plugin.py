@@ -5,7 +5,7 @@ it. Collected: ``*.yaml`` / ``*.yml`` files inside a folder named ``scenarios`` 
 rootdir or a given path), or named on the command line, or matching a glob of the
 ``harness_scenarios`` ini option. Each case
 of a file is one item ``file.yaml::name[case]``; ``marks:`` become pytest markers; fault kinds
-are keywords (``-k busy_port``). A broken file is one located collection error (no traceback)
+are keywords (``-k KIND``). A broken file is one located collection error (no traceback)
 and, unless other collection errors exist, the remaining scenarios still run.
 
 The run happens in the item's setup (a failure of the harness there is a test *error*); the

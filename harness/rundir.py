@@ -107,7 +107,7 @@ class RunDir:
 
 def _rmtree(path: Path) -> None:
     """Remove a run directory whatever a step made of it: read-only folders get their mode back,
-    and as root immutable ones (chattr +i, which file_init's step makes and undoes itself, but
+    and as root immutable ones (chattr +i, which a step may make and undoes itself, but
     not when the run was killed) lose the flag."""
     def onerror(func, p, exc):
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Iterable, Optional
 
+from .faults import REGISTRY
 from .resolver import loopback_names, machine_hostname
 
 
@@ -36,7 +37,7 @@ def refuse_address(addr: str, own_subnets: Iterable[str] = ()) -> Optional[str]:
                 "resolving it could send a DNS query off this machine. The harness sends "
                 f"traffic only to loopback (127.0.0.0/8, ::1, the names {accepted}) and to its "
                 "own namespaces' subnet; for a name that does not resolve use the "
-                "unresolvable_host fault")
+                f"{REGISTRY.kind_for('a name that does not resolve')} fault")
     if ip.is_loopback:
         return None
     for net in own_subnets:

@@ -340,7 +340,7 @@ class Scenario(Strict):
                                        "store; default: the first host")
     isolate: Literal["auto", "always", "never"] = Field(
         "auto", description="run a single-host scenario in a private network namespace (private "
-        "ports, a firewall on lo touches nothing else): auto = when the harness can")
+        "ports, a filter rule on lo touches nothing else): auto = when the harness can")
     env: Dict[EnvName, EnvValue] = Field(
         default_factory=dict, max_length=MAX_ENV_VARS,
         description="extra env for every rank (names of letters, digits and _)")

@@ -1,8 +1,8 @@
 """Topology: the hosts of one harness run, made of Linux network namespaces, and their faults.
 
 This module owns everything a run does to the network: it makes one network namespace per
-scenario host, links them, applies network faults (firewall rules, partitions, packet loss,
-bandwidth limits, each host's resolver view in ``/etc/netns``) and always removes all of it.
+scenario host, links them, applies network changes (filter rules, cuts, random drops,
+rate limits, each host's resolver view in ``/etc/netns``) and always removes all of it.
 It never configures anything in the root network namespace: no interface, no bridge, no
 nftables table there. It uses only the standard library and the ``ip``, ``nft`` and ``tc``
 programs, and needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); see :func:`missing`.
@@ -41,10 +41,11 @@ assumes sweep runs in the same pid namespace as the runs it judges.
 Faults
 ------
 Firewall rules match every interface of the host, loopback included: a process dialing its
-own host's address is subject to them, as it would be behind a host firewall that filters
-``lo`` too. Packet loss and bandwidth act on the host's link (``ifname``) only. Partitions drop,
+own host's address is subject to them, as it would be behind a host packet filter that filters
+``lo`` too. Random drops and rate limits act on the host's link (``ifname``) only. Cuts drop,
 on each side, inbound packets whose source is a host of the other side. Latency cannot be
-injected: this kernel has no ``netem`` qdisc (``tbf``'s ``latency`` is only its queue bound).
+added only with the ``netem`` qdisc (:meth:`Topology.add_delay`; :func:`qdisc_missing` says if
+the kernel has one; tbf's own queue-bound argument adds no delay).
 Names
 -----
 Every host namespace gets the harness's resolver view (:mod:`harness.resolver`) in
@@ -687,7 +688,7 @@ class Topology:
                 f"peer must be a host of this topology or an IPv4 address, got {peer!r}"
             ) from None
 
-    def firewall(
+    def filter_rule(
         self,
         host: str,
         *,
@@ -735,7 +736,7 @@ class Topology:
         return self._add_rules("fw", {host: [(chain, " ".join(parts))]})
 
     def remove_rule(self, host: str, handle: str) -> None:
-        """Remove the rules behind a handle from :meth:`firewall` or :meth:`packet_loss`."""
+        """Remove the rules behind a handle from :meth:`filter_rule` or :meth:`random_drop`."""
         self._require_up()
         rules = self._rules.get(handle)
         if rules is None:
@@ -745,7 +746,7 @@ class Topology:
         self._delete_rules(rules)
         del self._rules[handle]
 
-    def partition(self, group_a: Sequence[str], group_b: Sequence[str]) -> str:
+    def cut(self, group_a: Sequence[str], group_b: Sequence[str]) -> str:
         """Cut every packet between the two groups (both ways, live connections too).
 
         Each host drops inbound packets from the other group's addresses, so senders see
@@ -753,12 +754,12 @@ class Topology:
         """
         self._require_up()
         if not self.link:
-            raise ValueError("partition needs a linked topology (several hosts or link=True)")
+            raise ValueError("a cut needs a linked topology (several hosts or link=True)")
         a, b = list(group_a), list(group_b)
         if not a or not b:
-            raise ValueError("both sides of a partition need at least one host")
+            raise ValueError("both sides of a cut need at least one host")
         if set(a) & set(b):
-            raise ValueError(f"hosts on both sides of a partition: {sorted(set(a) & set(b))}")
+            raise ValueError(f"hosts on both sides of a cut: {sorted(set(a) & set(b))}")
         for name in a + b:
             self.host(name)
 
@@ -770,17 +771,17 @@ class Topology:
             rules[name] = [("input", f"ip saddr {addrs(b)} drop")]
         for name in b:
             rules[name] = [("input", f"ip saddr {addrs(a)} drop")]
-        return self._add_rules("partition", rules)
+        return self._add_rules("cut", rules)
 
     def heal(self, handle: str) -> None:
-        """Remove a partition (or any other rule handle)."""
+        """Remove a cut (or any other rule handle)."""
         self._require_up()
         rules = self._rules.pop(handle, None)
         if rules is None:
             raise ValueError(f"no active rule {handle!r}; active: {sorted(self._rules)}")
         self._delete_rules(rules)
 
-    def packet_loss(self, host: str, percent: float, direction: LossDirection = "both") -> str:
+    def random_drop(self, host: str, percent: float, direction: LossDirection = "both") -> str:
         """Drop ``percent`` % of the packets on the host's link, at random; returns a handle.
 
         Uses ``numgen random mod 10000 < percent*100`` (0.01 % steps); 100 % is a plain drop.
@@ -819,24 +820,24 @@ class Topology:
             links.append((self.switch_netns, self._ports[host]))
         return links
 
-    def bandwidth(
+    def rate_limit(
         self,
         host: str,
         rate: str,
         burst: Optional[str] = None,
-        latency: str = "400ms",
+        queue_bound: str = "400ms",
         direction: LossDirection = "out",
     ) -> None:
         """Limit the host's link with a ``tbf`` qdisc (``tc qdisc replace``).
 
         ``out`` shapes what the host sends (its ``eth0``), ``in`` what it receives (the
-        bridge-side end of its veth, in the switch namespace). ``latency`` is tbf's bound on
-        queueing, not added delay. ``burst`` defaults to 16kb, or 80kb on loopback, whose
-        64 KiB packets tbf would otherwise drop.
+        bridge-side end of its veth, in the switch namespace). ``queue_bound`` (tbf's own
+        keyword for it is "latency") bounds queueing; it adds no delay. ``burst`` defaults to
+        16kb, or 80kb on loopback, whose 64 KiB packets tbf would otherwise drop.
         """
         self._require_up()
         _check_tc_value("rate", rate)
-        _check_tc_value("latency", latency)
+        _check_tc_value("queue_bound", queue_bound)
         if burst is None:
             burst = "16kb" if self.link else "80kb"
         _check_tc_value("burst", burst)
@@ -856,18 +857,18 @@ class Topology:
                     rate,
                     "burst",
                     burst,
-                    "latency",
-                    latency,
+                    "latency",   # tbf's keyword for its queue bound
+                    queue_bound,
                 ]
             )
 
-    def clear_bandwidth(self, host: str, direction: LossDirection = "both") -> None:
-        """Remove a limit set by :meth:`bandwidth` (no error if there is none)."""
+    def clear_rate_limit(self, host: str, direction: LossDirection = "both") -> None:
+        """Remove a limit set by :meth:`rate_limit` (no error if there is none)."""
         self._require_up()
         for netns, dev in self._shaped_links(host, direction):
             _run(["tc", "-n", netns, "qdisc", "delete", "dev", dev, "root"], ok_if_gone=True)
 
-    def latency(self, host: str, delay_ms: float, jitter_ms: float = 0.0) -> None:
+    def add_delay(self, host: str, delay_ms: float, jitter_ms: float = 0.0) -> None:
         """Delay what the host sends on its link with a ``netem`` qdisc (where the kernel has
         one: :func:`qdisc_missing`)."""
         self._require_up()
@@ -876,8 +877,8 @@ class Topology:
                 "delay", f"{delay_ms}ms"] + ([f"{jitter_ms}ms"] if jitter_ms else [])
         _run(argv)
 
-    def clear_latency(self, host: str) -> None:
-        """Remove a delay set by :meth:`latency` (no error if there is none)."""
+    def clear_delay(self, host: str) -> None:
+        """Remove a delay set by :meth:`add_delay` (no error if there is none)."""
         self._require_up()
         net = self.host(host)
         _run(["tc", "-n", net.netns, "qdisc", "delete", "dev", net.ifname, "root"],

@@ -1,6 +1,6 @@
 """When things happen: the one trigger model for every timed thing of a run (pure).
 
-A rank's release (a late rank), a signal, a port holder's exit, a firewall rule and its heal,
+A rank's release (a late rank), a signal, a port holder's exit, a network rule and its heal,
 a step of a third-party fault: each has a :class:`Trigger` with exactly one anchor:
 
 * set-up: before the ranks start (nothing anchors it);

@@ -328,7 +328,7 @@ def test_firewall_drop_inbound_times_out_and_removal_restores(topology) -> None:
     topo = topology(["a", "b"])
     b = topo.host("b")
     with _serve(topo, "b", SERVER, 29600):
-        handle = topo.firewall("b", action="drop", direction="in", ports=[29600])
+        handle = topo.filter_rule("b", action="drop", direction="in", ports=[29600])
         assert _connect(topo, "a", b.addr, 29600)[0] == "timeout"
         topo.remove_rule("b", handle)
         assert _connect(topo, "a", b.addr, 29600)[0] == "ok"
@@ -339,7 +339,7 @@ def test_firewall_reject_inbound_is_refused_at_once(topology) -> None:
     topo = topology(["a", "b"])
     b = topo.host("b")
     with _serve(topo, "b", SERVER, 29600):
-        topo.firewall("b", action="reject", direction="in", ports=(29590, 29610))
+        topo.filter_rule("b", action="reject", direction="in", ports=(29590, 29610))
         result, seconds = _connect(topo, "a", b.addr, 29600, timeout=5)
         assert result == "refused" and seconds < 2
 
@@ -347,13 +347,13 @@ def test_firewall_reject_inbound_is_refused_at_once(topology) -> None:
 def test_firewall_outbound_only_hits_the_given_peer(topology) -> None:
     topo = topology(["a", "b", "c"])
     with _serve(topo, "b", SERVER, 29600), _serve(topo, "c", SERVER, 29600):
-        handle = topo.firewall("a", action="drop", direction="out", ports="all", peer="b")
+        handle = topo.filter_rule("a", action="drop", direction="out", ports="all", peer="b")
         results = _connect_all(
             topo, [("a", topo.host("b").addr, 29600), ("a", topo.host("c").addr, 29600)]
         )
         assert [r for r, _ in results] == ["timeout", "ok"]
         topo.remove_rule("a", handle)
-        topo.firewall("a", action="reject", direction="out", ports=29600)
+        topo.filter_rule("a", action="reject", direction="out", ports=29600)
         assert _connect(topo, "a", topo.host("b").addr, 29600)[0] == "refused"
 
 
@@ -363,7 +363,7 @@ def test_firewall_except_master_port_lets_the_store_through_and_blocks_new_mesh_
     topo = topology(["a", "b"])
     a, b = topo.host("a"), topo.host("b")
     with _serve(topo, "a", SERVER, 29601), _serve(topo, "b", SERVER, 29500, 29601):
-        handle = topo.firewall("b", action="drop", direction="in", ports={"except": [29500]})
+        handle = topo.filter_rule("b", action="drop", direction="in", ports={"except": [29500]})
         assert "ct state new" in topo.rules("b")
         results = _connect_all(
             topo,
@@ -393,19 +393,19 @@ def test_firewall_rejects_bad_arguments(topology) -> None:
     for kwargs in bad:
         args: Dict[str, Any] = {"action": "drop", "direction": "in", **kwargs}
         with pytest.raises(ValueError):
-            topo.firewall("b", **args)
+            topo.filter_rule("b", **args)
     with pytest.raises(KeyError):
-        topo.firewall("z", action="drop", direction="in", ports="all")
-    handle = topo.firewall("b", action="drop", direction="in", ports=[1])
+        topo.filter_rule("z", action="drop", direction="in", ports="all")
+    handle = topo.filter_rule("b", action="drop", direction="in", ports=[1])
     with pytest.raises(ValueError, match="does not belong"):
         topo.remove_rule("a", handle)
 
 
 def test_firewall_rule_text_for_each_kind(topology) -> None:
     topo = topology(["a", "b"])
-    topo.firewall("a", action="reject", direction="in", ports="all", proto="udp")
-    topo.firewall("a", action="reject", direction="out", ports=[29500, 29400], peer="b")
-    topo.firewall("a", action="drop", direction="in", ports=(1000, 2000), new_only=True)
+    topo.filter_rule("a", action="reject", direction="in", ports="all", proto="udp")
+    topo.filter_rule("a", action="reject", direction="out", ports=[29500, 29400], peer="b")
+    topo.filter_rule("a", action="drop", direction="in", ports=(1000, 2000), new_only=True)
     rules = topo.rules("a")
     # icmpx port-unreachable is the default of reject in an inet table: nft prints it bare
     assert "meta l4proto udp reject comment" in rules
@@ -427,7 +427,7 @@ def test_partition_cuts_both_ways_and_heal_restores(topology) -> None:
         _serve(topo, "b", SERVER, 29500),
         _serve(topo, "c", SERVER, 29500),
     ):
-        handle = topo.partition(["a"], ["b", "c"])
+        handle = topo.cut(["a"], ["b", "c"])
         results = _connect_all(
             topo,
             [
@@ -446,21 +446,21 @@ def test_partition_cuts_both_ways_and_heal_restores(topology) -> None:
 def test_partition_needs_a_link(topology) -> None:
     topo = topology(["local"])
     with pytest.raises(ValueError, match="link"):
-        topo.partition(["local"], ["local"])
+        topo.cut(["local"], ["local"])
 
 
 def test_packet_loss_of_100_percent_blocks_and_0_percent_does_not(topology) -> None:
     topo = topology(["a", "b"])
     b = topo.host("b")
     with _serve(topo, "b", SERVER, 29500):
-        none = topo.packet_loss("b", 0)
+        none = topo.random_drop("b", 0)
         assert _connect(topo, "a", b.addr, 29500, timeout=5)[0] == "ok"
         topo.remove_rule("b", none)
-        full = topo.packet_loss("b", 100, direction="in")
+        full = topo.random_drop("b", 100, direction="in")
         assert _connect(topo, "a", b.addr, 29500)[0] == "timeout"
         topo.remove_rule("b", full)
         assert _connect(topo, "a", b.addr, 29500, timeout=5)[0] == "ok"
-    half = topo.packet_loss("a", 12.5, direction="out")
+    half = topo.random_drop("a", 12.5, direction="out")
     assert "numgen random mod 10000 < 1250" in topo.rules("a")
     topo.remove_rule("a", half)
 
@@ -471,14 +471,14 @@ def test_bandwidth_installs_tbf_on_the_link_and_slows_a_transfer(topology) -> No
     size = 160_000  # 1.28 Mbit: about a second at 1mbit, a few ms unshaped
     with _serve(topo, "b", SINK, 29500):
         fast = float(_in_ns(topo, "a", [PY, "-c", SEND, b.addr, "29500", str(size)]))
-        topo.bandwidth("a", "1mbit")
+        topo.rate_limit("a", "1mbit")
         qdisc = _in_ns(topo, "a", ["tc", "qdisc", "show", "dev", "eth0"])
         assert "tbf" in qdisc and "rate 1Mbit" in qdisc
         slow = float(_in_ns(topo, "a", [PY, "-c", SEND, b.addr, "29500", str(size)]))
-        topo.clear_bandwidth("a")
+        topo.clear_rate_limit("a")
         assert "tbf" not in _in_ns(topo, "a", ["tc", "qdisc", "show", "dev", "eth0"])
     assert fast < 0.5 < slow, (fast, slow)
-    topo.bandwidth("b", "2mbit", direction="in")
+    topo.rate_limit("b", "2mbit", direction="in")
     assert topo.switch_netns is not None
     switch_qdisc = subprocess.run(
         ["tc", "-n", topo.switch_netns, "qdisc", "show", "dev", "p1"],

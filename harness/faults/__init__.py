@@ -46,6 +46,9 @@ if TYPE_CHECKING:
     from ..schema import Scenario
 
 Problem = Tuple[Tuple[Any, ...], str]   # (location inside the fault, message)
+# hints that more than one module speaks of (see Fault.HINTS)
+OUTSIDE = "a rank number outside the world"
+COLLISION = "a rank number that another process has"
 ENTRY_POINT_GROUP = "torchdist_harness.faults"
 
 
@@ -57,6 +60,9 @@ class Fault(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     kind: str
     summary: ClassVar[str] = ""
+    # what a user may ask for in other words ("a master name that does not resolve"); other
+    # rooms point at the kind through the registry (REGISTRY.kind_for), never by its name
+    HINTS: ClassVar[Tuple[str, ...]] = ()
     REQUIRES: ClassVar[Sequence[Requirement]] = ()   # everything this kind may need
     needs_netns: ClassVar[bool] = False   # the run must have network namespaces
     needs_link: ClassVar[bool] = False    # ... and hosts joined by a real link (not only lo)
@@ -180,6 +186,13 @@ class Registry:
     def items(self) -> Iterable[Tuple[str, Type[Fault]]]:
         self.load()
         return sorted(self._kinds.items())
+
+    def kind_for(self, hint: str) -> str:
+        """The kind that declares ``hint`` in its HINTS ("a fault for that" if none does)."""
+        for kind, cls in self.items():
+            if hint in cls.HINTS:
+                return kind
+        return "a fault for that"
 
     def origin(self, kind: str) -> str:
         self.load()

@@ -15,10 +15,10 @@ class RateLimit(NetStep):
     direction: str = "out"
 
     def do(self, rt):
-        rt.net.bandwidth(self.host, self.rate, direction=self.direction)
+        rt.net.rate_limit(self.host, self.rate, direction=self.direction)
 
     def undo(self, rt):
-        rt.net.clear_bandwidth(self.host, self.direction)
+        rt.net.clear_rate_limit(self.host, self.direction)
 
     def describe(self):
         return f"limit to {self.rate} ({self.direction})"

@@ -27,7 +27,7 @@ class FirewallRule(NetStep):
     _handle: Optional[str] = field(default=None, init=False, repr=False, compare=False)
 
     def do(self, rt):
-        self._handle = rt.net.firewall(self.host, action=self.action, direction=self.direction,
+        self._handle = rt.net.filter_rule(self.host, action=self.action, direction=self.direction,
                                        ports=self.ports)
 
     def undo(self, rt):

@@ -31,10 +31,10 @@ class Delay(NetStep):
     jitter_ms: float = 0.0
 
     def do(self, rt):
-        rt.net.latency(self.host, self.delay_ms, self.jitter_ms)
+        rt.net.add_delay(self.host, self.delay_ms, self.jitter_ms)
 
     def undo(self, rt):
-        rt.net.clear_latency(self.host)
+        rt.net.clear_delay(self.host)
 
     def describe(self):
         return f"delay {self.delay_ms:g} ms" + (f" ± {self.jitter_ms:g} ms" if self.jitter_ms

@@ -5,7 +5,7 @@ from typing import Dict, List, Literal, Optional
 from pydantic import Field, field_validator, model_validator
 
 from ..limits import MAX_WORLD, EnvValue, env_as_text
-from . import Fault
+from . import REGISTRY, Fault
 
 ALLOWED = ("MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
@@ -55,7 +55,9 @@ class MalformedEnv(Fault):
         for i, v in enumerate(self.vars):
             if v not in ALLOWED:
                 why = (" (a garbage MASTER_ADDR could send a DNS query off the machine: use "
-                       "wrong_addr or unresolvable_host)" if v == "MASTER_ADDR" else "")
+                       f"{REGISTRY.kind_for('another master address')} or "
+                       f"{REGISTRY.kind_for('a name that does not resolve')})"
+                       if v == "MASTER_ADDR" else "")
                 problems.append((("vars", i), f"{v[:40]} is not one of {', '.join(ALLOWED)}{why}"))
         for k in self.values or {}:
             if k not in self.vars:

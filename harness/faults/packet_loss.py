@@ -16,7 +16,7 @@ class Loss(NetStep):
     _handle: Optional[str] = field(default=None, init=False, repr=False, compare=False)
 
     def do(self, rt):
-        self._handle = rt.net.packet_loss(self.host, self.percent, self.direction)
+        self._handle = rt.net.random_drop(self.host, self.percent, self.direction)
 
     def undo(self, rt):
         if self._handle is not None:

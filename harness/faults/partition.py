@@ -18,7 +18,7 @@ class Cut(NetStep):
     _handle: Optional[str] = field(default=None, init=False, repr=False, compare=False)
 
     def do(self, rt):
-        self._handle = rt.net.partition(self.a, self.b)
+        self._handle = rt.net.cut(self.a, self.b)
 
     def undo(self, rt):
         if self._handle is not None:

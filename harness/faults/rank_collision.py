@@ -4,11 +4,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from . import Fault
+from . import COLLISION, OUTSIDE, REGISTRY, Fault
 
 
 class RankCollision(Fault):
     kind: Literal["rank_collision"] = "rank_collision"
+    HINTS = (COLLISION,)
     summary = "a process claims the rank of another"
     rank: int = Field(1, description="the process that is told the wrong number")
     claims: int = Field(0, description="the rank number it claims")
@@ -17,7 +18,7 @@ class RankCollision(Fault):
         problems = super().check(scn)
         if not 0 <= self.claims < scn.world_size:
             problems.append((("claims",), f"rank {self.claims} is outside the world; use "
-                                          "rank_out_of_range for that"))
+                                          f"{REGISTRY.kind_for(OUTSIDE)} for that"))
         if self.claims == self.rank:
             problems.append((("claims",), "a rank claiming its own number is no collision"))
         return problems

@@ -4,11 +4,12 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from . import Fault
+from . import COLLISION, OUTSIDE, REGISTRY, Fault
 
 
 class RankOutOfRange(Fault):
     kind: Literal["rank_out_of_range"] = "rank_out_of_range"
+    HINTS = (OUTSIDE,)
     summary = "a process is told a rank >= world_size (or negative)"
     rank: int = Field(1, description="the process that is told the bad number")
     value: Optional[int] = Field(None, ge=-2**31, lt=2**31,
@@ -18,7 +19,8 @@ class RankOutOfRange(Fault):
         problems = super().check(scn)
         if self.value is not None and 0 <= self.value < scn.world_size:
             problems.append((("value",), f"{self.value} is inside the world (0.."
-                                         f"{scn.world_size - 1}); use rank_collision"))
+                                         f"{scn.world_size - 1}); use "
+                                         f"{REGISTRY.kind_for(COLLISION)}"))
         return problems
 
     def apply(self, plan, scn):

@@ -16,6 +16,7 @@ from . import Fault
 class UnresolvableHost(Fault):
     kind: Literal["unresolvable_host"] = "unresolvable_host"
     summary = "MASTER_ADDR is a host name that does not resolve (looked up without DNS)"
+    HINTS = ("a name that does not resolve",)
     ranks: Optional[List[int]] = Field(None, max_length=MAX_WORLD,
                                        description="default: every rank")
     name: str = Field("master.harness.invalid", pattern=r"^[a-z0-9.-]+\.invalid$",

@@ -11,6 +11,7 @@ from . import Fault
 
 class WrongAddr(Fault):
     kind: Literal["wrong_addr"] = "wrong_addr"
+    HINTS = ("another master address",)
     summary = "chosen ranks get another MASTER_ADDR"
     ranks: List[int] = Field(default_factory=lambda: [1], max_length=MAX_WORLD)
     addr: str = Field(max_length=MAX_ADDR, description="the address they get; must be loopback "
