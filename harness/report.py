@@ -6,9 +6,9 @@ diff`` tell "same error, different port" from a real change, and the pytest plug
 collects those records (also under pytest-xdist: each worker attaches a case's record to its test
 report, the controller gathers them and writes the file once at the end of the session).
 
-Layout of a report (``"format": 1``)::
+Layout of a report (``"format": 2``)::
 
-    {"format": 1, "tool": "torchdist-harness 0.1.0", "created": ISO time, "source": "pytest",
+    {"format": 2, "tool": "torchdist-harness 0.1.0", "created": ISO time, "source": "pytest",
      "argv": [...], "duration": s, "evidence": the session's evidence folder or null,
      "interrupted": "SIGTERM" | "SIGINT" | null, "environment": {...},
      "summary": {"total", "passed", "failed", "skipped", "error", "collect_errors"},
