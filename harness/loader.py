@@ -695,13 +695,15 @@ def validate_case(data: Dict[str, Any], file: str,
                                         f"{scn.world_size}: ranks 0..{scn.world_size - 1})"))
 
     # addresses: bare, and only where the harness may send traffic
-    why = refuse_address(scn.master_addr)
+    suggest = REGISTRY.kind_for("a name that does not resolve")
+    why = refuse_address(scn.master_addr, unresolvable=suggest)
     if why:
         problems.append(Problem(file, lines.line_of(("master_addr",)), "master_addr", why))
     if "MASTER_ADDR" in scn.env:
         addr = scn.env["MASTER_ADDR"]
         why = (f"an address of {len(addr)} characters: at most {MAX_ADDR}"
-               if len(addr) > MAX_ADDR else bare_address_problem(addr) or refuse_address(addr))
+               if len(addr) > MAX_ADDR else bare_address_problem(addr)
+               or refuse_address(addr, unresolvable=suggest))
         if why:
             problems.append(Problem(file, lines.line_of(("env", "MASTER_ADDR")),
                                     "env.MASTER_ADDR", why))

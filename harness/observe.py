@@ -9,11 +9,28 @@ nftables rules at the end). ``classify`` reads it; ``to_dict``/``from_dict`` are
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from .protocol import READY, Event, result_of
-from .steps import StepRecord
+
+
+@dataclass
+class StepRecord:
+    """The step log: what was done or undone, when, and how it went (evidence)."""
+
+    step: str                    # the step's id
+    fault: str
+    action: str                  # do | undo
+    what: str
+    target: str
+    t: float                     # seconds after the start line (0.0 for set-up)
+    error: Optional[str] = None
+    info: Dict[str, Any] = field(default_factory=dict)   # what do() returned (a helper's pid)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclass

@@ -127,6 +127,23 @@ class RunPlan:
             raise RuntimeError("this plan has no port source")
         return self.take_port()
 
+    @property
+    def file_store(self) -> str:
+        """The path of the run's FileStore (``init: file``)."""
+        return file_store_path(self.run_dir)
+
+    def add_job_rank(self, scn: Scenario, label: str, rank: int, world: int,
+                     release: Optional[Trigger] = None) -> RankPlan:
+        """A rank of another job on this run's master address and port (its env and init
+        arguments made as the run's own ranks' are); appended to the plan."""
+        rp = RankPlan(label=label, rank=rank,
+                      env=base_env(scn, self.master_addr, self.master_port, rank, world),
+                      init=init_spec(scn, self.master_addr, self.master_port, rank, world,
+                                     self.run_dir),
+                      release=release or Trigger.at_time(0.0))
+        self.ranks.append(rp)
+        return rp
+
     def add_step(self, fault: Any, step: Step) -> Step:
         """Add a fault's step; it gets its id ("<kind>#2") and its fault's kind."""
         step.fault = getattr(fault, "kind", str(fault))

@@ -12,11 +12,11 @@ from __future__ import annotations
 import ipaddress
 from typing import Iterable, Optional
 
-from .faults import REGISTRY
 from .resolver import loopback_names, machine_hostname
 
 
-def refuse_address(addr: str, own_subnets: Iterable[str] = ()) -> Optional[str]:
+def refuse_address(addr: str, own_subnets: Iterable[str] = (),
+                   unresolvable: str = "a fault for that") -> Optional[str]:
     """None if traffic to ``addr`` is allowed, else a sentence saying why it is refused."""
     names = loopback_names()
     if addr.lower() in names:   # glibc's files backend compares names case-insensitively
@@ -37,7 +37,7 @@ def refuse_address(addr: str, own_subnets: Iterable[str] = ()) -> Optional[str]:
                 "resolving it could send a DNS query off this machine. The harness sends "
                 f"traffic only to loopback (127.0.0.0/8, ::1, the names {accepted}) and to its "
                 "own namespaces' subnet; for a name that does not resolve use the "
-                f"{REGISTRY.kind_for('a name that does not resolve')} fault")
+                f"{unresolvable} fault")
     if ip.is_loopback:
         return None
     for net in own_subnets:

@@ -138,7 +138,7 @@ class RankExpect(Strict):
     def _regex(cls, v: Optional[str]) -> Optional[str]:
         # the engine and flags harness.expect matches with (the `regex` library)
         if v is not None:
-            from .expect import compile_message_pattern
+            from .patterns import compile_message_pattern
 
             try:
                 compile_message_pattern(v)

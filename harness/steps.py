@@ -15,13 +15,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional, Protocol, Sequence
+from typing import Any, ClassVar, Dict, List, Optional, Protocol, Sequence
 
+from .observe import StepRecord
 from .triggers import Clock, Trigger
-
-if TYPE_CHECKING:
-    from .plan import HostPlan, RunPlan
-
 
 RUN = "run"   # the "fault" of the run's own set-up steps (a directory, the resolver view)
 
@@ -59,14 +56,15 @@ class Helper(Protocol):
 class Runtime(Protocol):
     """The run as steps see it. Times are seconds after the start line (0 before it)."""
 
-    plan: RunPlan
+    plan: Any                    # the RunPlan (harness.plan) being run
     run_dir: Path
 
     def now(self) -> float: ...
 
     def rank(self, label: str) -> RankControl: ...
 
-    def host(self, name: str) -> HostPlan: ...
+    def host(self, name: str) -> Any:
+        """The plan's HostPlan of that name (its address, interface, namespace)."""
 
     @property
     def net(self) -> Any:
@@ -136,23 +134,6 @@ class Step:
                     and not f.name.startswith("_"):
                 d[f.name] = getattr(self, f.name)
         return d
-
-
-@dataclass
-class StepRecord:
-    """The step log: what was done or undone, when, and how it went (evidence)."""
-
-    step: str                    # the step's id
-    fault: str
-    action: str                  # do | undo
-    what: str
-    target: str
-    t: float                     # seconds after the start line (0.0 for set-up)
-    error: Optional[str] = None
-    info: Dict[str, Any] = field(default_factory=dict)   # what do() returned (a helper's pid)
-
-    def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 class Scheduler:

@@ -3,7 +3,8 @@
 A fault is a small pydantic model (its YAML parameters, ``kind`` first) and owns:
 
 * ``check(scenario)``: located problems the schema alone cannot see (a rank outside the world,
-  the wrong init method...);
+  the wrong init method...); ``scenario`` is the :class:`harness.schema.Scenario`, ``plan``
+  below the :class:`harness.plan.RunPlan` (typed loosely here: this package is below both);
 * ``requirements(scenario)``: what it needs from the machine (root, a tool, a kernel feature),
   as :class:`harness.requirements.Requirement` objects; the skip reason of a scenario and
   ``harness doctor`` both read them (``REQUIRES`` lists every one a kind may need);
@@ -26,7 +27,6 @@ import pkgutil
 import types
 import warnings
 from typing import (
-    TYPE_CHECKING,
     Any,
     ClassVar,
     Dict,
@@ -40,10 +40,7 @@ from typing import (
 
 from pydantic import BaseModel, ConfigDict
 
-if TYPE_CHECKING:
-    from ..plan import RunPlan
-    from ..requirements import Requirement
-    from ..schema import Scenario
+from ..machine import Requirement
 
 Problem = Tuple[Tuple[Any, ...], str]   # (location inside the fault, message)
 # hints that more than one module speaks of (see Fault.HINTS)
@@ -67,7 +64,7 @@ class Fault(BaseModel):
     needs_netns: ClassVar[bool] = False   # the run must have network namespaces
     needs_link: ClassVar[bool] = False    # ... and hosts joined by a real link (not only lo)
 
-    def check(self, scn: Scenario) -> List[Problem]:
+    def check(self, scn: Any) -> List[Problem]:
         """Problems the schema cannot see (ranks outside the world, wrong init method...)."""
         problems: List[Problem] = []
         for name in ("ranks", "rank"):
@@ -81,14 +78,14 @@ class Fault(BaseModel):
                                           f"{scn.world_size}: ranks 0..{scn.world_size - 1})"))
         return problems
 
-    def requirements(self, scn: Scenario) -> Sequence[Requirement]:
+    def requirements(self, scn: Any) -> Sequence[Requirement]:
         """What this fault, with these parameters, needs from the machine."""
         return self.REQUIRES
 
-    def apply(self, plan: RunPlan, scn: Scenario) -> None:
+    def apply(self, plan: Any, scn: Any) -> None:
         raise NotImplementedError
 
-    def extra_labels(self, scn: Scenario) -> List[str]:
+    def extra_labels(self, scn: Any) -> List[str]:
         """Labels of ranks this fault adds (beyond the scenario's own 0..world_size-1)."""
         return []
 

@@ -6,7 +6,7 @@ from typing import ClassVar, List, Optional, Sequence
 from pydantic import Field
 
 from ..limits import MAX_NAME
-from ..requirements import NAMESPACES, Requirement
+from ..machine import NAMESPACES, Requirement
 from ..steps import Step
 from ..triggers import When
 from . import Fault

@@ -5,7 +5,6 @@ from typing import Literal, Optional
 from pydantic import Field
 
 from ..limits import MAX_WORLD, Seconds
-from ..plan import RankPlan, base_env, init_spec
 from ..triggers import Trigger
 from . import Fault
 
@@ -26,10 +25,6 @@ class ConcurrentJob(Fault):
     def apply(self, plan, scn):
         n = self._n(scn)
         for i in range(n):
-            plan.ranks.append(RankPlan(
-                label=f"job2:{i}", rank=i,
-                env=base_env(scn, plan.master_addr, plan.master_port, i, n),
-                init=init_spec(scn, plan.master_addr, plan.master_port, i, n, plan.run_dir),
-                release=Trigger.at_time(self.delay)))
+            plan.add_job_rank(scn, f"job2:{i}", i, n, release=Trigger.at_time(self.delay))
         plan.notes.append(f"concurrent_job: a second job of {n} ranks (job2:0..{n - 1}) on port "
                           f"{plan.master_port}, {self.delay:g} s after the first")

@@ -15,8 +15,7 @@ from typing import ClassVar, List, Literal
 from pydantic import Field
 
 from ..limits import MAX_WORLD
-from ..plan import file_store_path
-from ..requirements import Tool
+from ..machine import Tool
 from ..steps import Step, StepError
 from . import Fault
 
@@ -89,7 +88,7 @@ class FileInit(Fault):
         return self.REQUIRES if self.mode == "unwritable_dir" else ()
 
     def apply(self, plan, scn):
-        path = file_store_path(plan.run_dir)
+        path = plan.file_store
         if self.mode == "per_rank_path":
             for r in plan.main_ranks(self.ranks):
                 r.init = r.init.with_url(f"file://{path}-rank{r.label}")

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..requirements import NAMESPACES, Probe
+from ..machine import NAMESPACES, Probe
 from ._net import HostNetFault, NetStep
 
 

@@ -6,7 +6,7 @@ from pydantic import Field
 
 from ..limits import MAX_ADDR, MAX_WORLD, bare_address_problem
 from ..safety import refuse_address
-from . import Fault
+from . import REGISTRY, Fault
 
 
 class WrongAddr(Fault):
@@ -20,7 +20,8 @@ class WrongAddr(Fault):
 
     def check(self, scn):
         problems = super().check(scn)
-        why = bare_address_problem(self.addr) or refuse_address(self.addr)
+        why = bare_address_problem(self.addr) or refuse_address(
+            self.addr, unresolvable=REGISTRY.kind_for("a name that does not resolve"))
         if why:
             problems.append((("addr",), why))
         return problems
