@@ -8,7 +8,9 @@ Ranks are compared as their scenario's expectation allows them. Where the expect
 a race (several outcomes, or several phases: torch itself takes one path or the other), one
 run of each report is one draw of that race: a move between the declared outcomes/phases, and
 the exception, message and duration that come with the other path, is listed as variation
-within the declared race, not counted as a change; leaving the declared set is a change. A
+within the declared race, not counted as a change; leaving the declared set is a change. An
+expectation may also name what varies with the same outcome and phase (``varies: [message]``:
+gloo says "recv" or "send" by which side notices first): changes of those are variation too. A
 duration is a change only beyond both tolerances; for a rank whose outcome is ``timeout`` the
 absolute one is at least 1.5 x the case's torch timeout, the spread torch's own store client
 shows (it retries with a random backoff and gives up between 1.15 and 2.3 x its timeout). In a
@@ -124,7 +126,21 @@ def _as_set(v: Any) -> List[Any]:
 
 
 def _declared_race(exp: Dict[str, Any]) -> bool:
-    return len(_as_set(exp.get("outcome"))) > 1 or len(_as_set(exp.get("phase"))) > 1
+    return len(_as_set(exp.get("outcome"))) > 1 or len(_as_set(exp.get("phase"))) > 1 \
+        or bool(exp.get("varies"))
+
+
+VARIES_KINDS = {"exception": ("exception",), "message": ("family",),
+                "duration": ("duration",)}
+
+
+def _varying(exp: Dict[str, Any], c: Change) -> bool:
+    """Whether a change is inside what the expectation declares may vary: any change that
+    comes with a move between declared outcomes/phases, else the kinds ``varies`` names."""
+    if len(_as_set(exp.get("outcome"))) > 1 or len(_as_set(exp.get("phase"))) > 1:
+        return True
+    return any(c.kind in VARIES_KINDS[v] for v in _as_set(exp.get("varies"))
+               if v in VARIES_KINDS)
 
 
 def _within_race(exp: Dict[str, Any], r: Dict[str, Any]) -> bool:
@@ -224,10 +240,12 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
                     exp = rank_expectation(n, label)
                 if found and _declared_race(exp) and _within_race(exp, orank) \
                         and _within_race(exp, nrank):
-                    for c in found:
+                    inside = [c for c in found if _varying(exp, c)]
+                    for c in inside:
                         c.note = (c.note + "; " if c.note else "") + "within the declared race"
-                    res.within += found
-                    job_race = job_race or any(c.kind == "outcome" for c in found)
+                    res.within += inside
+                    changes += [c for c in found if c not in inside]
+                    job_race = job_race or any(c.kind == "outcome" for c in inside)
                 else:
                     changes += found
         # a job outcome that moved only because a rank moved inside its declared race

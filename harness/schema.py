@@ -129,9 +129,14 @@ class RankExpect(Strict):
     _phase = field_validator("phase", mode="before", json_schema_input_type=Optional[
         Union[str, List[str]]])(_as_outcome_set)
 
+    varies: Optional[List[Literal["exception", "message", "duration"]]] = Field(
+        None, max_length=3, description="what differs from run to run of this very scenario "
+        "because torch itself races (with the same outcome and phase): harness diff does not "
+        "count a change of these between two single runs; say how often in about:")
+
     def racy(self) -> bool:
-        """Declares a race: several outcomes or several phases are all this rank's behaviour."""
-        return len(self.outcome or ()) > 1 or len(self.phase or ()) > 1
+        """Declares a race: several outcomes or phases, or fields that vary between runs."""
+        return len(self.outcome or ()) > 1 or len(self.phase or ()) > 1 or bool(self.varies)
 
     @field_validator("message")
     @classmethod
@@ -157,6 +162,8 @@ class RankExpect(Strict):
             out.append(f"in {self.within[0]:g}..{self.within[1]:g} s")
         if self.phase:
             out.append(f"phase {'|'.join(self.phase)}")
+        if self.varies:
+            out.append(f"varies: {', '.join(self.varies)}")
         return out
 
     @field_validator("within")

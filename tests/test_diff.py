@@ -168,3 +168,66 @@ def test_json_form_and_table(old, new):
     out = buf.getvalue()
     assert "scenarios/healthy.yaml::healthy" in out and "outcome" in out and "hang" in out
     assert "1 behaviour change in 1 case" in out
+
+
+# -- compared as the expectation allows ----------------------------------------------------------
+
+def _declare(rep, test_id, label, **exp):
+    c = case(rep, test_id)
+    c["expectation"] = {"ranks": {label: exp}}
+
+
+def test_a_move_inside_a_declared_outcome_race_is_variation_not_a_change(old, new):
+    for rep in (old, new):
+        _declare(rep, "busy_port_released", "1", outcome=["timeout", "error"])
+    r = rank(new, "busy_port_released", "1")
+    r.update(outcome="error", exception="RuntimeError", family="connection reset by peer")
+    res = diff_reports(old, new)
+    assert res.changes == []
+    assert [(c.rank, c.kind) for c in res.within] == [("1", "outcome")]
+    assert "within the declared race" in res.within[0].note
+
+
+def test_leaving_a_declared_race_is_still_a_change(old, new):
+    for rep in (old, new):
+        _declare(rep, "busy_port_released", "1", outcome=["timeout", "error"])
+    rank(new, "busy_port_released", "1").update(outcome="hang")
+    assert kinds(diff_reports(old, new)) == [("busy_port_released", "1", "outcome")]
+
+
+def test_a_declared_phase_race_takes_the_other_paths_message_and_duration_with_it(old, new):
+    _declare(old, "busy_port_released", "1", phase=["init", "workload step 1"])
+    r = rank(new, "busy_port_released", "1")
+    r.update(phase="workload step 1", family="timed out waiting <n>ms for recv",
+             duration=(r["duration"] or 0) + 20)
+    res = diff_reports(old, new)
+    assert res.changes == []
+    assert sorted(c.kind for c in res.within) == ["duration", "family", "phase"]
+
+
+def test_varies_declares_only_the_kinds_it_names(old, new):
+    for rep in (old, new):
+        _declare(rep, "busy_port_released", "1", varies=["message"])
+    r = rank(new, "busy_port_released", "1")
+    r.update(family="something else entirely", exception="DistStoreError")
+    res = diff_reports(old, new)
+    assert kinds(res) == [("busy_port_released", "1", "exception")]
+    assert [c.kind for c in res.within] == ["family"]
+
+
+def test_a_timeout_rank_gets_the_store_clients_own_spread_as_tolerance(old, new):
+    c = case(old, "busy_port_released")
+    r_old, r_new = rank(old, "busy_port_released", "1"), rank(new, "busy_port_released", "1")
+    assert r_old["outcome"] == "timeout" and c["timeout"] == 2
+    r_old["duration"], r_new["duration"] = 3.0, 5.9     # +2.9 s, +97%: inside 1.5 x 2 s
+    assert diff_reports(old, new).changes == []
+    r_new["duration"] = 6.5                              # +3.5 s: beyond it
+    assert kinds(diff_reports(old, new)) == [("busy_port_released", "1", "duration")]
+
+
+def test_durations_of_a_case_whose_fault_draws_at_random_are_not_compared(old, new):
+    rank(new, "healthy", "1")["duration"] = 9.0
+    assert kinds(diff_reports(old, new)) == [("healthy", "1", "duration")]
+    case(new, "healthy")["random"] = True
+    res = diff_reports(old, new)
+    assert res.changes == [] and [c.kind for c in res.within] == ["duration"]
