@@ -28,6 +28,8 @@ MAX_ENV_TOTAL = 131072   # bytes of all env names and values together
 MAX_FAULTS = 64          # faults in one case
 MAX_EXPECT_BLOCKS = 16   # torch-scoped expect blocks
 MAX_STEPS = 256          # workload steps
+MAX_MODEL_MB = 65536     # the model of a ddp entry (MiB)
+MAX_TRAIN_STEPS = 100000  # training steps in one workload
 MAX_MARKS = 32           # marks
 
 # -- reusable field types --------------------------------------------------------------------

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
-from .protocol import InitSpec
+from .protocol import InitSpec, Variation, WorkerSpec
 from .schema import Scenario
 from .steps import RUN, Step
 from .triggers import Trigger
@@ -34,12 +34,22 @@ class RankPlan:
     resolver_view: str = ""          # the folder of the hosts/nsswitch/resolv.conf it resolves
     #                                  with (harness.resolver): /etc/netns/<ns> in the run's
     #                                  namespaces, <run_dir>/resolver in the machine's own
+    variation: Variation = field(default_factory=Variation)   # how its run differs (faults)
+    python: str = ""                 # its interpreter ("": the harness's own, sys.executable)
+    absent: bool = False             # part of the world, never started (absent_rank)
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"label": self.label, "rank": self.rank, "env": dict(self.env),
-                "init": asdict(self.init), "unset": list(self.unset), "host": self.host,
-                "release": self.release.to_dict(), "released": self.release.describe(),
-                "resolver_view": self.resolver_view}
+        d = {"label": self.label, "rank": self.rank, "env": dict(self.env),
+             "init": asdict(self.init), "unset": list(self.unset), "host": self.host,
+             "release": self.release.to_dict(), "released": self.release.describe(),
+             "resolver_view": self.resolver_view}
+        if not self.variation.is_plain():
+            d["variation"] = asdict(self.variation)
+        if self.python:
+            d["python"] = self.python
+        if self.absent:
+            d["absent"] = True
+        return d
 
 
 @dataclass
@@ -108,6 +118,16 @@ class RunPlan:
             if r.label == str(label):
                 return r
         raise KeyError(f"no rank {label!r} in the plan")
+
+    def launched_ranks(self) -> List[RankPlan]:
+        """The ranks a launcher starts (an absent rank is part of the world, never started)."""
+        return [r for r in self.ranks if not r.absent]
+
+    def worker_spec(self, rp: RankPlan) -> WorkerSpec:
+        """What the harness's worker runs as rank ``rp`` (its argv's JSON)."""
+        return WorkerSpec(label=rp.label, backend=self.backend, timeout=self.timeout,
+                          steps=list(self.workload), destroy=self.destroy, init=rp.init,
+                          variation=rp.variation)
 
     def main_ranks(self, selected: Optional[List[int]] = None) -> List[RankPlan]:
         """Ranks of the scenario's own job, optionally only those with the given numbers."""

@@ -17,11 +17,23 @@ The channel
 
 Events, in the order a rank sends them
 --------------------------------------
-``phase start`` (pid) -> ``phase import`` -> ``ready`` (torch version, pid) -> ``released`` ->
-``phase init`` -> ``joined`` (rank, world_size) -> ``phase workload step N`` (step) ... ->
-``phase destroy`` -> ``phase exit`` -> ``result`` (status ok | exception, phase, exc).
-A rank that raises sends ``result`` with status ``exception`` and an :class:`ExceptionRecord`.
-Every event carries ``t``, the rank's ``time.monotonic()`` (one clock for the whole machine).
+``phase start`` (pid) -> ``phase import`` -> ``ready`` (torch version, python, pid) ->
+``released`` -> ``phase init`` -> ``joined`` (rank, world_size) -> one phase per workload
+entry ... -> ``phase destroy`` -> ``phase exit`` -> ``result`` (status ok | exception, phase,
+exc). A rank that raises sends ``result`` with status ``exception`` and an
+:class:`ExceptionRecord`. Every event carries ``t``, the rank's ``time.monotonic()`` (one clock
+for the whole machine).
+
+The workload and its phases
+---------------------------
+The workload is a list of entries (:data:`WORKLOAD_RE`): a collective (``barrier``,
+``all_reduce``, ``broadcast``, ``monitored_barrier``) or ``sleep S`` is the phase
+``workload step N`` (N: its place in the list, from 1); ``ddp SIZE`` (``ddp 64MB``) builds a
+model of that size (phase ``model``) and wraps it in DistributedDataParallel (phase ``ddp``:
+the parameter-shape check and the broadcast of rank 0's parameters); ``train N`` runs N
+training steps through it (phases ``train step K``, K counted over every ``train`` entry),
+each a forward, a backward with DDP's gradient all-reduce, and an optimizer step.
+:func:`workload_phases` lists the phases a workload enters, for the worker and for checks.
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ import re
 import time
 import traceback
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 EVENT_FD_ENV = "HARNESS_EVENT_FD"
 STACK_FD_ENV = "HARNESS_STACK_FD"
@@ -49,11 +61,113 @@ OK = "ok"
 EXCEPTION = "exception"
 
 # phases: where a rank was. ``start`` and ``import`` come before the start line.
-PHASE_NAMES = ("start", "import", "init", "workload step N", "destroy", "exit")
-PHASE_RE = re.compile(r"^(start|import|init|workload step [0-9]{1,4}|destroy|exit)\Z", re.ASCII)
+PHASE_NAMES = ("start", "import", "init", "workload step N", "model", "ddp", "train step K",
+               "destroy", "exit")
+_ENTERED = r"init|workload step [0-9]{1,4}|model|ddp|train step [0-9]{1,6}|destroy"
+PHASE_RE = re.compile(rf"^(start|import|{_ENTERED}|exit)\Z", re.ASCII)
 # the phases a trigger can wait for (the ones after the start line that a rank enters)
-TRIGGER_PHASE_RE = re.compile(r"^(init|workload step [0-9]{1,4}|destroy)\Z", re.ASCII)
-TRIGGER_PHASE_HELP = "init, 'workload step N' or destroy"
+TRIGGER_PHASE_RE = re.compile(rf"^({_ENTERED})\Z", re.ASCII)
+TRIGGER_PHASE_HELP = "init, 'workload step N', model, ddp, 'train step K' or destroy"
+
+# -- the workload ------------------------------------------------------------------------------
+COLLECTIVES = ("barrier", "all_reduce", "broadcast", "monitored_barrier")
+WORKLOAD_RE = re.compile(r"^(barrier|all_reduce|broadcast|monitored_barrier|"
+                         r"sleep [0-9]+(\.[0-9]+)?|ddp( [0-9]+(\.[0-9]+)?(MB|GB))?|"
+                         r"train [0-9]{1,6})\Z", re.ASCII)
+WORKLOAD_HELP = ("barrier, all_reduce, broadcast, monitored_barrier, 'sleep SECONDS', "
+                 "'ddp SIZE' (e.g. ddp 64MB) or 'train STEPS'")
+DDP_DEFAULT_MB = 4.0
+MODEL_WIDTH = 1024               # the model: Linear(1024, 1024) layers, 4 MiB each
+TRAIN_BATCH = 8                  # rows of each training step's input
+
+
+def model_mb(entry: str) -> float:
+    """The model size (MiB) of a ``ddp`` entry: ``ddp`` -> 4, ``ddp 64MB`` -> 64, ``ddp 1GB``
+    -> 1024."""
+    parts = entry.split()
+    if len(parts) == 1:
+        return DDP_DEFAULT_MB
+    size = parts[1]
+    return float(size[:-2]) * (1024.0 if size.endswith("GB") else 1.0)
+
+
+def model_shape(size_mb: float) -> Tuple[int, int]:
+    """(width, layers) of the model of ``size_mb`` MiB: ``layers`` Linear(width, width) layers
+    (weights and biases, float32). Sizes below one layer of MODEL_WIDTH get a narrower layer."""
+    per_layer = (MODEL_WIDTH * MODEL_WIDTH + MODEL_WIDTH) * 4 / 2**20
+    if size_mb >= per_layer:
+        return MODEL_WIDTH, max(1, round(size_mb / per_layer))
+    return max(1, int((size_mb * 2**20 / 4) ** 0.5)), 1
+
+
+def workload_phases(steps: Iterable[str]) -> List[Tuple[str, str]]:
+    """(phase, entry) for every phase the workload enters, in order (init and destroy apart)."""
+    out: List[Tuple[str, str]] = []
+    k = 0
+    for i, entry in enumerate(steps, start=1):
+        if entry.startswith("ddp"):
+            out += [("model", entry), ("ddp", entry)]
+        elif entry.startswith("train "):
+            for _ in range(int(entry.split()[1])):
+                k += 1
+                out.append((f"train step {k}", entry))
+        else:
+            out.append((f"workload step {i}", entry))
+    return out
+
+
+def phase_problem(phase: str, steps: Sequence[str], destroy: bool = True) -> Optional[str]:
+    """Why a rank running this workload never enters ``phase`` (None: it does)."""
+    if phase == "init" or (phase == "destroy" and destroy):
+        return None
+    if phase == "destroy":
+        return "the workload does not destroy the process group (destroy: false)"
+    names = {p for p, _ in workload_phases(steps)}
+    if phase in names:
+        return None
+    have = ", ".join(_ranges(p for p, _ in workload_phases(steps))) or "none"
+    return f"the workload never enters {phase!r} (its phases after init: {have})"
+
+
+def _ranges(phases: Iterable[str]) -> List[str]:
+    """'train step 1', 'train step 2', 'train step 3' -> 'train step 1..3'."""
+    out: List[str] = []
+    run: List[int] = []
+
+    def flush() -> None:
+        if run:
+            out.append(f"train step {run[0]}" + (f"..{run[-1]}" if len(run) > 1 else ""))
+            run.clear()
+
+    for p in phases:
+        if p.startswith("train step "):
+            run.append(int(p.rsplit(" ", 1)[1]))
+            continue
+        flush()
+        out.append(p)
+    flush()
+    return out
+
+
+@dataclass
+class RaiseSpec:
+    """What a rank raises when it enters ``phase`` (the raise_exception fault)."""
+
+    phase: str
+    exception: str                   # a builtin exception's name or torch.distributed's
+    message: str = ""
+
+
+@dataclass
+class Variation:
+    """How one rank's run differs from the others' (faults that act inside the rank)."""
+
+    skip: List[str] = field(default_factory=list)    # phases whose collective it skips
+    raise_at: Optional[RaiseSpec] = None
+    model_change: str = ""           # "" | extra_layer | wider (DDP's parameter-shape check)
+
+    def is_plain(self) -> bool:
+        return not self.skip and self.raise_at is None and not self.model_change
 
 
 def check_trigger_phase(phase: str) -> str:
@@ -86,6 +200,7 @@ class WorkerSpec:
     steps: List[str]
     destroy: bool
     init: InitSpec
+    variation: Variation = field(default_factory=Variation)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -94,6 +209,10 @@ class WorkerSpec:
     def from_json(cls, text: str) -> WorkerSpec:
         d = json.loads(text)
         d["init"] = InitSpec(**d["init"])
+        var = dict(d.get("variation") or {})
+        if var.get("raise_at"):
+            var["raise_at"] = RaiseSpec(**var["raise_at"])
+        d["variation"] = Variation(**var)
         return cls(**d)
 
 

@@ -39,11 +39,13 @@ from .limits import (  # noqa: F401 - the limits are part of the format's vocabu
     MAX_FAULTS,
     MAX_HOSTS,
     MAX_MARKS,
+    MAX_MODEL_MB,
     MAX_NAME,
     MAX_SECONDS,
     MAX_SHORT,
     MAX_STEPS,
     MAX_TEXT,
+    MAX_TRAIN_STEPS,
     MAX_WORLD,
     MIN_TIMEOUT,
     EnvName,
@@ -57,11 +59,12 @@ from .limits import (  # noqa: F401 - the limits are part of the format's vocabu
     located,
     no_bool,
 )
+from .protocol import WORKLOAD_HELP, WORKLOAD_RE, model_mb, workload_phases
 
-OUTCOMES = ("ok", "error", "timeout", "hang", "crash")
-Outcome = Literal["ok", "error", "timeout", "hang", "crash"]
+OUTCOMES = ("ok", "error", "timeout", "hang", "crash", "absent")
+Outcome = Literal["ok", "error", "timeout", "hang", "crash", "absent"]
 
-STEP_RE = re.compile(r"^(barrier|all_reduce|broadcast|sleep [0-9]+(\.[0-9]+)?)\Z", re.ASCII)
+STEP_RE = WORKLOAD_RE   # the worker's grammar (harness.protocol)
 
 # markers that pytest or a common plugin gives a meaning to: as a label they would skip, time out,
 # parametrize or abort the session (pytest-timeout's needs an argument: INTERNALERROR)
@@ -89,7 +92,7 @@ def _phase_name(v: str) -> str:
 
     if len(v) > MAX_SHORT or not PHASE_RE.match(v):
         raise ValueError(f"phase {v[:40]!r}: use start, import, init, 'workload step N', "
-                         "destroy or exit")
+                         "model, ddp, 'train step K', destroy or exit")
     return v
 
 
@@ -109,7 +112,7 @@ class RankExpect(Strict):
         return self._line
 
     outcome: Optional[List[Outcome]] = Field(
-        None, description="allowed outcome(s): ok | error | timeout | hang | crash")
+        None, description="allowed outcome(s): ok | error | timeout | hang | crash | absent")
     exception: Optional[str] = Field(
         None, max_length=MAX_SHORT, description="exception class name; matches any class in the "
         "raised exception's MRO (so RuntimeError accepts DistStoreError); 'module.Class' matches "
@@ -121,7 +124,8 @@ class RankExpect(Strict):
         None, description="[min, max] seconds from the start line to the rank's end")
     phase: Optional[List[Annotated[str, AfterValidator(_phase_name)]]] = Field(
         None, max_length=16, description="phase(s) the rank may end in: start, import, init, "
-        "workload step N, destroy, exit; a list when torch races between paths")
+        "workload step N, model, ddp, train step K, destroy, exit; a list when torch races "
+        "between paths")
 
     # json_schema_input_type: the exported JSON Schema must accept the shorthands too
     _outcome = field_validator("outcome", mode="before", json_schema_input_type=Optional[
@@ -193,7 +197,7 @@ class Expect(Strict):
         description="torch version range this block holds for, e.g. '>=2.4' or '>=2.2,<2.5'")
     job: Optional[List[Outcome]] = Field(
         None, description="allowed job outcome(s); the job's outcome is the most severe of its "
-        "ranks' (hang > crash > timeout > error > ok)")
+        "ranks' (hang > crash > timeout > error > ok; an absent rank does not count)")
     ranks: Dict[str, RankExpect] = Field(
         default_factory=dict, max_length=MAX_WORLD + 1,
         description="per rank (key: rank number, a label such as 'job2:0', or '*' for every rank "
@@ -247,10 +251,14 @@ def base_version(v: str) -> str:
 
 def _step(s: str) -> str:
     if len(s) > 40 or not STEP_RE.match(s):
-        raise ValueError(f"unknown step {s[:80]!r}: use barrier, all_reduce, broadcast or "
-                         "'sleep SECONDS'")
+        raise ValueError(f"unknown step {s[:80]!r}: use {WORKLOAD_HELP}")
     if s.startswith("sleep ") and float(s.split()[1]) > MAX_SECONDS:
         raise ValueError(f"sleep {s.split()[1]}: at most {MAX_SECONDS:g} seconds")
+    if s.startswith("ddp") and not 0 < model_mb(s) <= MAX_MODEL_MB:
+        raise ValueError(f"{s}: the model's size must be more than 0 and at most "
+                         f"{MAX_MODEL_MB} MB")
+    if s.startswith("train ") and not 1 <= int(s.split()[1]) <= MAX_TRAIN_STEPS:
+        raise ValueError(f"{s}: 1 to {MAX_TRAIN_STEPS} training steps")
     return s
 
 
@@ -280,13 +288,35 @@ class Workload(Strict):
     steps: List[Annotated[str, AfterValidator(_step)]] = Field(
         default_factory=lambda: ["all_reduce"], max_length=MAX_STEPS,
         description="after init: barrier | all_reduce (sum checked) | broadcast (value checked) | "
-        "'sleep S'; [] means init only")
+        "monitored_barrier (gloo; names the ranks that did not arrive) | 'sleep S' | 'ddp SIZE' "
+        "(a model of SIZE, e.g. 64MB or 1GB, wrapped in DistributedDataParallel: phases model "
+        "and ddp) | 'train N' (N training steps through it: phases 'train step K'); [] means "
+        "init only")
     destroy: bool = Field(True, description="call destroy_process_group at the end")
 
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, v: Any) -> Any:
         return _workload_shorthand(v)
+
+    @model_validator(mode="after")
+    def _ddp_then_train(self) -> Workload:
+        ddp = [i for i, s in enumerate(self.steps) if s.startswith("ddp")]
+        if len(ddp) > 1:
+            raise located("steps", f"{len(ddp)} ddp entries: at most one (the phases model and "
+                          "ddp would repeat)")
+        train = [i for i, s in enumerate(self.steps) if s.startswith("train ")]
+        if train and (not ddp or train[0] < ddp[0]):
+            raise located("steps", f"{self.steps[train[0]]!r} needs a 'ddp SIZE' entry before "
+                          "it (the model it trains)")
+        total = sum(int(self.steps[i].split()[1]) for i in train)
+        if total > MAX_TRAIN_STEPS:
+            raise located("steps", f"{total} training steps in all: at most {MAX_TRAIN_STEPS}")
+        return self
+
+    def phases(self) -> List[str]:
+        """The phases a rank running this workload enters after init (protocol's names)."""
+        return [p for p, _ in workload_phases(self.steps)]
 
 
 def fault_of(v: Any) -> Any:
@@ -407,6 +437,13 @@ class Scenario(Strict):
                               f"{names}")
         elif self.master_host is not None:
             raise located("master_host", "master_host needs hosts (or nodes)")
+        return self
+
+    @model_validator(mode="after")
+    def _gloo_only(self) -> Scenario:
+        if self.backend != "gloo" and "monitored_barrier" in self.workload.steps:
+            raise located("workload", "monitored_barrier: torch implements it for the gloo "
+                          "backend only")
         return self
 
     @field_validator("env")

@@ -2,21 +2,26 @@
 
 Run as ``python -m harness.worker SPEC_JSON`` by the supervisor, never by hand. It speaks the
 worker protocol (:mod:`harness.protocol`: the event channel, the stack channel, the start line,
-the phases). Order: enter the resolver view (``harness.resolver``, before any thread exists)
--> start -> import torch -> "ready" -> wait for the start line on stdin -> init -> workload
-step 1..N -> destroy -> exit. The rank exits with ``os._exit`` (0 ok,
+the phases, the workload). Order: enter the resolver view (``harness.resolver``, before any
+thread exists) -> start -> import torch (and DDP's lazy imports, if the workload has ``ddp``)
+-> "ready" -> wait for the start line on stdin -> init -> the workload's phases -> destroy ->
+exit. A rank's :class:`~harness.protocol.Variation` (from faults) makes it skip a collective,
+raise at a phase, or build another model. The rank exits with ``os._exit`` (0 ok,
 1 exception) so that no interpreter teardown of torch's threads can blur the verdict.
 """
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import faulthandler
 import os
+import platform
 import signal
 import sys
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, Optional
 
 from . import protocol as P
 from . import resolver
@@ -24,6 +29,7 @@ from .procs import die_with_parent
 
 _EV_FD = -1
 _PHASE = "start"
+_RAISE: Optional[P.RaiseSpec] = None
 
 
 def emit(ev: str, **fields: Any) -> None:
@@ -32,10 +38,38 @@ def emit(ev: str, **fields: Any) -> None:
 
 
 def phase(name: str, **fields: Any) -> str:
+    """Enter a phase: say so; a rank told to raise there (raise_exception) raises now."""
     global _PHASE
     _PHASE = name
     emit(P.PHASE, phase=name, **fields)
+    if _RAISE is not None and _RAISE.phase == name:
+        raise _exception(_RAISE)
     return name
+
+
+def _exception(spec: P.RaiseSpec) -> BaseException:
+    """The exception a raise_exception fault names: a builtin class, or torch.distributed's."""
+    cls = getattr(builtins, spec.exception, None)
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        import torch.distributed as dist
+
+        cls = getattr(dist, spec.exception, None)
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        return RuntimeError(f"harness: no exception class {spec.exception!r} to raise")
+    return cls(spec.message)
+
+
+def build_model(torch: Any, entry: str, change: str, device: Any) -> Any:
+    """The ``ddp`` entry's model: Linear layers of protocol.model_shape, the same on every rank
+    (seeded) unless a fault changes this rank's (one layer more, or wider layers)."""
+    width, layers = P.model_shape(P.model_mb(entry))
+    if change == "extra_layer":
+        layers += 1
+    elif change == "wider":
+        width += 8
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    return model.to(device), width
 
 
 def run_workload(spec: P.WorkerSpec, dist: Any, torch: Any) -> None:
@@ -55,10 +89,45 @@ def run_workload(spec: P.WorkerSpec, dist: Any, torch: Any) -> None:
     dist.init_process_group(**kwargs)
     rank, world = dist.get_rank(), dist.get_world_size()
     emit(P.JOINED, rank=rank, world_size=world)
+    skip = set(spec.variation.skip)
+    ddp: Any = None
+    opt: Any = None
+    width = 0
+    k = 0
     for i, step in enumerate(spec.steps, start=1):
-        phase(f"workload step {i}", step=step)
+        if step.startswith("ddp"):
+            phase("model", step=step)
+            model, width = build_model(torch, step, spec.variation.model_change, device)
+            phase("ddp", step=step, params=sum(p.numel() for p in model.parameters()))
+            from torch.nn.parallel import DistributedDataParallel
+
+            ddp = DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None)
+            opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+            continue
+        if step.startswith("train "):
+            x = torch.ones(P.TRAIN_BATCH, width, device=device)
+            for _ in range(int(step.split()[1])):
+                k += 1
+                name = f"train step {k}"
+                skipped = name in skip
+                phase(name, step=step, **({"skipped": "gradient all-reduce"} if skipped else {}))
+                # a rank that skips the step's collective: no_sync keeps its gradients local
+                with (ddp.no_sync() if skipped else contextlib.nullcontext()):
+                    ddp(x).mean().backward()
+                opt.step()
+                opt.zero_grad()
+            continue
+        name = f"workload step {i}"
+        if name in skip:
+            phase(name, step=step, skipped=step)
+            continue
+        phase(name, step=step)
         if step == "barrier":
             dist.barrier()
+        elif step == "monitored_barrier":
+            # gloo only; names the ranks that did not arrive within the group's timeout
+            dist.monitored_barrier(timeout=timedelta(seconds=spec.timeout), wait_all_ranks=True)
         elif step == "all_reduce":
             t = torch.tensor([float(rank + 1)], device=device)
             dist.all_reduce(t)
@@ -88,7 +157,9 @@ def main() -> None:
     except resolver.ViewError as e:
         print(f"harness worker: cannot enter the resolver view: {e}", file=sys.stderr)
         os._exit(4)
+    global _RAISE
     spec = P.WorkerSpec.from_json(sys.argv[1])
+    _RAISE = spec.variation.raise_at
     _EV_FD = int(os.environ.pop(P.EVENT_FD_ENV))
     stack_file = os.fdopen(int(os.environ.pop(P.STACK_FD_ENV)), "w")
     die_with_parent()
@@ -99,7 +170,13 @@ def main() -> None:
         import torch
         import torch.distributed as dist
 
-        emit(P.READY, torch=torch.__version__, pid=os.getpid())
+        if any(s.startswith("ddp") for s in spec.steps):
+            # DDP's constructor imports torch._dynamo on first use (2-4 s here, and its
+            # memory): done before the start line, so the ddp phase is DDP's own work
+            import torch._dynamo  # noqa: F401
+            import torch.nn.parallel  # noqa: F401
+        emit(P.READY, torch=torch.__version__, pid=os.getpid(), python=sys.executable,
+             python_version=platform.python_version())
         line = sys.stdin.buffer.readline()
         if line != P.GO_LINE:  # the supervisor went away before the start line
             os._exit(3)

@@ -25,21 +25,20 @@ class DirectLauncher(Launcher):
     def start(self, sup: Any) -> List[RankProcess]:
         plan = sup.plan
         out: List[RankProcess] = []
-        for rp in plan.ranks:
+        for rp in plan.launched_ranks():
             tag = rp.label.replace(":", "-")
             paths = {k: sup.dir / f"rank-{tag}.{k}" for k in ("events", "stacks", "out", "err")}
             ev_fd = os.open(paths["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             sup.fds.append(ev_fd)
             st_fd = os.open(paths["stacks"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             sup.fds.append(st_fd)
-            spec = P.WorkerSpec(label=rp.label, backend=plan.backend, timeout=plan.timeout,
-                                steps=list(plan.workload), destroy=plan.destroy, init=rp.init)
+            spec = plan.worker_spec(rp)
             out_w, err_w = sup.capture.pipe(paths["out"]), sup.capture.pipe(paths["err"])
             env = process_env(rp, {P.EVENT_FD_ENV: str(ev_fd), P.STACK_FD_ENV: str(st_fd)})
             try:
                 with interrupts.shield():   # a process that exists is a process that is tracked
                     proc = ManagedProcess(
-                        [sys.executable, "-m", "harness.worker", spec.to_json()],
+                        [rp.python or sys.executable, "-m", "harness.worker", spec.to_json()],
                         name=f"rank {rp.label}", record=sup.rundir.pids, env=env, cwd="/",
                         stdin=subprocess.PIPE, stdout=out_w, stderr=err_w,
                         pass_fds=(ev_fd, st_fd), prefix=sup.prefix(rp.host))
