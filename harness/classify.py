@@ -2,7 +2,8 @@
 
 Outcomes: ``ok`` | ``error`` (raised, not a timeout) | ``timeout`` (torch's own timeout fired) |
 ``hang`` (alive at the deadline, killed by the harness) | ``crash`` (died without a Python
-exception: a signal, abort, OOM kill, or an exit with no result record).
+exception: a signal, abort, OOM kill, or an exit with no result record) | ``absent`` (part of
+the world, never started: the plan marks it so; it has no observation).
 
 Timeout versus error is decided by ``TIMEOUT_RULES``: the first rule whose class is in the
 exception's MRO and whose pattern is found in the message decides. Message texts changed at
@@ -18,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .observe import RankObservation, RunObservation
+from .outcomes import ABSENT
 from .outcomes import job_outcome as _job
 from .protocol import OK, ExceptionRecord, last_phase
 
@@ -33,6 +35,8 @@ TIMEOUT_RULES: List[Tuple[str, str]] = [
     # and, before 2.2, the store's plain RuntimeError "Socket Timeout" / "Timed out waiting ..."
     ("RuntimeError", r"connect timeout|wait timeout|timed out|socket timeout|\btimeout\b"),
     ("TimeoutError", r""),
+    # monitored_barrier: "[Rank 0]: Ranks 1 failed to pass monitoredBarrier in 5000 ms"
+    ("RuntimeError", r"failed to pass monitoredBarrier"),
 ]
 
 # checked first: a message that says the peer refused is an error even if gloo's wording also
@@ -139,6 +143,22 @@ def job_outcome(verdicts: Sequence[Verdict]) -> str:
     return _job([v.outcome for v in verdicts]) or "ok"
 
 
+def absent_verdict(rank: Dict[str, Any]) -> Verdict:
+    """The verdict of a rank the plan (its JSON form) marks absent: never started."""
+    return Verdict(label=str(rank.get("label")), outcome=ABSENT, phase="", duration=None,
+                   reason="part of the world but never started (a fault kept it out)",
+                   host=str(rank.get("host") or "local"))
+
+
 def classify_run(run: RunObservation) -> List[Verdict]:
-    """All verdicts of a run."""
-    return [classify(r, run.t0) for r in run.ranks]
+    """All verdicts of a run, in the plan's rank order: one per observed rank, and an
+    ``absent`` one for each rank the plan kept from starting."""
+    seen = {r.label: classify(r, run.t0) for r in run.ranks}
+    out: List[Verdict] = []
+    for rp in run.plan.get("ranks", []):
+        label = str(rp.get("label"))
+        if label in seen:
+            out.append(seen.pop(label))
+        elif rp.get("absent"):
+            out.append(absent_verdict(rp))
+    return out + list(seen.values())

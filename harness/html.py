@@ -25,7 +25,7 @@ PHASE_COLOURS = {
 STEP_COLOURS = ("#59a14f", "#8cd17d")
 OTHER_COLOUR = "#bab0ac"
 OUTCOME_COLOURS = {"ok": "#2e7d32", "error": "#d84315", "timeout": "#b26a00", "hang": "#c62828",
-                   "crash": "#6a1b9a"}
+                   "crash": "#6a1b9a", "absent": "#757575"}
 STATUS_COLOURS = {"passed": "#2e7d32", "failed": "#c62828", "skipped": "#757575",
                   "error": "#6a1b9a"}
 

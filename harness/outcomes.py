@@ -2,8 +2,8 @@
 
 ``ok`` finished its workload; ``error`` raised, not a timeout; ``timeout`` torch's own timeout
 fired; ``crash`` died without a Python exception (a signal, abort, OOM kill); ``hang`` alive at
-the harness's deadline, killed. ``absent``: part of the world but never started (the
-``absent_rank`` fault: "only rank 0 came up").
+the harness's deadline, killed. ``absent``: part of the world but never started (a fault
+kept it out: "only rank 0 came up").
 
 A job's outcome is the most severe outcome of the ranks that were started. An absent rank does
 not count: it is the cause, and what the ranks that ran did about it (rank 0's store timing out

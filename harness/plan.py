@@ -36,7 +36,7 @@ class RankPlan:
     #                                  namespaces, <run_dir>/resolver in the machine's own
     variation: Variation = field(default_factory=Variation)   # how its run differs (faults)
     python: str = ""                 # its interpreter ("": the harness's own, sys.executable)
-    absent: bool = False             # part of the world, never started (absent_rank)
+    absent: bool = False             # part of the world, never started (a fault)
 
     def to_dict(self) -> Dict[str, Any]:
         d = {"label": self.label, "rank": self.rank, "env": dict(self.env),

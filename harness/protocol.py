@@ -151,7 +151,7 @@ def _ranges(phases: Iterable[str]) -> List[str]:
 
 @dataclass
 class RaiseSpec:
-    """What a rank raises when it enters ``phase`` (the raise_exception fault)."""
+    """What a rank raises when it enters ``phase`` (a fault that makes it raise)."""
 
     phase: str
     exception: str                   # a builtin exception's name or torch.distributed's
@@ -165,9 +165,11 @@ class Variation:
     skip: List[str] = field(default_factory=list)    # phases whose collective it skips
     raise_at: Optional[RaiseSpec] = None
     model_change: str = ""           # "" | extra_layer | wider (DDP's parameter-shape check)
+    slow_at: Dict[str, float] = field(default_factory=dict)   # phase -> seconds it sleeps there
 
     def is_plain(self) -> bool:
-        return not self.skip and self.raise_at is None and not self.model_change
+        return not self.skip and self.raise_at is None and not self.model_change \
+            and not self.slow_at
 
 
 def check_trigger_phase(phase: str) -> str:

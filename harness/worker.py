@@ -30,6 +30,7 @@ from .procs import die_with_parent
 _EV_FD = -1
 _PHASE = "start"
 _RAISE: Optional[P.RaiseSpec] = None
+_SLOW: dict = {}
 
 
 def emit(ev: str, **fields: Any) -> None:
@@ -38,17 +39,20 @@ def emit(ev: str, **fields: Any) -> None:
 
 
 def phase(name: str, **fields: Any) -> str:
-    """Enter a phase: say so; a rank told to raise there (raise_exception) raises now."""
+    """Enter a phase: say so; a rank told to raise there raises now, one told to be slow
+    there sleeps first (its Variation)."""
     global _PHASE
     _PHASE = name
     emit(P.PHASE, phase=name, **fields)
     if _RAISE is not None and _RAISE.phase == name:
         raise _exception(_RAISE)
+    if name in _SLOW:
+        time.sleep(_SLOW[name])
     return name
 
 
 def _exception(spec: P.RaiseSpec) -> BaseException:
-    """The exception a raise_exception fault names: a builtin class, or torch.distributed's."""
+    """The exception a fault names: a builtin class, or torch.distributed's."""
     cls = getattr(builtins, spec.exception, None)
     if not (isinstance(cls, type) and issubclass(cls, BaseException)):
         import torch.distributed as dist
@@ -157,9 +161,9 @@ def main() -> None:
     except resolver.ViewError as e:
         print(f"harness worker: cannot enter the resolver view: {e}", file=sys.stderr)
         os._exit(4)
-    global _RAISE
+    global _RAISE, _SLOW
     spec = P.WorkerSpec.from_json(sys.argv[1])
-    _RAISE = spec.variation.raise_at
+    _RAISE, _SLOW = spec.variation.raise_at, dict(spec.variation.slow_at)
     _EV_FD = int(os.environ.pop(P.EVENT_FD_ENV))
     stack_file = os.fdopen(int(os.environ.pop(P.STACK_FD_ENV)), "w")
     die_with_parent()

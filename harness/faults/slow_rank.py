@@ -1,0 +1,46 @@
+"""slow_rank: a rank is slow: it sleeps as it enters chosen phases (a straggler)."""
+
+from typing import Literal, Optional
+
+from pydantic import Field, field_validator
+
+from ..limits import PositiveSeconds
+from ..protocol import check_trigger_phase, phase_problem, workload_phases
+from . import Fault
+
+
+class SlowRank(Fault):
+    kind: Literal["slow_rank"] = "slow_rank"
+    summary = "a rank sleeps this long as it enters a phase (or every phase after init): a " \
+        "straggler the others wait for in their next collective"
+    rank: int = Field(1, description="the slow rank")
+    seconds: PositiveSeconds = Field(description="how long it sleeps in each phase")
+    phase: Optional[str] = Field(None, description="only this phase (default: every phase of "
+                                                   "the workload after init)")
+
+    @field_validator("phase")
+    @classmethod
+    def _phase(cls, v: Optional[str]) -> Optional[str]:
+        return None if v is None else check_trigger_phase(v)
+
+    def check(self, scn):
+        problems = super().check(scn)
+        if self.phase is not None:
+            why = phase_problem(self.phase, scn.workload.steps, scn.workload.destroy)
+            if why:
+                problems.append((("phase",), why))
+        elif not scn.workload.steps:
+            problems.append((("phase",), "the workload is empty: name a phase (init)"))
+        return problems
+
+    def phases(self, scn) -> list:
+        if self.phase is not None:
+            return [self.phase]
+        return [p for p, _ in workload_phases(scn.workload.steps)]
+
+    def apply(self, plan, scn):
+        for r in plan.main_ranks([self.rank]):
+            for p in self.phases(scn):
+                r.variation.slow_at[p] = float(self.seconds)
+        where = self.phase or "every phase after init"
+        plan.notes.append(f"slow_rank: rank {self.rank} sleeps {self.seconds:g} s in {where}")
