@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
+from . import interpreters
 from .protocol import InitSpec, Variation, WorkerSpec
 from .schema import Scenario
 from .steps import RUN, Step
@@ -256,10 +257,12 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
             if link:   # as a careful user would: gloo/NCCL use the host's link
                 for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
                     env.setdefault(var, host.ifname)
+            py = scn.interpreter(r, host.name)
             ranks.append(RankPlan(
                 label=str(r), rank=r, env=env, host=host.name,
                 init=init_spec(scn, addr, port, r, scn.world_size, run_dir),
-                resolver_view=resolver_view(run_dir, host)))
+                resolver_view=resolver_view(run_dir, host),
+                python=interpreters.resolve(py) if py else ""))
             r += 1
     plan = RunPlan(
         scenario=scn.name, case=scn.case, backend=scn.backend, world_size=scn.world_size,

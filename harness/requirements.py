@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from . import interpreters
 from .machine import (  # noqa: F401 - the requirement types, for fault modules and doctor
     NAMESPACES,
     RESOLVER_VIEW,
@@ -45,6 +46,10 @@ def skip_reason(scn: Scenario, env: Dict[str, Any]) -> Optional[str]:
             return f"{what} needs network namespaces, and: {why}"
     elif scn.isolate == "never" or NAMESPACES.missing():
         why = RESOLVER_VIEW.missing()
+        if why:
+            return why
+    for py in scn.interpreters():
+        why, _ = interpreters.probe(interpreters.resolve(py))
         if why:
             return why
     for f in scn.faults:

@@ -341,6 +341,9 @@ class Host(Strict):
                       description="host name (a namespace): 1-16 of [A-Za-z0-9_-], starting with "
                       "a letter or digit")
     ranks: int = Field(1, ge=1, le=MAX_WORLD, description="ranks on this host")
+    python: Optional[str] = Field(None, min_length=1, max_length=MAX_TEXT,
+                                  description="the interpreter of this host's ranks (another "
+                                  "venv, another torch); default: the harness's own")
 
 
 class Scenario(Strict):
@@ -381,6 +384,12 @@ class Scenario(Strict):
     env: Dict[EnvName, EnvValue] = Field(
         default_factory=dict, max_length=MAX_ENV_VARS,
         description="extra env for every rank (names of letters, digits and _)")
+    python: Dict[str, Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]] = Field(
+        default_factory=dict, max_length=MAX_WORLD + 1,
+        description="the interpreter of ranks (another venv, another torch): a path for every "
+        "rank, or a mapping of rank numbers (and '*') to paths; a host's python comes between "
+        "(rank > host > '*'); ~ and $VARS are expanded; a scenario whose interpreter is "
+        "missing or cannot import torch is skipped with the reason")
     workload: Workload = Field(default_factory=lambda: Workload())
     faults: List[Annotated[Fault, BeforeValidator(fault_of)]] = Field(
         default_factory=list, max_length=MAX_FAULTS,
@@ -438,6 +447,35 @@ class Scenario(Strict):
         elif self.master_host is not None:
             raise located("master_host", "master_host needs hosts (or nodes)")
         return self
+
+    @field_validator("python", mode="before", json_schema_input_type=Union[
+        str, Dict[str, str]])
+    @classmethod
+    def _python_shorthand(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return {"*": v}
+        if isinstance(v, dict):
+            return {str(k): x for k, x in v.items()}
+        return v
+
+    @model_validator(mode="after")
+    def _python_ranks(self) -> Scenario:
+        for key in self.python:
+            if key != "*" and not (key.isdigit() and int(key) < self.world_size):
+                raise located("python", f"{key!r}: a rank number below world_size "
+                              f"({self.world_size}) or '*'")
+        return self
+
+    def interpreter(self, rank: int, host: str) -> str:
+        """The python a rank runs with as the scenario writes it ('' for the harness's own):
+        the rank's entry, else its host's, else '*'."""
+        by_host = {h.name: h.python for h in self.hosts or [] if h.python}
+        return self.python.get(str(rank)) or by_host.get(host) or self.python.get("*", "")
+
+    def interpreters(self) -> List[str]:
+        """Every interpreter the scenario names (as written)."""
+        named = list(self.python.values()) + [h.python for h in self.hosts or [] if h.python]
+        return list(dict.fromkeys(named))
 
     @model_validator(mode="after")
     def _gloo_only(self) -> Scenario:
