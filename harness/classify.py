@@ -94,7 +94,15 @@ def signal_name(returncode: int) -> str:
 
 def classify(obs: RankObservation, t0: float = 0.0) -> Verdict:
     """One rank's verdict. ``t0``: the start line on the monotonic clock (event times are
-    monotonic; ``released_at``/``ended_at`` are already relative to the start line)."""
+    monotonic; ``released_at``/``ended_at`` are already relative to the start line). What the
+    steps noted about the rank (an OOM kill) ends its reason."""
+    v = _classify(obs, t0)
+    if obs.notes:
+        v.reason += " (" + "; ".join(obs.notes) + ")"
+    return v
+
+
+def _classify(obs: RankObservation, t0: float) -> Verdict:
     events = obs.events
     phase = last_phase(events)
     result = obs.result()

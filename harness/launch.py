@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import interrupts
+from . import cgroups, interrupts
 from .capture import Capture
 from .errors import HarnessError
 from .launchers import RankProcess, close_fds, launcher_for, process_env
@@ -440,6 +440,7 @@ def run_scenario(scn: Scenario, keep: Optional[Path] = None) -> RunObservation:
     can_netns = not topology.missing()
     with interrupts.shield():
         sweep()
+        cgroups.sweep()        # a killed run's cgroups (resource faults), after its processes
         if can_netns:
             topology.sweep()
         rundir = RunDir()

@@ -61,6 +61,7 @@ class RankObservation:
     native_stacks: str = ""              # py-spy dump --native of a hung rank, where permitted
     released_at: Optional[float] = None  # seconds after the start line
     ended_at: Optional[float] = None     # seconds after the start line (as seen by the supervisor)
+    notes: List[str] = field(default_factory=list)   # what steps found out about it (an OOM kill)
 
     def result(self) -> Optional[Event]:
         return result_of(self.events)
@@ -75,7 +76,7 @@ class RankObservation:
                 "signals": [s.to_dict() for s in self.signals], "stacks": self.stacks,
                 "stdout_tail": self.stdout_tail, "stderr_tail": self.stderr_tail,
                 "native_stacks": self.native_stacks, "released_at": self.released_at,
-                "ended_at": self.ended_at}
+                "ended_at": self.ended_at, "notes": list(self.notes)}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> RankObservation:
@@ -89,7 +90,8 @@ class RankObservation:
                    stacks=d.get("stacks", ""), stdout_tail=d.get("stdout_tail", ""),
                    stderr_tail=d.get("stderr_tail", ""),
                    native_stacks=d.get("native_stacks", ""),
-                   released_at=d.get("released_at"), ended_at=d.get("ended_at"))
+                   released_at=d.get("released_at"), ended_at=d.get("ended_at"),
+                   notes=[str(n) for n in d.get("notes", [])])
 
 
 @dataclass

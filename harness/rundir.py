@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 import uuid
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from .errors import HarnessError
 from .procs import PidRecord, alive, identity
@@ -147,6 +147,13 @@ def sweep(base: Optional[Path] = None) -> List[str]:
         _rmtree(run)
         removed.append(f"{run.name}" + (f" (killed {pids})" if pids else ""))
     return removed
+
+
+def live_runs(base: Optional[Path] = None) -> Dict[str, bool]:
+    """Run id -> whether its owner is alive, for every run directory (the sweep of what runs
+    made outside their directory, cgroups, reads it)."""
+    base = base or base_dir()
+    return {run.name[len("run-"):]: _owner_alive(run) for run in base.glob("run-*")}
 
 
 def leftovers(base: Optional[Path] = None) -> List[str]:

@@ -44,6 +44,9 @@ class RankControl(Protocol):
     def signal(self, name: str) -> None:
         """Send SIG<name> to the rank's process group and record it as evidence."""
 
+    def note(self, text: str) -> None:
+        """Record what a step found out about the rank (its verdict's reason says it)."""
+
 
 class Helper(Protocol):
     """A helper process a step started (a port holder, a one-shot job); owned by the run."""

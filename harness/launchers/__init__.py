@@ -65,6 +65,11 @@ class RankProcess:
         self.proc.signal_group(int(getattr(_signal, "SIG" + name)))
         self.obs.signals.append(SignalSent(name, round(self._now(), 3)))
 
+    def note(self, text: str) -> None:
+        """Evidence a step found out about the rank (the OOM killer killed it), for its
+        verdict's reason."""
+        self.obs.notes.append(text)
+
     # -- the supervisor's side -----------------------------------------------------------------
     def read_events(self) -> None:
         self.obs.events.extend(self.reader.read())
