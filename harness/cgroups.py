@@ -214,10 +214,12 @@ def _remove(path: Path, timeout: float = 5.0) -> None:
 
 def run_cgroups() -> Iterator[Path]:
     """Every harness cgroup on this machine (a few levels deep under each mount)."""
-    mounts = [m for m in {ROOT / "memory", ROOT / "cpu", ROOT / "unified", ROOT}
-              if m.is_dir()]
-    for m in mounts:
-        yield from _walk(m, 4)
+    seen = set()
+    for m in (ROOT / "memory", ROOT / "cpu", ROOT / "unified", ROOT):
+        for path in _walk(m, 4) if m.is_dir() else ():
+            if path not in seen:
+                seen.add(path)
+                yield path
 
 
 def _walk(d: Path, depth: int) -> Iterator[Path]:

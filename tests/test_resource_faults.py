@@ -1,0 +1,173 @@
+"""Resource faults (memory_limit, cpu_contention, open_files_limit): what they add to a plan
+(pure), and, for real where the machine has cgroups, that nothing of them outlives a run, also
+when the run's supervisor is killed with SIGKILL (the sweep removes its cgroups)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+import yaml
+
+from harness import cgroups
+from harness.loader import ScenarioFileError, load_text
+from harness.plan import make_plan
+from harness.requirements import skip_reason
+from harness.rundir import live_runs, sweep
+from harness.triggers import Trigger
+
+ENV = {"torch": "2.13.0", "distributed": True, "gloo": True}
+
+
+def scn(faults=(), **fields):
+    data = {"name": "r", "about": "planned", "world_size": 2, "workload": ["ddp 64MB"],
+            **fields, "faults": list(faults)}
+    (s,) = load_text(yaml.safe_dump(data, sort_keys=False), "r.yaml")
+    return s
+
+
+def plan(counter_ports, faults=(), **fields):
+    return make_plan(scn(faults, **fields), "/tmp/x", take_port=counter_ports)
+
+
+@pytest.mark.parametrize("fault", [
+    {"kind": "memory_limit", "rank": 1, "mb": 100},
+    {"kind": "cpu_contention", "rank": 1, "how": "hogs", "hogs": 2},
+    {"kind": "open_files_limit", "rank": 1, "limit": 8},
+])
+def test_the_limit_is_set_at_the_start_line_and_the_rank_waits_for_it(counter_ports, fault):
+    p = plan(counter_ports, [fault])
+    (step,) = [s for s in p.steps if s.fault == fault["kind"]]
+    assert step.trigger == Trigger.at_time(0.0) and step.rank == "1"
+    assert p.rank("1").release == Trigger.after_step(step.id)
+    assert p.rank("0").release == Trigger.at_time(0.0)
+
+
+def test_a_late_rank_keeps_its_own_release(counter_ports):
+    p = plan(counter_ports, [{"kind": "delayed_rank", "ranks": [1], "delay": 3},
+                             {"kind": "open_files_limit", "rank": 1, "limit": 8}])
+    assert p.rank("1").release == Trigger.at_time(3.0)
+
+
+def test_memory_limit_needs_a_cgroup_only_when_it_says_so(monkeypatch):
+    monkeypatch.setattr(cgroups, "missing", lambda c: f"no cgroup {c} here")
+    monkeypatch.setattr("harness.machine._PROBES", {})   # the probes are tried afresh
+    assert skip_reason(scn([{"kind": "memory_limit", "mb": 100, "via": "rlimit"}]), ENV) is None
+    assert skip_reason(scn([{"kind": "memory_limit", "mb": 100}]), ENV) is None
+    why = skip_reason(scn([{"kind": "memory_limit", "mb": 100, "via": "cgroup"}]), ENV)
+    assert why == "memory_limit: no cgroup memory here"
+    why = skip_reason(scn([{"kind": "cpu_contention", "how": "quota"}]), ENV)
+    assert why == "cpu_contention: no cgroup cpu here"
+
+
+@pytest.mark.parametrize("fault,field", [
+    ({"kind": "memory_limit", "mb": 0}, "mb"),
+    ({"kind": "cpu_contention", "percent": 0}, "percent"),
+    ({"kind": "cpu_contention", "how": "fork_bomb"}, "how"),
+    ({"kind": "open_files_limit", "limit": 2}, "limit"),
+    ({"kind": "open_files_limit", "rank": 5, "limit": 20}, "rank"),
+])
+def test_bad_parameters_are_located(fault, field):
+    with pytest.raises(ScenarioFileError) as e:
+        scn([fault])
+    assert any(field in p.field or field in p.message for p in e.value.problems)
+
+
+def test_the_sweep_leaves_live_runs_and_removes_dead_ones(tmp_path):
+    why = cgroups.missing("memory")
+    if why:
+        pytest.skip(why)
+    live = cgroups.Cgroup("memory", "livetest", "rank1-memory")
+    dead = cgroups.Cgroup("memory", "deadtest", "rank1-memory")
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        dead.add(sleeper.pid)
+        removed = cgroups.sweep({"livetest": True})
+        assert str(dead.path) in removed and not dead.path.exists()
+        assert live.path.exists()
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        sleeper.kill()
+        live.remove()
+        dead.remove()
+
+
+SUPERVISOR = textwrap.dedent("""
+    from harness.launch import run_scenario
+    from harness.loader import load_text
+    (scn,) = load_text('''
+    name: starved
+    about: a long run with a memory cgroup and CPU hogs whose supervisor is killed
+    world_size: 2
+    timeout: 60
+    deadline: 120
+    isolate: never
+    workload: [sleep 100]
+    faults:
+      - {kind: memory_limit, rank: 0, mb: 2000, via: cgroup}
+      - {kind: cpu_contention, rank: 1, how: hogs, hogs: 1}
+    ''')
+    run_scenario(scn)
+""")
+
+
+def _wait(cond, limit, what):
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.1)
+    pytest.fail(f"waited {limit:g} s for {what}")
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_run_leaves_no_cgroup_and_no_hog_after_the_sweep(tmp_path):
+    why = cgroups.missing("memory")
+    if why:
+        pytest.skip(why)
+    env = dict(os.environ, HARNESS_TMP=str(tmp_path))
+    sup = subprocess.Popen([sys.executable, "-c", SUPERVISOR], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = tmp_path / f"torchdist-harness-{os.geteuid()}"
+    pids = []
+    try:
+        def started():
+            for run_dir in base.glob("run-*"):
+                ev = run_dir / "rank-1.events"
+                if ev.exists() and '"workload step 1"' in ev.read_text():
+                    return run_dir
+            return None
+
+        run_dir = _wait(started, 150, "both ranks to start their workload")
+        run_id = run_dir.name[len("run-"):]
+        pids = [json.loads(ln)["pid"] for ln in (run_dir / "pids.jsonl").read_text().splitlines()]
+        assert len(pids) == 3                      # two ranks, one hog
+        mine = [p for p in cgroups.run_cgroups() if p.name.startswith(f"{cgroups.PREFIX}{run_id}")]
+        assert len(mine) == 1
+
+        sup.send_signal(signal.SIGKILL)
+        sup.wait(timeout=30)
+        assert mine[0].exists()                    # nobody tidied up: the supervisor is gone
+        sweep(base)
+        removed = cgroups.sweep(live_runs(base))
+        assert removed == [str(mine[0])] and not mine[0].exists()
+        _wait(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status()
+                              != psutil.STATUS_ZOMBIE for p in pids), 30, "the run's processes")
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+        sup.stderr.close()
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
