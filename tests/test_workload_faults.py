@@ -119,6 +119,11 @@ def test_absent_rank_cannot_take_the_whole_world():
                for p in problems([{"kind": "absent_rank", "ranks": [0, 1]}]))
 
 
+def test_a_fault_on_an_absent_rank_is_refused():
+    assert any("rank 1 is absent, and the fault kill_rank acts on it" in p for p in problems(
+        [{"kind": "absent_rank", "ranks": [1]}, {"kind": "kill_rank", "rank": 1, "at": 1}]))
+
+
 def test_raise_exception_only_in_a_phase_the_workload_enters():
     assert any("never enters 'train step 7'" in p for p in problems(
         [{"kind": "raise_exception", "phase": "train step 7"}]))

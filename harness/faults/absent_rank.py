@@ -20,6 +20,11 @@ class AbsentRank(Fault):
         if not problems and len(set(self.ranks)) >= scn.world_size:
             problems.append((("ranks",), f"every rank of the world ({scn.world_size}) would be "
                                          "absent: at least one must start"))
+        for other in scn.faults:   # a fault that acts on a rank that never starts
+            target = getattr(other, "rank", None)
+            if other is not self and isinstance(target, int) and target in self.ranks:
+                problems.append((("ranks",), f"rank {target} is absent, and the fault "
+                                             f"{other.kind} acts on it"))
         return problems
 
     def apply(self, plan, scn):
