@@ -17,6 +17,8 @@ import pytest
 import yaml
 
 from harness import cgroups
+from harness.faults._rank_limit import RankLimit
+from harness.faults.cpu_contention import Hogs
 from harness.loader import ScenarioFileError, load_text
 from harness.plan import make_plan
 from harness.requirements import skip_reason
@@ -44,10 +46,16 @@ def plan(counter_ports, faults=(), **fields):
 ])
 def test_the_limit_is_set_at_the_start_line_and_the_rank_waits_for_it(counter_ports, fault):
     p = plan(counter_ports, [fault])
-    (step,) = [s for s in p.steps if s.fault == fault["kind"]]
+    (step,) = [s for s in p.steps if isinstance(s, RankLimit)]
     assert step.trigger == Trigger.at_time(0.0) and step.rank == "1"
     assert p.rank("1").release == Trigger.after_step(step.id)
     assert p.rank("0").release == Trigger.at_time(0.0)
+
+
+def test_busy_processes_start_at_set_up_before_any_rank(counter_ports):
+    p = plan(counter_ports, [{"kind": "cpu_contention", "how": "hogs", "hogs": 8}])
+    (hogs,) = [s for s in p.steps if isinstance(s, Hogs)]
+    assert hogs.trigger.is_setup and hogs.hogs == 8 and hogs.undoable
 
 
 def test_a_late_rank_keeps_its_own_release(counter_ports):
