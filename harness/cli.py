@@ -227,9 +227,10 @@ def show_plan(scn: Any, plan: Dict[str, Any]) -> None:
         how = init["method"] + (f" {init['url']}" if init.get("url") else "")
         if init.get("rank") is not None:
             how += f"\nrank={init['rank']} world_size={init['world_size']}"
-        t.add_row(_text(r["label"]), _text(r.get("host", "local")),
-                  _text("at start" if r.get("release", {}) == {"at": 0.0}
-                        else str(r.get("released", ""))),
+        host = r.get("host", "local") + (f"\npython {r['python']}" if r.get("python") else "")
+        released = "never (absent)" if r.get("absent") else "at start" \
+            if r.get("release", {}) == {"at": 0.0} else str(r.get("released", ""))
+        t.add_row(_text(r["label"]), _text(host), _text(released),
                   _text(how), _text(_kv(r["env"])), _text(" ".join(r.get("unset", []))),
                   _text(r.get("user") or ""))
     con.print(t)
