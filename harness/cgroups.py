@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
 ROOT = Path("/sys/fs/cgroup")
+PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 PREFIX = "torchdist-harness-"
 
 
@@ -42,7 +43,7 @@ class Hierarchy:
 
 def _self_path(version: int, controller: str) -> Optional[str]:
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        lines = PROC_SELF_CGROUP.read_text().splitlines()
     except OSError:
         return None
     for ln in lines:
@@ -86,7 +87,7 @@ def hierarchy(controller: str) -> Hierarchy:
                        f"cgroup ({own})")
     v1 = ROOT / controller
     own1 = _self_path(1, controller)
-    if v1.is_dir() and own1 is not None and os.path.ismount(v1):
+    if own1 is not None and (v1 / "cgroup.procs").exists():
         return Hierarchy(controller, 1, v1, v1 / own1.lstrip("/"))
     why.append(f"no cgroup v1 {controller} hierarchy at {v1}")
     raise CgroupError("; ".join(why))

@@ -88,6 +88,57 @@ def test_bad_parameters_are_located(fault, field):
     assert any(field in p.field or field in p.message for p in e.value.problems)
 
 
+def _tree(root, proc_cgroup, monkeypatch, files):
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    (root / "self-cgroup").write_text(proc_cgroup)
+    monkeypatch.setattr(cgroups, "ROOT", root)
+    monkeypatch.setattr(cgroups, "PROC_SELF_CGROUP", root / "self-cgroup")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+
+
+def test_v2_is_used_where_the_controller_is_enabled(tmp_path, monkeypatch):
+    _tree(tmp_path, "0::/job/harness\n", monkeypatch, {
+        "cgroup.controllers": "cpu memory pids", "job/harness/cgroup.controllers": "memory cpu",
+        "job/harness/cgroup.subtree_control": "memory"})
+    h = cgroups.hierarchy("memory")
+    assert (h.version, h.own) == (2, tmp_path / "job" / "harness")
+
+
+def test_v1_is_used_on_a_hybrid_machine(tmp_path, monkeypatch):
+    _tree(tmp_path, "4:memory:/sandbox/x\n1:cpu:/\n0::/\n", monkeypatch, {
+        "unified/cgroup.controllers": "", "memory/cgroup.procs": "",
+        "cpu/cgroup.procs": ""})
+    h = cgroups.hierarchy("memory")
+    assert (h.version, h.own) == (1, tmp_path / "memory" / "sandbox" / "x")
+    assert cgroups.hierarchy("cpu").own == tmp_path / "cpu"
+
+
+def test_no_hierarchy_is_a_reason_naming_what_was_looked_for(tmp_path, monkeypatch):
+    _tree(tmp_path, "0::/\n", monkeypatch, {"cgroup.controllers": "pids"})
+    with pytest.raises(cgroups.CgroupError) as e:
+        cgroups.hierarchy("memory")
+    assert "no memory controller" in str(e.value) and "no cgroup v1 memory" in str(e.value)
+
+
+def test_not_root_is_a_reason(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "need root" in cgroups.missing("cpu")
+
+
+def test_an_oom_kill_noted_on_a_rank_ends_its_reason():
+    from harness.classify import classify
+    from harness.observe import RankObservation
+
+    obs = RankObservation(label="1", returncode=-9,
+                          notes=["the kernel's OOM killer killed it: cgroup v1 ..."])
+    v = classify(obs)
+    assert (v.outcome, v.reason) == (
+        "crash", "killed by SIGKILL (the kernel's OOM killer killed it: cgroup v1 ...)")
+    assert RankObservation.from_dict(obs.to_dict()).notes == obs.notes
+
+
 def test_the_sweep_leaves_live_runs_and_removes_dead_ones(tmp_path):
     why = cgroups.missing("memory")
     if why:
