@@ -166,6 +166,11 @@ def test_signal_faults_can_target_a_training_step(counter_ports):
     assert step.trigger.phase == "train step 3" and step.trigger.rank == "1"
 
 
+def test_a_signal_in_a_phase_the_workload_never_enters_is_refused():
+    assert any("never enters 'train step 4'" in p for p in problems(
+        [{"kind": "stop_rank", "rank": 1, "phase": "train step 4"}]))
+
+
 # -- the absent outcome ------------------------------------------------------------------------
 
 def test_an_absent_rank_gets_an_absent_verdict_in_plan_order(counter_ports):

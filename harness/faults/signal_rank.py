@@ -5,6 +5,7 @@ from typing import ClassVar, Literal, Optional
 
 from pydantic import Field
 
+from ..protocol import phase_problem
 from ..steps import Step
 from ..triggers import When
 from . import Fault
@@ -41,6 +42,14 @@ class Signal(Step):
 class _SignalRank(Fault, When):
     WHEN_REQUIRED = True
     rank: int = Field(1, description="the rank that gets the signal (and whose phase counts)")
+
+    def check(self, scn):
+        problems = super().check(scn)
+        why = phase_problem(self.phase, scn.workload.steps, scn.workload.destroy) \
+            if self.phase is not None else None
+        if why:   # the signal would never be sent
+            problems.append((("phase",), why))
+        return problems
 
     def _signal(self) -> str:
         raise NotImplementedError
