@@ -40,6 +40,7 @@ from .limits import (  # noqa: F401 - the limits are part of the format's vocabu
     MAX_HOSTS,
     MAX_MARKS,
     MAX_NAME,
+    MAX_REPEAT,
     MAX_SECONDS,
     MAX_SHORT,
     MAX_STEPS,
@@ -93,10 +94,52 @@ def _phase_name(v: str) -> str:
     return v
 
 
+def _as_list(v: Any) -> Any:
+    return [v] if isinstance(v, str) else v
+
+
 def _as_outcome_set(v: Any) -> Any:
     if isinstance(v, str):
         return [v]
+    if isinstance(v, dict):   # outcome: {timeout: ">= 0.6", error: any}: the allowed set
+        for b in v.values():  # (said here, where it is written: not at 'frequency')
+            if b is not None and not (isinstance(b, (int, float)) and not isinstance(b, bool)):
+                parse_bound(str(b))
+        return list(v)
     return v
+
+
+_BOUND = re.compile(r"^\s*(?:(>=|<=|>|<|==)\s*([0-9.]+)|([0-9.]+)\s*\.\.\s*([0-9.]+)|(any))\s*\Z")
+
+
+def parse_bound(text: str) -> Tuple[float, float, bool, bool]:
+    """A frequency bound -> (low, high, low included, high included), frequencies in 0..1:
+    ">= 0.6", "<= 0.2", "> 0", "< 1", "== 1", "0.3..0.7" (both ends included), "any"."""
+    m = _BOUND.match(str(text))
+    if not m:
+        raise ValueError(f"frequency bound {str(text)[:40]!r}: write '>= 0.6', '<= 0.2', "
+                         "'0.3..0.7' or 'any' (frequencies are 0..1)")
+    op, x, a, b, anything = m.groups()
+    if anything:
+        return 0.0, 1.0, True, True
+    try:
+        if op is not None:
+            v = float(x)
+            lo, hi, lo_in, hi_in = {">=": (v, 1.0, True, True), ">": (v, 1.0, False, True),
+                                    "<=": (0.0, v, True, True), "<": (0.0, v, True, False),
+                                    "==": (v, v, True, True)}[op]
+        else:
+            lo, hi, lo_in, hi_in = float(a), float(b), True, True
+    except ValueError:
+        raise ValueError(f"frequency bound {str(text)[:40]!r}: not a number") from None
+    if not (0.0 <= lo <= hi <= 1.0):
+        raise ValueError(f"frequency bound {str(text)[:40]!r}: frequencies are 0..1")
+    return lo, hi, lo_in, hi_in
+
+
+def bound_holds(text: str, freq: float) -> bool:
+    lo, hi, lo_in, hi_in = parse_bound(text)
+    return (freq > lo or (lo_in and freq == lo)) and (freq < hi or (hi_in and freq == hi))
 
 
 class RankExpect(Strict):
@@ -109,7 +152,12 @@ class RankExpect(Strict):
         return self._line
 
     outcome: Optional[List[Outcome]] = Field(
-        None, description="allowed outcome(s): ok | error | timeout | hang | crash")
+        None, description="allowed outcome(s): ok | error | timeout | hang | crash; a mapping "
+        "outcome -> frequency bound ('>= 0.6', '0.3..0.7', 'any') states how often each may "
+        "happen when the case is repeated")
+    frequency: Optional[Dict[Outcome, str]] = Field(
+        None, description="set from the mapping form of outcome: outcome -> frequency bound, "
+        "checked over repeated runs (repeat: / --harness-repeat)")
     exception: Optional[str] = Field(
         None, max_length=MAX_SHORT, description="exception class name; matches any class in the "
         "raised exception's MRO (so RuntimeError accepts DistStoreError); 'module.Class' matches "
@@ -125,9 +173,40 @@ class RankExpect(Strict):
 
     # json_schema_input_type: the exported JSON Schema must accept the shorthands too
     _outcome = field_validator("outcome", mode="before", json_schema_input_type=Optional[
-        Union[Outcome, List[Outcome]]])(_as_outcome_set)
+        Union[Outcome, List[Outcome], Dict[Outcome, str]]])(_as_outcome_set)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _frequencies(cls, v: Any) -> Any:
+        """``outcome: {timeout: ">= 0.6", error: "<= 0.4"}``: the set and the bounds."""
+        if isinstance(v, dict) and isinstance(v.get("outcome"), dict):
+            if "frequency" in v:
+                raise ValueError("give frequencies either in outcome: {...} or in frequency:")
+            v = dict(v)
+            freq = {k: ("any" if b is None else b) for k, b in v["outcome"].items()}
+            try:
+                for b in freq.values():
+                    if isinstance(b, str):
+                        parse_bound(b)
+            except ValueError:
+                return v      # the outcome field says what is wrong, where it is written
+            v["frequency"] = freq
+        return v
+
+    @field_validator("frequency")
+    @classmethod
+    def _bounds(cls, v: Optional[Dict[str, Any]]) -> Optional[Dict[str, str]]:
+        if v is None:
+            return v
+        out = {}
+        for k, b in v.items():
+            text = str(b) if not isinstance(b, (int, float)) or isinstance(b, bool) \
+                else f"== {b}"
+            parse_bound(text)
+            out[k] = text
+        return out
     _phase = field_validator("phase", mode="before", json_schema_input_type=Optional[
-        Union[str, List[str]]])(_as_outcome_set)
+        Union[str, List[str]]])(_as_list)
 
     varies: Optional[List[Literal["exception", "message", "duration"]]] = Field(
         None, max_length=3, description="what differs from run to run of this very scenario "
@@ -153,7 +232,10 @@ class RankExpect(Strict):
 
     def words(self) -> List[str]:
         """This expectation in short words: 'timeout', 'DistStoreError', '/pat/', 'in 3..30 s'."""
-        out = ["|".join(self.outcome)] if self.outcome else []
+        if self.frequency:
+            out = [", ".join(f"{o} {b}" if b != "any" else o for o, b in self.frequency.items())]
+        else:
+            out = ["|".join(self.outcome)] if self.outcome else []
         if self.exception:
             out.append(self.exception)
         if self.message:
@@ -359,6 +441,10 @@ class Scenario(Strict):
         default_factory=lambda: [Expect()], max_length=MAX_EXPECT_BLOCKS,
         description="one block, or a list of torch-scoped blocks (the first whose 'torch' range "
         "holds is used)")
+    repeat: int = Field(1, ge=1, le=MAX_REPEAT, description="run the case this many times: "
+                        "its ranks' outcome frequencies are reported and checked against "
+                        "frequency bounds, and a rank that varies where its expectation "
+                        "allows one outcome makes the case flaky (--harness-repeat overrides)")
     marks: List[Annotated[str, AfterValidator(_marker)]] = Field(
         default_factory=list, max_length=MAX_MARKS,
         description="plain labels for pytest's -m (not markers pytest or a plugin gives a "
