@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -37,7 +38,7 @@ from .observe import RunObservation
 from .plan import HostPlan, RunPlan, make_plan
 from .ports import PortLease
 from .procs import ManagedProcess
-from .protocol import EXCEPTION, PHASE, RESULT, Event, ready_event
+from .protocol import EXCEPTION, PHASE, RESULT, STACK_SIGNAL, Event, ready_event
 from .rundir import RunDir, kill_recorded, sweep
 from .schema import Scenario
 from .steps import Scheduler, StepError
@@ -82,6 +83,24 @@ def _read_stacks(path: Path) -> str:
 
 
 _ERROR_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception|Interrupt|Exit)\b|Fatal Python error)")
+
+
+def _broken_by_scenario(events: Sequence[Event]) -> bool:
+    """Torch was found and refused to import under the scenario's environment (a TORCH_*
+    variable with a value torch rejects, say: ValueError), while it imports in a clean
+    interpreter here (the environment probe). That is torch's behaviour, the scenario's
+    result (error in phase import). An ImportError is not: then torch could not be loaded at
+    all, and the rank could not be started (a harness error, as before)."""
+    from .probe import probe
+
+    raised = [e for e in events if e.ev == RESULT and e.data.get("status") == EXCEPTION
+              and e.data.get("phase") == "import"]
+    if not raised:
+        return False
+    mro = [str(c) for c in (raised[-1].data.get("exc") or {}).get("mro", [])]
+    not_loaded = any(c.endswith(("ImportError", "ModuleNotFoundError")) for c in mro) or \
+        str((raised[-1].data.get("exc") or {}).get("type", "")).endswith("ImportError")
+    return not not_loaded and probe().get("torch") not in (None, "none")
 
 
 def start_failure(label: str, returncode: Optional[int], events: Sequence[Event],
@@ -286,6 +305,8 @@ class Supervisor:
                     pending = True
                     continue
                 r.read_events()
+                if not r.ready() and _broken_by_scenario(r.obs.events):
+                    continue    # a verdict (error in phase import), not a failure to start
                 if not r.ready():   # died before it was ready: the harness could not start it
                     self.capture.wait_eof([r.err_path], timeout=2.0)
                     stream = self.capture.stream(r.err_path)
@@ -302,11 +323,14 @@ class Supervisor:
 
     # -- the end -------------------------------------------------------------------------------
     def _capture_stacks(self, live: List[RankProcess]) -> None:
-        """py-spy's native stacks where permitted, then the faulthandler dump of every live rank
-        (SIGUSR1; SIGCONT too, so that a stopped rank can write it). What a resumed rank does
-        after the deadline is not part of the run: its events are cut at the deadline."""
+        """Every live rank's stacks, all ranks at once: py-spy's native stacks where permitted
+        (one py-spy per rank, in parallel), then the faulthandler dump of every rank
+        (protocol.STACK_SIGNAL; SIGCONT too, so that a stopped rank can write it). What a
+        resumed rank does after the deadline is not part of the run: its events are cut at
+        the deadline."""
         import psutil
 
+        spied: List[RankProcess] = []
         for r in live:
             r.read_events()
             r.cutoff = len(r.obs.events)
@@ -314,17 +338,23 @@ class Supervisor:
                 stopped = psutil.Process(r.proc.pid).status() == psutil.STATUS_STOPPED
             except psutil.Error:
                 stopped = False
-            r.obs.native_stacks = (
-                "(no native stacks: the rank is stopped (SIGSTOP) and py-spy cannot attach to a "
-                "stopped process)" if stopped and native_stacks_available()
-                else native_stacks(r.proc.pid))
+            if stopped and native_stacks_available():
+                r.obs.native_stacks = ("(no native stacks: the rank is stopped (SIGSTOP) and "
+                                       "py-spy cannot attach to a stopped process)")
+            else:
+                spied.append(r)
+        if spied:
+            with ThreadPoolExecutor(max_workers=len(spied)) as pool:
+                for r, text in zip(spied, pool.map(native_stacks, [r.proc.pid for r in spied])):
+                    r.obs.native_stacks = text
         for r in live:
             try:
-                os.kill(r.proc.pid, signal.SIGUSR1)
+                os.kill(r.proc.pid, STACK_SIGNAL)
                 os.kill(r.proc.pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-        # a dump is complete when the file stops growing; a rank gets up to 3 s
+        # faulthandler writes from its signal handler at once; a dump is complete when the
+        # file stops growing (two looks 50 ms apart); a rank gets up to 3 s
         sizes: Dict[str, int] = {}
         limit = time.monotonic() + 3.0
         while time.monotonic() < limit:
@@ -336,7 +366,7 @@ class Supervisor:
                 sizes[r.label] = size
             if done:
                 break
-            time.sleep(0.1)
+            time.sleep(0.05)
         for r in live:
             r.obs.stacks = _read_stacks(r.stacks_path)
 

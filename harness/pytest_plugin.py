@@ -332,7 +332,7 @@ class ScenarioItem(pytest.Item):
             self.add_marker(m)
         self.add_marker(pytest.mark.timeout(scenario.deadline + 300))
         self.extra_keyword_matches.update(f.kind for f in scenario.faults)
-        self.extra_keyword_matches.update({scenario.backend, scenario.init})
+        self.extra_keyword_matches.update({*scenario.backend_names(), scenario.init})
         self.user_properties.append(("scenario", scenario.test_id))
 
     def reportinfo(self):  # type: ignore[no-untyped-def]

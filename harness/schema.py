@@ -12,8 +12,10 @@ start, run and be written down (spawned env, torch's timedelta, test ids, eviden
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Union
+from urllib.parse import urlsplit
 
 import regex
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -387,6 +389,45 @@ def fault_of(v: Any) -> Any:
     return cls.model_validate(v)
 
 
+INIT_URL_FIELDS = ("addr", "port", "port2", "rank", "world_size", "run_dir")
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+
+
+def fill_init_url(template: str, **values: Any) -> str:
+    """The URL with its {placeholders} filled in (only the known ones exist)."""
+    return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), template)
+
+
+def init_url_parts(template: str) -> Tuple[str, Optional[str], str]:
+    """(scheme, host or None, path) of an init_url template, checked: known placeholders,
+    a file path only inside the run's folder. ValueError says what is wrong."""
+    for name in _PLACEHOLDER.findall(template):
+        if name not in INIT_URL_FIELDS:
+            raise ValueError(f"unknown placeholder {{{name[:20]}}} (known: "
+                             f"{', '.join('{' + f + '}' for f in INIT_URL_FIELDS)})")
+    sample = fill_init_url(template, addr="127.0.0.1", port=29500, port2=29501, rank=0,
+                           world_size=2, run_dir="/RUN_DIR")
+    if "{" in sample or "}" in sample:
+        raise ValueError("a lone { or } (placeholders are {addr}, {port}, ...)")
+    parts = urlsplit(sample)
+    scheme = parts.scheme.lower()
+    if not scheme:
+        raise ValueError(f"{template[:60]!r} has no scheme (tcp://, env://, file://)")
+    try:
+        host = parts.hostname
+    except ValueError as e:
+        raise ValueError(f"{template[:60]!r}: {e}") from None
+    if scheme == "file":
+        path = posixpath.normpath(parts.path) if parts.path else ""
+        if host:
+            raise ValueError("a file:// URL names no host: file:///path or file://{run_dir}/..")
+        if path and not (path == "/RUN_DIR" or path.startswith("/RUN_DIR/")):
+            raise ValueError(f"the file store's path {path[:60]!r} is outside the run's folder: "
+                             "write file://{run_dir}/NAME (the harness writes and removes "
+                             "only what it made)")
+    return scheme, host, parts.path
+
+
 class Host(Strict):
     # the topology's own rule: starts with a letter or digit, at most 16 characters
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,15}$",
@@ -404,11 +445,30 @@ class Scenario(Strict):
     about: str = Field(min_length=1, max_length=MAX_TEXT,
                        description="why this scenario exists, where it comes from, and what was "
                        "watched happening")
-    backend: Literal["gloo", "nccl"] = "gloo"
+    backend: Optional[str] = Field(
+        "gloo", pattern=r"^[A-Za-z0-9:,]{0,48}$",
+        description="torch's backend argument as users write it: gloo, nccl, "
+        "'cpu:gloo,cuda:nccl' (a malformed one, a duplicate device or a trailing comma, is "
+        "passed as written, for torch's own error); null: omitted (torch picks by device)")
+    backend_available: Optional[bool] = Field(
+        None, description="null (default): skipped, with the reason, where this machine "
+        "cannot give the backend; false: the case is ABOUT a machine without it (torch's "
+        "error is the expectation): it runs where the backend is missing and is skipped "
+        "where it is there; true: as null")
     world_size: int = Field(2, ge=1, le=MAX_WORLD)
     init: Literal["env", "tcp", "file"] = Field(
         "env", description="init method: env (env://, MASTER_ADDR/PORT), tcp (tcp://addr:port) or "
         "file (file:///shared/path)")
+    init_url: Optional[str] = Field(
+        None, max_length=MAX_ADDR, description="init_method exactly as a user writes it, "
+        "instead of the one init builds: a template with {addr}, {port} (MASTER_PORT), "
+        "{port2} (a second port of the run's, not MASTER_PORT), {rank}, {world_size} and "
+        "{run_dir} (e.g. 'tcp://{addr}', 'tcp://{addr}:{port}?rank={rank}', "
+        "'env://?use_libuv=0', 'file://', 'foo://x'); a host in it must be one the harness may "
+        "send traffic to, a file path must lie in {run_dir}")
+    init_args: Optional[List[Literal["rank", "world_size"]]] = Field(
+        None, max_length=2, description="with init_url: which of rank and world_size are also "
+        "passed as arguments (default: both for tcp:// and file://, none otherwise)")
     timeout: Annotated[float, BeforeValidator(no_bool), Field(
         ge=MIN_TIMEOUT, le=MAX_SECONDS, allow_inf_nan=False)] = Field(
         30.0, description="torch's own timeout for init_process_group, s")
@@ -457,6 +517,20 @@ class Scenario(Strict):
     def _workload(cls, v: Any) -> Any:
         return _workload_shorthand(v)
 
+    @field_validator("init_url")
+    @classmethod
+    def _init_url(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            init_url_parts(v)   # raises ValueError naming what is wrong
+        return v
+
+    @model_validator(mode="after")
+    def _init_args(self) -> Scenario:
+        if self.init_args is not None and self.init_url is None:
+            raise located("init_args", "init_args goes with init_url (init: tcp and file pass "
+                          "both, env none)")
+        return self
+
     @field_validator("master_addr")
     @classmethod
     def _bare(cls, v: str) -> str:
@@ -503,6 +577,14 @@ class Scenario(Strict):
             raise ValueError(f"env holds {total} bytes of names and values: at most "
                              f"{MAX_ENV_TOTAL} in all")
         return v
+
+    def backend_names(self) -> List[str]:
+        """The backends the backend string names (``cpu:gloo,cuda:nccl`` -> gloo, nccl);
+        omitted: what torch picks on a CPU machine (gloo)."""
+        if self.backend is None:
+            return ["gloo"]
+        names = [part.rsplit(":", 1)[-1].strip().lower() for part in self.backend.split(",")]
+        return [n for n in dict.fromkeys(names) if n]
 
     def host_names(self) -> List[str]:
         return [h.name for h in self.hosts] if self.hosts else ["local"]
