@@ -26,9 +26,9 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import interrupts
 from .capture import Capture
@@ -45,6 +45,9 @@ from .steps import Scheduler, StepError
 
 READY_TIMEOUT = float(os.environ.get("HARNESS_READY_TIMEOUT", "180"))
 POLL = 0.02
+# native stacks (py-spy symbolizes libtorch: ~0.4 s of CPU per rank) are started this long
+# before the deadline for the ranks alive then, so that the verdict does not wait for them
+STACK_LEAD = float(os.environ.get("HARNESS_STACK_LEAD", "2.0"))
 TAIL = 4000
 STACKS_MAX = 1 << 20     # a faulthandler dump is kept up to this many bytes per rank
 
@@ -143,13 +146,15 @@ def native_stacks_available() -> bool:
 
 
 def native_stacks(pid: int) -> str:
-    """``py-spy dump --native``: the C++ frames (TCPStore::ping -> recv ...) of a stuck rank.
-    Empty when py-spy is not installed; its error when not permitted (needs CAP_SYS_PTRACE)."""
+    """``py-spy dump --native``: the C++ frames (TCPStore::ping -> recv ...) of a stuck rank
+    (py-spy pauses it while reading). Empty when py-spy is not installed; its error when not
+    permitted (needs CAP_SYS_PTRACE)."""
     exe = _py_spy()
     if not exe:
         return ""
+    argv = [exe, "dump", "--native", "--pid", str(pid)]
     try:
-        p = subprocess.run([exe, "dump", "--native", "--pid", str(pid)], capture_output=True,
+        p = subprocess.run(argv, capture_output=True,
                            text=True, timeout=20, start_new_session=True)
     except (subprocess.TimeoutExpired, OSError) as e:
         return f"py-spy failed: {e}"
@@ -209,6 +214,8 @@ class Supervisor:
         self.launcher = launcher_for(launcher)
         self.t0: Optional[float] = None
         self.scheduler = Scheduler(plan.steps, self, self)
+        self._native: Optional[Dict[str, Tuple[Future, float]]] = None   # early py-spy dumps
+        self._native_pool: Optional[ThreadPoolExecutor] = None
 
     # -- Runtime -------------------------------------------------------------------------------
     def now(self) -> float:
@@ -330,10 +337,13 @@ class Supervisor:
         the deadline."""
         import psutil
 
+        early = self._native or {}
         spied: List[RankProcess] = []
         for r in live:
             r.read_events()
             r.cutoff = len(r.obs.events)
+            if r.label in early:
+                continue
             try:
                 stopped = psutil.Process(r.proc.pid).status() == psutil.STATUS_STOPPED
             except psutil.Error:
@@ -343,10 +353,8 @@ class Supervisor:
                                        "py-spy cannot attach to a stopped process)")
             else:
                 spied.append(r)
-        if spied:
-            with ThreadPoolExecutor(max_workers=len(spied)) as pool:
-                for r, text in zip(spied, pool.map(native_stacks, [r.proc.pid for r in spied])):
-                    r.obs.native_stacks = text
+        pool = ThreadPoolExecutor(max_workers=max(1, len(spied)))
+        late = {r.label: (pool.submit(native_stacks, r.proc.pid), self.now()) for r in spied}
         for r in live:
             try:
                 os.kill(r.proc.pid, STACK_SIGNAL)
@@ -369,6 +377,44 @@ class Supervisor:
             time.sleep(0.05)
         for r in live:
             r.obs.stacks = _read_stacks(r.stacks_path)
+            taken = early.get(r.label) or late.get(r.label)
+            if taken is not None:
+                future, at = taken
+                text = future.result()
+                r.obs.native_stacks = (f"(taken at {at:.2f} s)\n" + text) if text else text
+        pool.shutdown()
+
+    def _start_native_stacks(self) -> None:
+        """py-spy, in parallel, ``STACK_LEAD`` s (at most a quarter of the deadline) before the
+        deadline, once, for every rank that is alive and has said nothing for that long (it
+        looks stuck: py-spy pauses a process while it reads its native stack, which must not
+        slow down a rank still at work; those are read at the deadline). The ranks still alive
+        at the deadline keep theirs, marked with the time they were taken (a stuck rank's
+        native stack does not change); the others' are dropped."""
+        import psutil
+
+        self._native = {}
+        if not native_stacks_available():
+            return
+        alive = []
+        quiet_since = time.monotonic() - min(STACK_LEAD, self.plan.deadline / 4)
+        for r in self.ranks:
+            if r.ended or r.proc.poll() is not None:
+                continue
+            r.read_events()
+            if r.obs.events and r.obs.events[-1].t > quiet_since:
+                continue
+            try:
+                if psutil.Process(r.proc.pid).status() == psutil.STATUS_STOPPED:
+                    continue
+            except psutil.Error:
+                continue
+            alive.append(r)
+        if alive:
+            self._native_pool = ThreadPoolExecutor(max_workers=len(alive))
+            now = self.now()
+            self._native = {r.label: (self._native_pool.submit(native_stacks, r.proc.pid), now)
+                            for r in alive}
 
     def run(self) -> RunObservation:
         self.scheduler.setup()            # set-up steps: before any process of the run starts
@@ -390,6 +436,8 @@ class Supervisor:
             self.scheduler.tick(now)
             if all(r.ended for r in self.ranks) or now >= deadline:
                 break
+            if self._native is None and now >= deadline - min(STACK_LEAD, deadline / 4):
+                self._start_native_stacks()
             time.sleep(POLL)
         live = [r for r in self.ranks if not r.ended]
         if live:
@@ -451,6 +499,8 @@ class Supervisor:
             r.proc.signal_group(signal.SIGKILL)
         for r in self.ranks:
             r.proc.kill()
+        if self._native_pool is not None:   # early py-spy dumps: quick once the ranks are gone
+            self._native_pool.shutdown(wait=True)
         for h in self.helpers:
             h.stop()
         self.scheduler.teardown(self.now())
