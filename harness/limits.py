@@ -31,6 +31,7 @@ MAX_STEPS = 256          # workload steps
 MAX_MODEL_MB = 65536     # the model of a ddp entry (MiB)
 MAX_TRAIN_STEPS = 100000  # training steps in one workload
 MAX_MARKS = 32           # marks
+MAX_REPEAT = 100         # runs of one case (repeat: / --harness-repeat)
 
 # -- reusable field types --------------------------------------------------------------------
 

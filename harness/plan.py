@@ -9,13 +9,13 @@ any fault by name.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from . import interpreters
 from .protocol import InitSpec, Variation, WorkerSpec
-from .schema import Scenario
+from .schema import Scenario, fill_init_url, init_url_parts
 from .steps import RUN, Step
 from .triggers import Trigger
 
@@ -96,7 +96,7 @@ class WriteResolverView(Step):
 class RunPlan:
     scenario: str
     case: Optional[str]
-    backend: str
+    backend: Optional[str]
     world_size: int
     timeout: float
     deadline: float
@@ -112,6 +112,7 @@ class RunPlan:
     netns: bool = False              # ranks run in network namespaces made for this run
     link: bool = False               # hosts are joined by a bridge (multi-host, or a fault asks)
     run_id: str = ""
+    url_port: Optional[int] = None   # init_url's {port2}: a second reserved port
     take_port: Optional[Callable[[], int]] = field(default=None, repr=False, compare=False)
 
     def rank(self, label: Any) -> RankPlan:
@@ -127,7 +128,9 @@ class RunPlan:
     def worker_spec(self, rp: RankPlan) -> WorkerSpec:
         """What the harness's worker runs as rank ``rp`` (its argv's JSON)."""
         return WorkerSpec(label=rp.label, backend=self.backend, timeout=self.timeout,
-                          steps=list(self.workload), destroy=self.destroy, init=rp.init,
+                          steps=list(rp.variation.steps if rp.variation.steps is not None
+                                     else self.workload),
+                          destroy=self.destroy, init=rp.init,
                           variation=rp.variation)
 
     def main_ranks(self, selected: Optional[List[int]] = None) -> List[RankPlan]:
@@ -160,7 +163,7 @@ class RunPlan:
         rp = RankPlan(label=label, rank=rank,
                       env=base_env(scn, self.master_addr, self.master_port, rank, world),
                       init=init_spec(scn, self.master_addr, self.master_port, rank, world,
-                                     self.run_dir),
+                                     self.run_dir, self.url_port),
                       release=release or Trigger.at_time(0.0))
         self.ranks.append(rp)
         return rp
@@ -181,11 +184,36 @@ class RunPlan:
         return d
 
 
+def needs_port2(scn: Scenario) -> bool:
+    """A second reserved port: for init_url's {port2}, or a workload (the scenario's or a
+    rank's own) that re-initialises on a new port."""
+    if scn.init_url is not None and "{port2}" in scn.init_url:
+        return True
+    steps = list(scn.workload.steps)
+    for f in scn.faults:
+        steps += list(getattr(f, "steps", None) or [])
+    return "reinit new_port" in steps
+
+
+def url_host(addr: str) -> str:
+    """An address as a URL's host: an IPv6 literal in brackets."""
+    return f"[{addr}]" if ":" in addr else addr
+
+
 def file_store_path(run_dir: str) -> str:
     return str(Path(run_dir) / "filestore" / "pg")
 
 
-def init_spec(scn: Scenario, addr: str, port: int, rank: int, world: int, run_dir: str) -> InitSpec:
+def init_spec(scn: Scenario, addr: str, port: int, rank: int, world: int, run_dir: str,
+              port2: Optional[int] = None) -> InitSpec:
+    if scn.init_url is not None:   # as the user wrote it; the arguments it says
+        url = fill_init_url(scn.init_url, addr=url_host(addr), port=port, rank=rank,
+                            world_size=world, run_dir=run_dir, port2=port2)
+        scheme = init_url_parts(scn.init_url)[0]
+        args = scn.init_args if scn.init_args is not None else \
+            (["rank", "world_size"] if scheme in ("tcp", "file") else [])
+        return InitSpec(scheme, url, rank if "rank" in args else None,
+                        world if "world_size" in args else None)
     if scn.init == "env":
         return InitSpec("env")
     if scn.init == "tcp":
@@ -245,6 +273,8 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
     master = next(h for h in hosts if h.name == (scn.master_host or hosts[0].name))
     addr = master.addr if link else scn.master_addr
     port = take_port()
+    # a second reserved port, for an init_url that disagrees with MASTER_PORT
+    port2 = take_port() if needs_port2(scn) else None
     ranks = []
     counts = {h.name: h.ranks for h in scn.hosts} if scn.hosts else \
         {hosts[0].name: scn.world_size}
@@ -260,7 +290,8 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
             py = scn.interpreter(r, host.name)
             ranks.append(RankPlan(
                 label=str(r), rank=r, env=env, host=host.name,
-                init=init_spec(scn, addr, port, r, scn.world_size, run_dir),
+                init=replace(init_spec(scn, addr, port, r, scn.world_size, run_dir, port2),
+                             port2=port2),
                 resolver_view=resolver_view(run_dir, host),
                 python=interpreters.resolve(py) if py else ""))
             r += 1
@@ -269,7 +300,7 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
         timeout=scn.timeout, deadline=scn.deadline, workload=list(scn.workload.steps),
         destroy=scn.workload.destroy, master_addr=addr, master_port=port,
         run_dir=run_dir, ranks=ranks, take_port=take_port, hosts=hosts, netns=use_ns,
-        link=link, run_id=run_id,
+        link=link, run_id=run_id, url_port=port2,
     )
     if not use_ns:
         plan.add_step(RUN, WriteResolverView(path=resolver_view(run_dir, hosts[0]),

@@ -10,8 +10,10 @@ The channel
 * Events go as JSON lines to the inherited file descriptor named by ``HARNESS_EVENT_FD``; each
   line is one ``write(2)``, written before the next step starts, so that what a rank said
   survives a SIGKILL. :func:`encode` makes a line, :class:`EventReader` reads them back.
-* ``HARNESS_STACK_FD`` is where ``faulthandler`` writes all threads' stacks on ``SIGUSR1``
-  (it works while the rank is blocked inside C++: the store's connect, gloo's mesh).
+* ``HARNESS_STACK_FD`` is where ``faulthandler`` writes all threads' stacks on
+  :data:`STACK_SIGNAL`, a real-time signal no program uses (it works while the rank is blocked
+  inside C++: the store's connect, gloo's mesh). Not SIGUSR1: a scenario may send SIGUSR1 (as
+  Slurm's ``--signal`` does) and the rank must meet it as a real program would.
 * The start line: when every rank reported ``ready``, the supervisor writes :data:`GO_LINE` on
   a rank's stdin to release it. End of file instead means the supervisor is gone.
 
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 import traceback
 from dataclasses import asdict, dataclass, field, replace
@@ -48,6 +51,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 EVENT_FD_ENV = "HARNESS_EVENT_FD"
 STACK_FD_ENV = "HARNESS_STACK_FD"
 GO_LINE = b"go\n"
+# faulthandler's stack dump: a real-time signal (default action: terminate) that no program
+# or launcher sends, so SIGUSR1/SIGUSR2 stay the program's own
+STACK_SIGNAL = signal.SIGRTMIN + 4
 
 # event names
 PHASE = "phase"
@@ -70,12 +76,41 @@ TRIGGER_PHASE_RE = re.compile(rf"^({_ENTERED})\Z", re.ASCII)
 TRIGGER_PHASE_HELP = "init, 'workload step N', model, ddp, 'train step K' or destroy"
 
 # -- the workload ------------------------------------------------------------------------------
-COLLECTIVES = ("barrier", "all_reduce", "broadcast", "monitored_barrier")
+COLLECTIVES = ("barrier", "all_reduce", "broadcast", "monitored_barrier", "new_group",
+               "split_group", "group_barrier", "group_all_reduce")
+_RANKS = r"[0-9]{1,3}(,[0-9]{1,3}){0,127}"
 WORKLOAD_RE = re.compile(r"^(barrier|all_reduce|broadcast|monitored_barrier|"
                          r"sleep [0-9]+(\.[0-9]+)?|ddp( [0-9]+(\.[0-9]+)?(MB|GB))?|"
-                         r"train [0-9]{1,6})\Z", re.ASCII)
+                         r"train [0-9]{1,6}|"
+                         rf"new_group( all| {_RANKS})?( local)?|"
+                         rf"split_group {_RANKS}(\|{_RANKS}){{0,127}}|"
+                         r"group_barrier|group_all_reduce|keep_store|reinit( new_port)?)\Z",
+                         re.ASCII)
 WORKLOAD_HELP = ("barrier, all_reduce, broadcast, monitored_barrier, 'sleep SECONDS', "
-                 "'ddp SIZE' (e.g. ddp 64MB) or 'train STEPS'")
+                 "'ddp SIZE' (e.g. ddp 64MB), 'train STEPS', 'new_group [RANKS|all] [local]', "
+                 "'split_group R,R|R,R', group_barrier, group_all_reduce (on the last group), "
+                 "keep_store, 'reinit [new_port]'")
+
+
+def is_collective(entry: str) -> bool:
+    """A workload entry every rank of its group must enter (skip_collective can skip it)."""
+    return entry.split(" ", 1)[0] in COLLECTIVES
+
+
+def group_ranks(entry: str, world: int) -> Tuple[Optional[List[int]], bool]:
+    """``new_group 0,1 local`` -> ([0, 1], True); ``new_group`` / ``new_group all`` -> (None:
+    every rank, False)."""
+    parts = entry.split()[1:]
+    local = "local" in parts
+    ranks = [p for p in parts if p not in ("local", "all")]
+    return ([int(x) for x in ranks[0].split(",")] if ranks else None), local
+
+
+def split_ranks(entry: str) -> List[List[int]]:
+    """``split_group 0,1|2,3`` -> [[0, 1], [2, 3]]."""
+    return [[int(x) for x in part.split(",")] for part in entry.split()[1].split("|")]
+
+
 DDP_DEFAULT_MB = 4.0
 MODEL_WIDTH = 1024               # the model: Linear(1024, 1024) layers, 4 MiB each
 TRAIN_BATCH = 8                  # rows of each training step's input
@@ -166,10 +201,11 @@ class Variation:
     raise_at: Optional[RaiseSpec] = None
     model_change: str = ""           # "" | extra_layer | wider (DDP's parameter-shape check)
     slow_at: Dict[str, float] = field(default_factory=dict)   # phase -> seconds it sleeps there
+    steps: Optional[List[str]] = None   # a workload of its own (a rank-dependent branch)
 
     def is_plain(self) -> bool:
         return not self.skip and self.raise_at is None and not self.model_change \
-            and not self.slow_at
+            and not self.slow_at and self.steps is None
 
 
 def check_trigger_phase(phase: str) -> str:
@@ -187,6 +223,7 @@ class InitSpec:
     url: Optional[str] = None        # tcp://addr:port or file:///path; None for env
     rank: Optional[int] = None       # passed to init_process_group (tcp/file); None: from env
     world_size: Optional[int] = None
+    port2: Optional[int] = None      # a second reserved port: ``reinit new_port`` moves there
 
     def with_url(self, url: str) -> InitSpec:
         return replace(self, url=url)
@@ -197,7 +234,7 @@ class WorkerSpec:
     """What one rank runs: its argv's JSON."""
 
     label: str
-    backend: str
+    backend: Optional[str]            # None: not passed to init_process_group
     timeout: float
     steps: List[str]
     destroy: bool

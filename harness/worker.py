@@ -17,11 +17,10 @@ import contextlib
 import faulthandler
 import os
 import platform
-import signal
 import sys
 import time
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from . import protocol as P
 from . import resolver
@@ -76,24 +75,83 @@ def build_model(torch: Any, entry: str, change: str, device: Any) -> Any:
     return model.to(device), width
 
 
+SKIPPED = object()   # a group this rank never made (skip_collective on its new_group)
+
+
+def group_step(step: str, dist: Any, torch: Any, device: Any, groups: List[Any]) -> None:
+    """Subgroups: ``new_group [RANKS|all] [local]`` (use_local_synchronization),
+    ``split_group R,R|R,R`` (where this torch has it), and a collective on the last group
+    made. A rank outside the group gets torch's non-member handle, as user code does; a
+    collective on it is what torch does with that (a warning and no-op)."""
+    world = dist.get_world_size()
+    if step.startswith("new_group"):
+        ranks, local = P.group_ranks(step, world)
+        kw = {"use_local_synchronization": True} if local else {}
+        if local and ranks is not None and dist.get_rank() not in ranks:
+            # with local synchronization only members call new_group (torch's rule)
+            groups.append(dist.GroupMember.NON_GROUP_MEMBER)
+            return
+        groups.append(dist.new_group(ranks=ranks, **kw))
+        return
+    if step.startswith("split_group"):
+        if not hasattr(dist, "split_group"):
+            raise RuntimeError(f"torch {torch.__version__} has no torch.distributed.split_group")
+        groups.append(dist.split_group(split_ranks=P.split_ranks(step)))
+        return
+    if not groups:
+        raise RuntimeError(f"{step}: the workload made no group before it")
+    group = groups[-1]
+    member = group not in (None, dist.GroupMember.NON_GROUP_MEMBER)
+    if step == "group_barrier":
+        dist.barrier(group=group)
+    else:
+        t = torch.tensor([1.0], device=device)
+        dist.all_reduce(t, group=group)
+        if member and float(t.item()) != float(dist.get_world_size(group)):
+            raise AssertionError(f"group all_reduce gave {t.item()}, expected "
+                                 f"{dist.get_world_size(group)} (the group's size)")
+
+
+def reinit(step: str, spec: P.WorkerSpec, dist: Any, kwargs: dict) -> None:
+    """destroy_process_group, then init_process_group again in the same process, on the same
+    port or (``reinit new_port``) on the run's second port, as a retry loop or a notebook
+    does."""
+    dist.destroy_process_group()
+    if step.endswith("new_port"):
+        port2 = spec.init.port2
+        if port2 is None:
+            raise RuntimeError("reinit new_port: the plan reserved no second port")
+        old = os.environ.get("MASTER_PORT", "")
+        os.environ["MASTER_PORT"] = str(port2)
+        url = kwargs.get("init_method", "")
+        if old and isinstance(url, str) and url.startswith("tcp://"):
+            kwargs["init_method"] = url.replace(f":{old}", f":{port2}", 1)
+    dist.init_process_group(**kwargs)
+
+
 def run_workload(spec: P.WorkerSpec, dist: Any, torch: Any) -> None:
     phase("init")
-    kwargs: dict = {"backend": spec.backend, "timeout": timedelta(seconds=spec.timeout)}
+    kwargs: dict = {"timeout": timedelta(seconds=spec.timeout)}
+    if spec.backend is not None:    # None: omitted, as a user who leaves it to torch
+        kwargs["backend"] = spec.backend
     init = spec.init
-    if init.method == "env":
-        kwargs["init_method"] = "env://"
-    else:   # tcp:// or file:// (the run's set-up made the file store's directory)
-        kwargs["init_method"] = init.url
+    # the URL as planned (tcp://, file://, or the scenario's init_url as written); env://
+    # otherwise. rank and world_size only where the plan passes them as arguments.
+    kwargs["init_method"] = init.url if init.url is not None else "env://"
+    if init.rank is not None:
         kwargs["rank"] = init.rank
+    if init.world_size is not None:
         kwargs["world_size"] = init.world_size
     device = torch.device("cpu")
-    if spec.backend == "nccl":
+    if spec.backend is not None and "nccl" in spec.backend.lower() and torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     dist.init_process_group(**kwargs)
     rank, world = dist.get_rank(), dist.get_world_size()
     emit(P.JOINED, rank=rank, world_size=world)
     skip = set(spec.variation.skip)
+    groups: List[Any] = []     # the process groups the workload made, in order
+    kept: List[Any] = []       # stores the workload holds on to (keep_store)
     ddp: Any = None
     opt: Any = None
     width = 0
@@ -125,6 +183,11 @@ def run_workload(spec: P.WorkerSpec, dist: Any, torch: Any) -> None:
         name = f"workload step {i}"
         if name in skip:
             phase(name, step=step, skipped=step)
+            if step.startswith(("new_group", "split_group")):
+                groups.append(SKIPPED)   # it has no such group: its collectives on it go too
+            continue
+        if step.startswith("group_") and groups and groups[-1] is SKIPPED:
+            phase(name, step=step, skipped=f"{step} (its group was never made)")
             continue
         phase(name, step=step)
         if step == "barrier":
@@ -146,6 +209,15 @@ def run_workload(spec: P.WorkerSpec, dist: Any, torch: Any) -> None:
                 raise AssertionError(f"broadcast gave {t.item()}, expected 42.0")
         elif step.startswith("sleep "):
             time.sleep(float(step.split()[1]))
+        elif step.startswith(("new_group", "split_group", "group_")):
+            group_step(step, dist, torch, device, groups)
+        elif step == "keep_store":   # user code holding the default store past a destroy
+            kept.append(dist.distributed_c10d._get_default_store())
+        elif step.startswith("reinit"):
+            reinit(step, spec, dist, kwargs)
+            rank, world = dist.get_rank(), dist.get_world_size()
+            groups.clear()
+            emit(P.JOINED, rank=rank, world_size=world)
         else:  # the schema rejects unknown steps; this is a bug guard
             raise ValueError(f"unknown step {step!r}")
     if spec.destroy:
@@ -167,7 +239,7 @@ def main() -> None:
     _EV_FD = int(os.environ.pop(P.EVENT_FD_ENV))
     stack_file = os.fdopen(int(os.environ.pop(P.STACK_FD_ENV)), "w")
     die_with_parent()
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    faulthandler.register(P.STACK_SIGNAL, file=stack_file, all_threads=True)
     phase("start", pid=os.getpid())
     try:
         phase("import")

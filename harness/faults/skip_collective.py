@@ -4,7 +4,13 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from ..protocol import COLLECTIVES, check_trigger_phase, phase_problem, workload_phases
+from ..protocol import (
+    COLLECTIVES,
+    check_trigger_phase,
+    is_collective,
+    phase_problem,
+    workload_phases,
+)
 from . import Fault
 
 
@@ -26,7 +32,7 @@ class SkipCollective(Fault):
         if why:
             return problems + [(("phase",), why)]
         entry = dict(workload_phases(scn.workload.steps)).get(self.phase, "")
-        if not (self.phase.startswith("train step ") or entry in COLLECTIVES):
+        if not (self.phase.startswith("train step ") or is_collective(entry)):
             problems.append((("phase",), f"{self.phase} is {entry or self.phase!r}, not a "
                                          f"collective ({', '.join(COLLECTIVES)} or a training "
                                          "step)"))

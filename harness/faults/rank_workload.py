@@ -1,0 +1,39 @@
+"""rank_workload: a rank runs a workload of its own (a rank-dependent branch in user code):
+it never calls new_group while the others do, makes groups in another order, re-initialises
+when the others do not."""
+
+from typing import List, Literal
+
+from pydantic import Field, field_validator
+
+from ..limits import MAX_STEPS
+from ..protocol import WORKLOAD_HELP, WORKLOAD_RE
+from . import Fault
+
+
+class RankWorkload(Fault):
+    kind: Literal["rank_workload"] = "rank_workload"
+    summary = "a rank runs other workload steps than the others (a rank-dependent branch)"
+    rank: int = Field(1, description="the rank")
+    steps: List[str] = Field(max_length=MAX_STEPS, description="its steps after init, in the "
+                             "workload's vocabulary; its phases are numbered by its own list")
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, v: List[str]) -> List[str]:
+        for s in v:
+            if len(s) > 600 or not WORKLOAD_RE.match(s):
+                raise ValueError(f"unknown step {s[:80]!r}: use {WORKLOAD_HELP}")
+        return v
+
+    def check(self, scn):
+        problems = super().check(scn)
+        if not 0 <= self.rank < scn.world_size:
+            problems.append((("rank",), f"rank {self.rank} is outside the world (world_size "
+                                        f"{scn.world_size})"))
+        return problems
+
+    def apply(self, plan, scn):
+        for r in plan.main_ranks([self.rank]):
+            r.variation.steps = list(self.steps)
+        plan.notes.append(f"rank_workload: rank {self.rank} runs {self.steps}")
