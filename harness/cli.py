@@ -608,6 +608,8 @@ def doctor_facts() -> Dict[str, Any]:
     facts["ptrace"] = _ptrace_ok()
     facts["ports"] = _free_ports()
     facts["leftovers"] = leftovers()
+    from . import cgroups
+    facts["cgroups"] = [str(p) for p in cgroups.run_cgroups()]
     try:
         import xdist  # noqa: F401
         facts["xdist"] = True
@@ -622,6 +624,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.clean:
         from .rundir import sweep
         cleaned["run directories"] = sweep()
+        from . import cgroups
+        cleaned["cgroups"] = cgroups.sweep()
         try:
             from . import topology
             if not topology.missing():
@@ -693,6 +697,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if facts["namespaces"]:
         lines.append((warn, "namespaces", f"{len(facts['namespaces'])} harness namespaces exist "
                       "(live runs keep theirs; --clean removes those of dead runs)"))
+    if facts["cgroups"]:
+        lines.append((warn, "cgroups", f"{len(facts['cgroups'])} harness cgroups exist (live "
+                      "runs keep theirs; --clean removes those of dead runs)"))
     from rich.table import Table
 
     tab = Table(show_header=False, box=None)

@@ -82,7 +82,8 @@ def rank_obs(label: str = "0", *, reached: str = "exit", exc: Optional[Dict[str,
     events: List[Dict[str, Any]] = [
         {"ev": "phase", "t": T0 - 1.2, "phase": "start", "pid": pid},
         {"ev": "phase", "t": T0 - 1.1, "phase": "import"},
-        {"ev": "ready", "t": T0 - 0.1, "torch": "2.13.0+cpu", "pid": pid},
+        {"ev": "ready", "t": T0 - 0.1, "torch": "2.13.0+cpu", "pid": pid,
+         "python": "/venv/bin/python", "python_version": "3.11.7"},
     ]
     if upto >= PHASES.index("init"):
         events.append({"ev": "released", "t": T0 + 0.01})
@@ -110,7 +111,7 @@ def rank_obs(label: str = "0", *, reached: str = "exit", exc: Optional[Dict[str,
         "returncode": returncode, "killed_at_deadline": killed_at_deadline,
         "signals": list(signals), "stacks": stacks, "native_stacks": "", "stdout_tail": "",
         "stderr_tail": "",
-        "released_at": 0.0, "ended_at": round(end + 0.04, 3),
+        "released_at": 0.0, "ended_at": round(end + 0.04, 3), "notes": [],
     }
 
 

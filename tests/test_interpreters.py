@@ -4,6 +4,7 @@ whose site-packages point at this venv's by a .pth file; removed after the test)
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -78,6 +79,7 @@ def test_an_interpreter_without_torch_is_a_skip_reason(tmp_path):
     venv = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     why, _ = interpreters.probe(str(venv / "bin" / "python"))
+    shutil.rmtree(venv)
     assert why is not None and "cannot import torch" in why and "torch" in why
 
 
@@ -91,6 +93,7 @@ def second_venv(tmp_path):
                           capture_output=True, text=True, check=True).stdout.strip()
     Path(site, "harness-test-base.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     yield venv / "bin" / "python"
+    shutil.rmtree(venv)
 
 
 @pytest.mark.timeout(180)
