@@ -47,6 +47,8 @@ class SignalSent:
 
 @dataclass
 class RankObservation:
+    """One row: a rank, an agent, a spawning parent or a worker found through its events."""
+
     label: str
     pid: Optional[int] = None
     host: str = "local"
@@ -61,6 +63,10 @@ class RankObservation:
     native_stacks: str = ""              # py-spy dump --native of a hung rank, where permitted
     released_at: Optional[float] = None  # seconds after the start line
     ended_at: Optional[float] = None     # seconds after the start line (as seen by the supervisor)
+    role: str = "rank"                   # rank | agent | parent | worker (harness.protocol)
+    node: Optional[str] = None           # a worker's agent or parent (its label)
+    attempt: int = 0                     # a torchrun worker's restart attempt
+    info: Dict[str, Any] = field(default_factory=dict)   # what an observed process said first
 
     def result(self) -> Optional[Event]:
         return result_of(self.events)
@@ -75,7 +81,8 @@ class RankObservation:
                 "signals": [s.to_dict() for s in self.signals], "stacks": self.stacks,
                 "stdout_tail": self.stdout_tail, "stderr_tail": self.stderr_tail,
                 "native_stacks": self.native_stacks, "released_at": self.released_at,
-                "ended_at": self.ended_at}
+                "ended_at": self.ended_at, "role": self.role, "node": self.node,
+                "attempt": self.attempt, "info": dict(self.info)}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> RankObservation:
@@ -89,7 +96,9 @@ class RankObservation:
                    stacks=d.get("stacks", ""), stdout_tail=d.get("stdout_tail", ""),
                    stderr_tail=d.get("stderr_tail", ""),
                    native_stacks=d.get("native_stacks", ""),
-                   released_at=d.get("released_at"), ended_at=d.get("ended_at"))
+                   released_at=d.get("released_at"), ended_at=d.get("ended_at"),
+                   role=str(d.get("role", "rank")), node=d.get("node"),
+                   attempt=int(d.get("attempt") or 0), info=dict(d.get("info") or {}))
 
 
 @dataclass

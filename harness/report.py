@@ -37,9 +37,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 import pytest
 
-from .classify import Verdict
+from .classify import Verdict, job_outcome
 from .observe import RankObservation, RunObservation
-from .outcomes import job_outcome
 from .protocol import ExceptionRecord, entered, ready_event, result_of
 
 FORMAT = 2   # 2: the timeline draws the faults' steps (format 1's holders/net_log are gone);
@@ -252,7 +251,7 @@ def case_record(*, nodeid: str, file: str, name: str, scenario: Any = None,
         "mismatches": [m if isinstance(m, dict) else
                        {"label": m.label, "field": m.field, "expected": m.expected,
                         "observed": m.observed, "line": m.line} for m in mismatches],
-        "job": job_outcome(v.outcome for v in verdicts),
+        "job": job_outcome(verdicts) if verdicts else None,
         "expectation": (expectation.model_dump(exclude_none=True)
                         if hasattr(expectation, "model_dump") else expectation),
         "torch_version": run.torch_version if run is not None else None,
