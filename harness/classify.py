@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .observe import RankObservation, RunObservation
 from .outcomes import job_outcome as _job
 from .protocol import (
+    DONE,
     HELLO,
     OK,
     PHASE,
@@ -143,6 +144,9 @@ def _classify(v: Verdict, obs: RankObservation, result: Any, phase: str) -> None
         stopped = [s for s in obs.signals if s.signal == "STOP"]
         if stopped:
             v.reason += f" (it had been sent SIGSTOP at {stopped[0].t:g} s)"
+        marks = [e for e in obs.events if e.ev in (PHASE, DONE)]
+        if marks and marks[-1].ev == DONE and marks[-1].phase == phase:
+            v.reason += f" ({phase} had returned: it was in the program's own code)"
         return
     if result is not None:
         v.phase = result.phase or phase

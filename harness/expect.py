@@ -85,7 +85,8 @@ def check(exp: Expect, verdicts: Sequence[Verdict]) -> List[Mismatch]:
     labels = {v.label for v in verdicts}
     for key, e in exp.ranks.items():
         if "*" not in key and key not in labels:
-            out.append(Mismatch(key, "rank", "a process with this label", "no such process ran",
+            what = "rank" if key.split(":")[-1].split("@")[0].isdigit() else "process"
+            out.append(Mismatch(key, "rank", f"a {what} with this label", f"no such {what} ran",
                                 e.line))
     for v in verdicts:
         re_ = _rank_expect(exp, v.label)

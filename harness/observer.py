@@ -395,6 +395,22 @@ def _hook_agent_api(mod: Any) -> None:
     cls._restart_workers = restart
 
 
+def _hook_rdzv_registry(mod: Any) -> None:
+    """Making the rendezvous handler connects to (or hosts) its store, before the agent runs:
+    an agent stuck there is in its rendezvous too."""
+    cls = getattr(mod, "RendezvousHandlerRegistry", None)
+    if cls is None:
+        return
+
+    def enter(args: Any, kwargs: Any) -> str:
+        params = args[1] if len(args) > 1 else kwargs.get("params")
+        phase("rendezvous", round=0, backend=getattr(params, "backend", None),
+              endpoint=getattr(params, "endpoint", None))
+        return "rendezvous"
+
+    cls.create_handler = _watch(cls.create_handler, enter)
+
+
 def _hook_local_agent(mod: Any) -> None:
     cls = getattr(mod, "LocalElasticAgent", None)
     if cls is None:
@@ -671,6 +687,7 @@ def _start(role: str, forked: bool = False) -> None:
         when_imported("multiprocessing.process", _hook_mp_process)
         if role in (P.ROLE_AGENT, P.ROLE_PARENT):
             when_imported("torch.distributed.elastic.agent.server.api", _hook_agent_api)
+            when_imported("torch.distributed.elastic.rendezvous.api", _hook_rdzv_registry)
             when_imported("torch.distributed.elastic.agent.server.local_elastic_agent",
                           _hook_local_agent)
             when_imported("subprocess", _hook_subprocess)
