@@ -145,7 +145,8 @@ def _classify(v: Verdict, obs: RankObservation, result: Any, phase: str) -> None
         if stopped:
             v.reason += f" (it had been sent SIGSTOP at {stopped[0].t:g} s)"
         marks = [e for e in obs.events if e.ev in (PHASE, DONE)]
-        if marks and marks[-1].ev == DONE and marks[-1].phase == phase:
+        if marks and marks[-1].ev == DONE and marks[-1].phase == phase \
+                and obs.role not in (ROLE_AGENT, ROLE_PARENT):
             v.reason += f" ({phase} had returned: it was in the program's own code)"
         return
     if result is not None:
@@ -189,6 +190,9 @@ def _classify(v: Verdict, obs: RankObservation, result: Any, phase: str) -> None
         v.reason += f"; the program caught it and exited with status {rc}"
     elif clean:
         v.outcome, v.reason = "error", f"exited with status {rc}"
+        before = [e.phase for e in obs.events if e.ev == PHASE and e.phase != "exit"]
+        if before and before[-1] not in ("start", "import"):
+            v.phase = str(before[-1])   # where it was when it chose to exit
     else:
         v.reason = f"exited with status {rc} without a Python exit (os._exit, a fatal error)"
 

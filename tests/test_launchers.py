@@ -180,3 +180,30 @@ def test_torchrun_on_namespace_hosts_one_agent_per_host():
         "agent:node0": ("ok", "node0"), "agent:node1": ("ok", "node1"),
         "0": ("ok", "node0"), "1": ("ok", "node1")}
     assert v["1"].node == "agent:node1"
+
+
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_which_address_the_workers_are_told(backend):
+    """The seed's precedence rules, read from what the workers were told (their hello): with
+    the static backend the endpoint wins over --master-port; with c10d --master-addr/--port are
+    ignored and the workers get agent 0's store, not the endpoint's port either."""
+    o, v = run(f"""
+        name: precedence_{backend}
+        about: an endpoint and a master port, which one do the workers get
+        world_size: 2
+        timeout: 20
+        deadline: 90
+        launcher: {{kind: torchrun, rdzv_backend: {backend}, rdzv_endpoint: "127.0.0.1:29411",
+                    master_addr: 127.0.0.1, master_port: 29500}}
+        workload: [barrier]
+    """)
+    assert {k: x.outcome for k, x in v.items()} == {"agent:local": "ok", "0": "ok", "1": "ok"}
+    told = {r["label"]: r["info"] for r in o["ranks"] if r["role"] == "worker"}
+    ports = {info["master_port"] for info in told.values()}
+    assert len(ports) == 1
+    port = ports.pop()
+    if backend == "static":
+        assert port == "29411"
+    else:
+        assert port not in ("29411", "29500")
+        assert {info["use_agent_store"] for info in told.values()} == {"True"}

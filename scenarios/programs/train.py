@@ -5,7 +5,8 @@ reports the scenarios beside it are about:
 
   --slow-rank R   rank R spends for ever loading its data before it builds DDP
   --wide-rank R   rank R builds a wider model than the others (a stale checkpoint, a config)
-  --crash-step N  --crash-rank R: rank R exits with status 3 in training step N
+  --crash-step N  --crash-rank R: rank R exits with status 3 in training step N (after its
+                  forward, before its backward)
 """
 
 import argparse
@@ -35,9 +36,9 @@ if rank == args.slow_rank:
 ddp = DDP(model)
 opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
 for step in range(1, args.steps + 1):
-    if rank == args.crash_rank and step == args.crash_step:
-        raise SystemExit(3)
     loss = ddp(torch.randn(8, 16)).sum()
+    if rank == args.crash_rank and step == args.crash_step:
+        raise SystemExit(3)    # a bad batch, an assertion of the user's: sys.exit(3)
     opt.zero_grad()
     loss.backward()
     opt.step()
