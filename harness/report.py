@@ -162,6 +162,12 @@ def rank_record(verdict: Verdict, obs: Optional[RankObservation], t0: float) -> 
         "import_s": round(ready.t - start, 3) if start is not None and ready is not None
         else None,
     }
+    if verdict.role != "rank":   # a launcher's row: agent, parent, worker (docs/launchers.md)
+        rec.update(role=verdict.role, attempt=verdict.attempt, node=verdict.node)
+        if verdict.restarts is not None:
+            rec["restarts"] = verdict.restarts
+        if verdict.root_cause is not None:
+            rec["root_cause"] = verdict.root_cause
     for key, value in (("traceback", exc.traceback if exc is not None else ""),
                        ("stacks", (obs.stacks if obs is not None else "") or verdict.stacks),
                        ("native_stacks", obs.native_stacks if obs is not None else ""),

@@ -165,21 +165,24 @@ def test_a_worker_killed_in_step_3_without_restarts():
 
 @pytest.mark.skipif(bool(topology.missing()), reason="namespace hosts need: "
                     + "; ".join(topology.missing()))
-def test_torchrun_on_namespace_hosts_one_agent_per_host():
-    o, v = run("""
-        name: torchrun_hosts
-        about: two namespace hosts, the static recipe
+@pytest.mark.parametrize("launcher, head", [("torchrun", "agent"), ("spawn", "parent")])
+def test_namespace_hosts_one_agent_or_parent_per_host(launcher, head):
+    """Two namespace hosts with two ranks each: torchrun's static recipe, or a parent per host
+    whose children are ranks 0-1 (node0) and 2-3 (node1), not two sets of spawn indexes."""
+    o, v = run(f"""
+        name: hosts_{launcher}
+        about: two namespace hosts, one agent or parent each
         nodes: 2
-        ranks_per_node: 1
+        ranks_per_node: 2
         timeout: 20
         deadline: 90
-        launcher: torchrun
+        launcher: {launcher}
         workload: [barrier, all_reduce]
     """)
     assert {k: (x.outcome, x.host) for k, x in v.items()} == {
-        "agent:node0": ("ok", "node0"), "agent:node1": ("ok", "node1"),
-        "0": ("ok", "node0"), "1": ("ok", "node1")}
-    assert v["1"].node == "agent:node1"
+        f"{head}:node0": ("ok", "node0"), f"{head}:node1": ("ok", "node1"),
+        "0": ("ok", "node0"), "1": ("ok", "node0"), "2": ("ok", "node1"), "3": ("ok", "node1")}
+    assert v["3"].node == f"{head}:node1"
 
 
 @pytest.mark.parametrize("backend", ["static", "c10d"])

@@ -312,6 +312,12 @@ class Discovery:
         host = owner.obs.host if owner is not None else sup.plan.ranks[0].host
         job = str(hello.get("job") or "")
         rank, attempt = hello.get("rank"), int(hello.get("attempt") or 0)
+        if owner is not None and owner.role == P.ROLE_AGENT:
+            # a restart for a membership change (a node joined) does not count against
+            # --max-restarts, so TORCHELASTIC_RESTART_COUNT stays: the agent's own count of
+            # the times it restarted its workers is the attempt
+            owner.read_events()
+            attempt = max(attempt, sum(1 for e in owner.obs.events if e.ev == P.RESTART))
         label = P.worker_label(int(rank), attempt, job) if isinstance(rank, int) \
             else f"pid{pid}"
         row = RankProcess(_unique(sup, label), ForeignProcess(pid, ticks), events=path,
@@ -342,9 +348,13 @@ class Discovery:
                         w.proc.returncode = rc
                         if w.ended:
                             w.obs.returncode = rc
-            elif e.ev == P.IDENTITY and r.provisional:
+            elif e.ev == P.IDENTITY and r.role == P.ROLE_WORKER:
+                # the latest word wins: a spawn index first, then the rank the harness's spawn
+                # program or init_process_group gives (the host's first rank + the index)
                 rank = e.data.get("rank")
-                if isinstance(rank, int):
+                now = P.parse_label(r.label.split("#")[0])
+                if isinstance(rank, int) and (r.provisional or now is None
+                                              or now.rank != rank):
                     r.provisional = False
                     job = str(r.obs.info.get("job") or "")
                     r.label = r.obs.label = _unique(sup, P.worker_label(rank, r.obs.attempt,
