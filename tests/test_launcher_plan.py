@@ -278,3 +278,10 @@ def test_a_restarted_worker_does_not_decide_the_job():
           Verdict("0@1", "ok", "exit", 8.0), Verdict("1@1", "ok", "exit", 8.0)]
     assert job_outcome(vs) == "ok"
     assert job_outcome(vs[:3]) == "crash"
+
+
+def test_a_fault_that_edits_each_ranks_start_is_refused_under_torchrun():
+    out = problems("name: t\nabout: a\nlauncher: torchrun\nfaults:\n"
+                   "  - {kind: wrong_port, ranks: [1]}\n")
+    assert any(p.startswith("5: faults[0].kind: wrong_port:") and "launcher: direct" in p
+               for p in out), out
