@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import textwrap
 from pathlib import Path
@@ -210,3 +211,73 @@ def test_which_address_the_workers_are_told(backend):
     else:
         assert port not in ("29411", "29500")
         assert {info["use_agent_store"] for info in told.values()} == {"True"}
+
+
+SUPERVISOR = textwrap.dedent("""
+    from harness.launch import run_scenario
+    from harness.loader import load_text
+    (scn,) = load_text('''
+    name: orphaned_torchrun
+    about: a long torchrun run whose supervisor is killed
+    world_size: 2
+    timeout: 60
+    deadline: 120
+    isolate: never
+    launcher: torchrun
+    workload: [sleep 100]
+    ''')
+    run_scenario(scn)
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_killed_supervisor_takes_the_agent_and_its_workers_along(tmp_path):
+    """SIGKILL to the harness mid-run: the agent (death signal) and its workers (their own
+    death signal on the agent) die; the sweep removes the run directory."""
+    import sys
+    import time
+
+    from harness.rundir import sweep
+
+    env = dict(os.environ, HARNESS_TMP=str(tmp_path))
+    sup = subprocess.Popen([sys.executable, "-c", SUPERVISOR], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = tmp_path / f"torchdist-harness-{os.geteuid()}"
+    pids: List[int] = []
+    try:
+        run_dir = None
+        end = time.monotonic() + 150
+        while time.monotonic() < end and run_dir is None:
+            for d in base.glob("run-*"):
+                evs = list((d / "observed").glob("*.events"))
+                sleeping = [p for p in evs if '"workload step 1"' in p.read_text()]
+                if len(sleeping) == 2:
+                    run_dir = d
+            time.sleep(0.2)
+        assert run_dir is not None, "the workers never started their workload"
+        pids = [json.loads(ln)["pid"] for ln in
+                (run_dir / "pids.jsonl").read_text().splitlines()]
+        assert len(pids) == 3 and all(_alive(p) for p in pids)   # the agent, two workers
+
+        sup.send_signal(signal.SIGKILL)
+        sup.wait(timeout=30)
+        end = time.monotonic() + 30
+        while time.monotonic() < end and any(_alive(p) for p in pids):
+            time.sleep(0.1)
+        assert [p for p in pids if _alive(p)] == []
+        assert [r.split()[0] for r in sweep(base)] == [run_dir.name]
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+        if sup.stderr is not None:
+            sup.stderr.close()
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
