@@ -144,6 +144,8 @@ def _classify(v: Verdict, obs: RankObservation, result: Any, phase: str) -> None
         stopped = [s for s in obs.signals if s.signal == "STOP"]
         if stopped:
             v.reason += f" (it had been sent SIGSTOP at {stopped[0].t:g} s)"
+        if obs.released_at is None:
+            v.reason += " before its start line (its release was still to come)"
         marks = [e for e in obs.events if e.ev in (PHASE, DONE)]
         if marks and marks[-1].ev == DONE and marks[-1].phase == phase \
                 and obs.role not in (ROLE_AGENT, ROLE_PARENT):
