@@ -200,11 +200,18 @@ def show_plan(scn: Any, plan: Dict[str, Any]) -> None:
     con = _console()
     con.rule(_text(scn.test_id + ("" if scn.case is None else f"  (case {scn.case})"), "bold"))
     con.print(_text(scn.about.strip(), "dim"))
+    launcher = plan.get("launcher") or {"kind": "direct"}
+    program = plan.get("program") or {"worker": True}
+    if program.get("worker"):
+        work = (f"init {scn.init} · torch timeout {plan['timeout']:g} s · workload "
+                f"{' → '.join(plan['workload']) or '(init only)'}"
+                f"{' → destroy' if plan.get('destroy') else ''}")
+    else:   # a user's program: its own init, timeout and work
+        work = "program " + " ".join(str(a) for a in program.get("argv", []))
     con.print(_text(
-        f"backend {plan['backend']} · world_size {plan['world_size']} · init {scn.init} · "
-        f"torch timeout {plan['timeout']:g} s · deadline {plan['deadline']:g} s (from the start "
-        f"line) · workload {' → '.join(plan['workload']) or '(init only)'}"
-        f"{' → destroy' if plan.get('destroy') else ''}"))
+        f"backend {plan['backend']} · world_size {plan['world_size']} · launcher "
+        f"{launcher.get('kind', 'direct')} · {work} · deadline {plan['deadline']:g} s (from "
+        "the start line)"))
     con.print(_text(f"master {plan['master_addr']}:{plan['master_port']} · ports and the run "
                     "directory are examples: every run reserves its own", "dim"))
     if plan.get("hosts"):
@@ -216,7 +223,7 @@ def show_plan(scn: Any, plan: Dict[str, Any]) -> None:
                       _text(h.get("netns") or "(none: this machine's network)"))
         con.print(t)
     if plan.get("notes"):
-        con.print(_text("faults:", "bold"))
+        con.print(_text("plan notes (launcher, faults):", "bold"))
         for n in plan["notes"]:
             con.print(_text(f"  • {n}"))
     t = Table(title="ranks", title_justify="left", show_lines=True)

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .classify import Verdict, job_outcome, mro_names
 from .patterns import PATTERN_TIMEOUT, compile_message_pattern, search  # noqa: F401
+from .rows import key_for
 from .schema import Expect, RankExpect, bound_holds
 
 
@@ -33,7 +34,10 @@ class Mismatch:
 
 
 def _rank_expect(exp: Expect, label: str) -> Optional[RankExpect]:
-    return exp.ranks.get(label) or exp.ranks.get("*")
+    """The expectation that speaks of the row ``label``: its own key, else the most specific
+    wildcard (``R@*``, ``*@A``, ``*``; ``agent:*``, ``parent:*``: harness.rows)."""
+    key = key_for(exp.ranks, label)
+    return exp.ranks[key] if key is not None else None
 
 
 def check_rank(e: RankExpect, v: Verdict) -> List[Mismatch]:
@@ -80,8 +84,9 @@ def check(exp: Expect, verdicts: Sequence[Verdict]) -> List[Mismatch]:
             out.append(Mismatch("job", "outcome", " or ".join(exp.job), got, exp.job_line))
     labels = {v.label for v in verdicts}
     for key, e in exp.ranks.items():
-        if key != "*" and key not in labels:
-            out.append(Mismatch(key, "rank", "a rank with this label", "no such rank ran",
+        if "*" not in key and key not in labels:
+            what = "rank" if key.split(":")[-1].split("@")[0].isdigit() else "process"
+            out.append(Mismatch(key, "rank", f"a {what} with this label", f"no such {what} ran",
                                 e.line))
     for v in verdicts:
         re_ = _rank_expect(exp, v.label)

@@ -33,14 +33,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from . import cgroups, interrupts
 from .capture import Capture
 from .errors import HarnessError
-from .launchers import RankProcess, close_fds, launcher_for, process_env
+from .launchers import Discovery, RankProcess, close_fds, process_env
 from .observe import RunObservation
 from .plan import HostPlan, RunPlan, make_plan
 from .ports import PortLease
-from .procs import ManagedProcess
+from .procs import ForeignProcess, ManagedProcess, kill_observed
 from .protocol import EXCEPTION, PHASE, RESULT, STACK_SIGNAL, Event, ready_event
 from .rundir import RunDir, kill_recorded, sweep
-from .schema import Scenario
+from .schema import Scenario, launcher_spec_of
 from .steps import Scheduler, StepError
 
 READY_TIMEOUT = float(os.environ.get("HARNESS_READY_TIMEOUT", "180"))
@@ -201,17 +201,20 @@ class Supervisor:
     the Clock their triggers read. Use ``run_scenario`` unless you build plans yourself."""
 
     def __init__(self, plan: RunPlan, run_dir: RunDir, topo: Any = None,
-                 launcher: str = "direct"):
+                 launcher: Optional[str] = None):
         self.plan = plan
         self.topo = topo                 # harness.topology.Topology when the run has namespaces
         self.rundir = run_dir
         self.dir = Path(plan.run_dir)
         self.run_dir = self.dir
-        self.ranks: List[RankProcess] = []
+        self.observe_dir = self.dir / "observed"   # observed processes' events (harness.observer)
+        self.ranks: List[RankProcess] = []   # every row: ranks, agents, parents, workers
         self.helpers: List[_Helper] = []
         self.fds: List[int] = []
         self.capture = Capture()
-        self.launcher = launcher_for(launcher)
+        self.launcher = plan.launcher if plan.launcher is not None and launcher is None \
+            else launcher_spec_of(launcher or "direct")
+        self.discovery = Discovery(self.observe_dir)
         self.t0: Optional[float] = None
         self.scheduler = Scheduler(plan.steps, self, self)
         self._native: Optional[Dict[str, Tuple[Future, float]]] = None   # early py-spy dumps
@@ -305,26 +308,30 @@ class Supervisor:
         while time.monotonic() < limit:
             pending = False
             for r in self.ranks:
+                if not r.held:
+                    continue
                 r.read_events()
                 if r.ready():
                     continue
-                if r.proc.poll() is None:
+                if r.running():
                     pending = True
                     continue
                 r.read_events()
                 if not r.ready() and _broken_by_scenario(r.obs.events):
                     continue    # a verdict (error in phase import), not a failure to start
                 if not r.ready():   # died before it was ready: the harness could not start it
-                    self.capture.wait_eof([r.err_path], timeout=2.0)
-                    stream = self.capture.stream(r.err_path)
-                    err = _tail(r.err_path) + (bytes(stream.tail[-TAIL:]).decode(
-                        errors="replace") if stream is not None else "")
+                    err = ""
+                    if r.err_path is not None:
+                        self.capture.wait_eof([r.err_path], timeout=2.0)
+                        stream = self.capture.stream(r.err_path)
+                        err = _tail(r.err_path) + (bytes(stream.tail[-TAIL:]).decode(
+                            errors="replace") if stream is not None else "")
                     raise HarnessError(start_failure(r.label, r.proc.returncode,
                                                      r.obs.events, err))
             if not pending:
                 return
             time.sleep(POLL)
-        slow = [r.label for r in self.ranks if not r.ready()]
+        slow = [r.label for r in self.ranks if r.held and not r.ready()]
         raise HarnessError(f"ranks {slow} did not import torch within {READY_TIMEOUT:.0f} s "
                            "(set HARNESS_READY_TIMEOUT for a slower machine)")
 
@@ -419,6 +426,7 @@ class Supervisor:
     def run(self) -> RunObservation:
         self.scheduler.setup()            # set-up steps: before any process of the run starts
         owners = self._port_owners()
+        self.observe_dir.mkdir(exist_ok=True)
         self.launcher.start(self)
         self._wait_ready()
         self.t0 = time.monotonic()
@@ -428,13 +436,19 @@ class Supervisor:
         while True:
             now = self.now()
             for r in self.ranks:
-                if not r.released and r.proc.poll() is None \
+                if not r.released and r.plan is not None and r.running() \
                         and r.plan.release.due(now, self):
                     r.release(now)
                 r.read_events()
                 r.poll_end(self.now())
+            self.launcher.poll(self)          # workers started by agents or parents
             self.scheduler.tick(now)
-            if all(r.ended for r in self.ranks) or now >= deadline:
+            if all(r.ended for r in self.ranks):
+                before = len(self.ranks)
+                self.launcher.poll(self)      # the last words of a worker that just appeared
+                if len(self.ranks) == before and all(r.ended for r in self.ranks):
+                    break
+            if now >= deadline:
                 break
             if self._native is None and now >= deadline - min(STACK_LEAD, deadline / 4):
                 self._start_native_stacks()
@@ -444,18 +458,24 @@ class Supervisor:
             self._capture_stacks(live)
             for r in live:
                 r.obs.killed_at_deadline = True
-                r.proc.signal_group(signal.SIGKILL)
+            self._kill(live)
         for r in self.ranks:
-            r.proc.wait()
+            self._wait(r)
             r.read_events()
             if r.cutoff is not None:
                 del r.obs.events[r.cutoff:]
             if r.obs.returncode is None:
                 r.obs.returncode = r.proc.returncode
-                r.obs.ended_at = round(self.now(), 3)
+                if r.obs.ended_at is None or r.obs.killed_at_deadline:
+                    r.obs.ended_at = round(self.now(), 3)
+        self.launcher.poll(self)   # exit statuses the agents collected last
+        for r in self.ranks:
+            if isinstance(r.proc, ForeignProcess) and r.obs.returncode is None:
+                r.obs.returncode = r.proc.returncode
         self.capture.close()    # every rank is gone: the last bytes, the tails, the markers
         for r in self.ranks:
-            r.obs.stdout_tail, r.obs.stderr_tail = _tail(r.out_path), _tail(r.err_path)
+            r.obs.stdout_tail = _tail(r.out_path) if r.out_path else ""
+            r.obs.stderr_tail = _tail(r.err_path) if r.err_path else ""
             if not r.obs.stacks and r.stacks_path.exists():
                 r.obs.stacks = _read_stacks(r.stacks_path)
         wall = self.now()
@@ -492,13 +512,27 @@ class Supervisor:
         except Exception as e:  # evidence only: never fail the run for it
             return f"(could not list: {e})"
 
+    def _kill(self, rows: List[RankProcess]) -> None:
+        """SIGKILL: the processes the harness started first (an agent that saw its workers die
+        would start new ones), then the others, then whatever the observer recorded."""
+        for r in sorted(rows, key=lambda r: not r.held):
+            r.proc.signal_group(signal.SIGKILL)
+        kill_observed(self.rundir.pids)
+
+    def _wait(self, r: RankProcess) -> None:
+        if isinstance(r.proc, ForeignProcess):
+            r.proc.wait(10.0)
+        else:
+            r.proc.wait()
+
     def close(self) -> None:
         """Kill everything this run started (also after an exception), undo what steps left
         (a directory made immutable, say), close files. Call it inside ``interrupts.shield()``."""
+        self._kill(self.ranks)
         for r in self.ranks:
-            r.proc.signal_group(signal.SIGKILL)
-        for r in self.ranks:
+            r.close_go()
             r.proc.kill()
+        kill_observed(self.rundir.pids)
         if self._native_pool is not None:   # early py-spy dumps: quick once the ranks are gone
             self._native_pool.shutdown(wait=True)
         for h in self.helpers:

@@ -8,9 +8,9 @@ ids, evidence paths). The schema, the faults and the triggers all take their typ
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Optional, Union
 
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 # -- limits ----------------------------------------------------------------------------------
@@ -93,3 +93,18 @@ def bare_address_problem(addr: str) -> Optional[str]:
 def located(field: str, msg: str) -> PydanticCustomError:
     """A model-level error that the loader locates at ``field`` (pydantic gives it no loc)."""
     return PydanticCustomError("located", "{msg}", {"field": field, "msg": msg})
+
+
+def _target(v: Any) -> Union[int, str]:
+    """A process a fault acts on: a rank number, or a label ("agent:node1", "1@1"); whether
+    the run can have it is ``Fault.check, the loader``'s (it sees the scenario)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if isinstance(v, str) and 0 < len(v) <= 64 and v.isprintable():
+        return int(v) if v.isdigit() else v
+    raise ValueError("a rank number, or the label of a process such as 'agent:node1' or '1@1'")
+
+
+# a rank number or a process label, one error location (no union branch in it)
+Target = Annotated[Union[int, str], PlainValidator(_target), WithJsonSchema(
+    {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "maxLength": 64}]})]

@@ -58,6 +58,8 @@ from yaml.resolver import Resolver
 from yaml.scanner import Scanner
 
 from .faults import REGISTRY
+from .launchers import launcher_kinds, launcher_of
+from .rows import key_ok
 from .safety import refuse_address
 from .schema import (
     CASE_ID_RE,
@@ -604,15 +606,17 @@ def item_name(scn: Scenario) -> str:
 ITEM_NAME = re.compile(r"[A-Za-z0-9_.=-]+(\[[A-Za-z0-9_.=,-]+\])?", re.ASCII)
 
 
-def _plan_problem(scn: Scenario) -> Optional[str]:
-    from .plan import make_plan
+def _plan_problem(scn: Scenario) -> Optional[Tuple[Tuple[Any, ...], str]]:
+    from .plan import PlanRefusal, make_plan
 
     ports = itertools.count(20000)
     try:
         make_plan(scn, "/nonexistent/run-check", lambda: next(ports), netns=True,
                   run_id="check")
+    except PlanRefusal as e:   # the plan says where
+        return e.loc, str(e)[:300]
     except Exception as e:   # a late refusal the checks above missed: still one located line
-        return f"a run could not be planned: {type(e).__name__}: {str(e)[:200]}"
+        return (), f"a run could not be planned: {type(e).__name__}: {str(e)[:200]}"
     return None
 
 
@@ -653,9 +657,41 @@ def validate_case(data: Dict[str, Any], file: str,
                     if p.message.startswith("unknown field"):
                         p.message += f" of {kind} (known: {_known_fields(cls)})"
                 problems += ps
+    # the launcher, by its kind's own model (located like a fault)
+    typed_launcher: Any = None
+    raw_launcher = data.get("launcher")
+    if raw_launcher is not None:
+        spec = launcher_of(raw_launcher)
+        kinds = launcher_kinds()
+        kind = spec.get("kind", "direct") if isinstance(spec, dict) else None
+        where = ("launcher", "kind") if isinstance(raw_launcher, dict) else ("launcher",)
+        if not isinstance(spec, dict):
+            problems.append(Problem(file, lines.line_of(("launcher",)), "launcher",
+                                    f"a launcher is a name ({', '.join(kinds)}) or a mapping "
+                                    "with kind and its options"))
+        elif not isinstance(kind, str) or kind not in kinds:
+            problems.append(Problem(file, lines.line_of(where), _field(where),
+                                    f"unknown launcher {str(kind)[:60]!r} (known: "
+                                    f"{', '.join(kinds)})"))
+        else:
+            try:
+                typed_launcher = kinds[kind].model_validate(spec)
+            except ValidationError as e:
+                ps = _pydantic_problems(file, lines, e, data, ("launcher",))
+                for p in ps:
+                    if p.message.startswith("unknown field"):
+                        p.message += f" of launcher {kind} (known: " \
+                            f"{_known_fields(kinds[kind])})"
+                problems += ps
+    merged = dict(data)
+    if isinstance(raw_faults, list):
+        merged["faults"] = typed
+    if typed_launcher is not None:
+        merged["launcher"] = typed_launcher
+    elif raw_launcher is not None:
+        merged.pop("launcher")
     try:
-        scn = Scenario.model_validate({**data, "faults": typed} if isinstance(raw_faults, list)
-                                      else data)
+        scn = Scenario.model_validate(merged)
     except ValidationError as e:
         ps = _pydantic_problems(file, lines, e, data)
         for p in ps:
@@ -666,15 +702,29 @@ def validate_case(data: Dict[str, Any], file: str,
     if problems:
         raise ScenarioFileError(_capped(file, problems))
 
+    scn._source = file
+    # the launcher's and the program's own checks (they see the whole scenario)
+    for where, msg in scn.launcher.check(scn):
+        loc = ("launcher",) + where
+        problems.append(Problem(file, lines.line_of(loc), _field(loc), msg))
+    if scn.program is not None:
+        why = scn.program.problem(file)
+        if why:
+            loc = ("program", "script") if scn.program.script else ("program",)
+            problems.append(Problem(file, lines.line_of(loc), _field(loc), why))
+        for name in ("init", "workload"):
+            if name in data:
+                problems.append(Problem(file, lines.line_of((name,)), name,
+                                        f"{name} is what the harness's worker does; a user's "
+                                        "program calls init_process_group and runs itself"))
+
     # each fault's own checks (it sees the whole scenario)
     extra: List[Tuple[Tuple[Any, ...], int, str]] = []   # (where, processes added, kind)
-    labels = {str(r) for r in range(scn.world_size)} | {"*"}
     for i, fault in enumerate(scn.faults):
         loc = ("faults", i)
         for where, msg in fault.check(scn):
             problems.append(Problem(file, lines.line_of(loc + where), _field(loc + where), msg))
         added = fault.extra_labels(scn)
-        labels |= set(added)
         if added:
             where = ("world_size",) if "world_size" in fault.model_fields_set else ("kind",)
             extra.append((loc + where, len(added), fault.kind))
@@ -687,9 +737,9 @@ def validate_case(data: Dict[str, Any], file: str,
                                 f"the run would start {total} processes ({scn.world_size} ranks "
                                 f"+ {total - scn.world_size} of {kind}): at most {MAX_WORLD}"))
 
-    # expectations may only name ranks that exist; each keeps the line it came from, so that
-    # a failed one names file.yaml:LINE
-    scn._source = file
+    # expectations may only name processes a run can have; each keeps the line it came from,
+    # so that a failed one names file.yaml:LINE
+    row_sets = scn.row_sets()
     for j, block in enumerate(scn.expect):
         block._line = lines.line_of(_yaml_loc(data, ("expect", j)))
         if block.job is not None:
@@ -697,10 +747,12 @@ def validate_case(data: Dict[str, Any], file: str,
         for key, rank_expect in block.ranks.items():
             yloc = _yaml_loc(data, ("expect", j, "ranks", key))
             rank_expect._line = lines.line_of(yloc)
-            if key not in labels:
-                problems.append(Problem(file, lines.line_of(yloc), _field(yloc),
-                                        f"rank {key[:40]} is outside the world (world_size "
-                                        f"{scn.world_size}: ranks 0..{scn.world_size - 1})"))
+            why = key_ok(key, row_sets)
+            if why and key.isdigit() and scn.launcher.STARTS_RANKS:
+                why = (f"rank {key[:40]} is outside the world (world_size "
+                       f"{scn.world_size}: ranks 0..{scn.world_size - 1})")
+            if why:
+                problems.append(Problem(file, lines.line_of(yloc), _field(yloc), why))
 
     # addresses: bare, and only where the harness may send traffic
     suggest = REGISTRY.kind_for("a name that does not resolve")
@@ -730,9 +782,10 @@ def validate_case(data: Dict[str, Any], file: str,
         problems.append(Problem(file, lines.line_of(("name",)), "name", f"the test id "
                                 f"{item_name(scn)[:80]!r} is not plain ASCII"))
     if not problems:
-        why = _plan_problem(scn)
-        if why:
-            problems.append(Problem(file, lines.line_of(()), "", why))
+        refused = _plan_problem(scn)
+        if refused:
+            loc, why = refused
+            problems.append(Problem(file, lines.line_of(loc), _field(loc) if loc else "", why))
     if problems:
         raise ScenarioFileError(_capped(file, problems))
     return scn

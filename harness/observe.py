@@ -47,6 +47,8 @@ class SignalSent:
 
 @dataclass
 class RankObservation:
+    """One row: a rank, an agent, a spawning parent or a worker found through its events."""
+
     label: str
     pid: Optional[int] = None
     host: str = "local"
@@ -62,6 +64,10 @@ class RankObservation:
     released_at: Optional[float] = None  # seconds after the start line
     ended_at: Optional[float] = None     # seconds after the start line (as seen by the supervisor)
     notes: List[str] = field(default_factory=list)   # what steps found out about it (an OOM kill)
+    role: str = "rank"                   # rank | agent | parent | worker (harness.protocol)
+    node: Optional[str] = None           # a worker's agent or parent (its label)
+    attempt: int = 0                     # a torchrun worker's restart attempt
+    info: Dict[str, Any] = field(default_factory=dict)   # what an observed process said first
 
     def result(self) -> Optional[Event]:
         return result_of(self.events)
@@ -76,7 +82,8 @@ class RankObservation:
                 "signals": [s.to_dict() for s in self.signals], "stacks": self.stacks,
                 "stdout_tail": self.stdout_tail, "stderr_tail": self.stderr_tail,
                 "native_stacks": self.native_stacks, "released_at": self.released_at,
-                "ended_at": self.ended_at, "notes": list(self.notes)}
+                "ended_at": self.ended_at, "notes": list(self.notes), "role": self.role,
+                "node": self.node, "attempt": self.attempt, "info": dict(self.info)}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> RankObservation:
@@ -91,7 +98,9 @@ class RankObservation:
                    stderr_tail=d.get("stderr_tail", ""),
                    native_stacks=d.get("native_stacks", ""),
                    released_at=d.get("released_at"), ended_at=d.get("ended_at"),
-                   notes=[str(n) for n in d.get("notes", [])])
+                   notes=[str(n) for n in d.get("notes", [])],
+                   role=str(d.get("role", "rank")), node=d.get("node"),
+                   attempt=int(d.get("attempt") or 0), info=dict(d.get("info") or {}))
 
 
 @dataclass

@@ -1,17 +1,19 @@
 """Planning: one Scenario case -> a concrete RunPlan (pure: no processes, no sockets).
 
-The plan says everything the supervisor will do: which ranks start on which host with which
+The plan says everything the supervisor will do: which processes the launcher starts on which
+host (ranks, torchrun agents or spawning parents: :class:`RankPlan`) with which program,
 environment and init arguments, when each is released (a :class:`~harness.triggers.Trigger`,
 normally the start line), and the fault :class:`~harness.steps.Step` objects with their
-triggers. Faults only edit the plan (``Fault.apply``); the supervisor executes it without knowing
-any fault by name.
+triggers. The scenario's launcher (``harness.launchers``) plans its processes, then faults edit
+the plan (``Fault.apply``); the supervisor executes it without knowing any launcher or fault by
+name.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from . import interpreters
 from .protocol import InitSpec, Variation, WorkerSpec
@@ -23,11 +25,23 @@ if TYPE_CHECKING:
     pass
 
 
+class PlanRefusal(ValueError):
+    """The plan cannot be made as asked (a fault that edits each rank's environment under a
+    launcher that starts its ranks itself); ``loc`` locates it in the scenario."""
+
+    def __init__(self, message: str, loc: Tuple[Any, ...] = ()):
+        super().__init__(message)
+        self.loc = loc
+
+
 @dataclass
 class RankPlan:
-    label: str                       # "0", "1", ... ; "job2:0" for a second job's ranks
+    """A process the launcher starts itself: a rank (``direct``), a torchrun agent, a spawning
+    parent. Workers an agent or a parent starts are not planned: they are found at run time."""
+
+    label: str                       # "0", "1", "job2:0"; "agent:node0"; "parent:local"
     rank: Optional[int]              # the rank number it is told (None when it is told none)
-    env: Dict[str, str]              # set for the rank on top of the harness's environment
+    env: Dict[str, str]              # set for the process on top of the harness's environment
     init: InitSpec
     unset: List[str] = field(default_factory=list)   # variables removed from its environment
     release: Trigger = field(default_factory=lambda: Trigger.at_time(0.0))
@@ -38,12 +52,19 @@ class RankPlan:
     variation: Variation = field(default_factory=Variation)   # how its run differs (faults)
     python: str = ""                 # its interpreter ("": the harness's own, sys.executable)
     absent: bool = False             # part of the world, never started (a fault)
+    role: str = "rank"               # rank | agent | parent (harness.protocol)
+    argv: List[str] = field(default_factory=list)    # after the interpreter; [] = the worker
+    observed: bool = False           # runs under harness.observer (not the worker's protocol)
+    job: str = ""                    # "job2" for a second job's processes
+    cwd: str = ""                    # where it runs ("" = /)
 
     def to_dict(self) -> Dict[str, Any]:
         d = {"label": self.label, "rank": self.rank, "env": dict(self.env),
              "init": asdict(self.init), "unset": list(self.unset), "host": self.host,
              "release": self.release.to_dict(), "released": self.release.describe(),
-             "resolver_view": self.resolver_view}
+             "resolver_view": self.resolver_view, "role": self.role,
+             "argv": list(self.argv), "observed": self.observed, "job": self.job,
+             "cwd": self.cwd}
         if not self.variation.is_plain():
             d["variation"] = asdict(self.variation)
         if self.python:
@@ -114,12 +135,25 @@ class RunPlan:
     run_id: str = ""
     url_port: Optional[int] = None   # init_url's {port2}: a second reserved port
     take_port: Optional[Callable[[], int]] = field(default=None, repr=False, compare=False)
+    launcher: Any = field(default=None, repr=False, compare=False)   # the scenario's launcher
+    program: Dict[str, Any] = field(default_factory=lambda: {"worker": True})
 
     def rank(self, label: Any) -> RankPlan:
+        """A process the launcher starts, by label: a rank ("1"), an agent ("agent:node0")..."""
         for r in self.ranks:
             if r.label == str(label):
                 return r
-        raise KeyError(f"no rank {label!r} in the plan")
+        if self.launcher is not None and not self.launcher.STARTS_RANKS \
+                and isinstance(label, int):
+            self._refuse_per_rank()
+        what = "rank" if str(label).isdigit() else "process"
+        raise KeyError(f"no {what} {label} in the plan")
+
+    def _refuse_per_rank(self) -> None:
+        kind = getattr(self.launcher, "kind", "?")
+        raise PlanRefusal(f"this fault edits how each rank is started (its environment, its "
+                          f"init arguments), and the {kind} launcher starts the ranks itself: "
+                          "use launcher: direct, or env: for every process")
 
     def launched_ranks(self) -> List[RankPlan]:
         """The ranks a launcher starts (an absent rank is part of the world, never started)."""
@@ -134,11 +168,87 @@ class RunPlan:
                           variation=rp.variation)
 
     def main_ranks(self, selected: Optional[List[int]] = None) -> List[RankPlan]:
-        """Ranks of the scenario's own job, optionally only those with the given numbers."""
+        """Ranks of the scenario's own job, optionally only those with the given numbers. Only
+        a launcher that starts each rank itself has them (a PlanRefusal otherwise)."""
+        if self.launcher is not None and not self.launcher.STARTS_RANKS:
+            self._refuse_per_rank()
         main = [r for r in self.ranks if ":" not in r.label]
         if selected is None:
             return main
         return [r for r in main if int(r.label) in selected]
+
+    def processes(self, targets: List[Any]) -> List[RankPlan]:
+        """The planned processes named by ``targets``: rank numbers (a launcher that starts
+        each rank) or labels ("agent:node1", "parent:local")."""
+        out: List[RankPlan] = []
+        for t in targets:
+            if isinstance(t, int):
+                out += self.main_ranks([t])
+            else:
+                out.append(self.rank(t))
+        return out
+
+    # -- what launchers plan with ----------------------------------------------------------------
+    def rank_env(self, scn: Scenario, rank: Optional[int], world: int, host: str,
+                 local: Optional[int] = None, local_world: Optional[int] = None
+                 ) -> Dict[str, str]:
+        """The environment of a rank the harness starts itself (MASTER_ADDR/PORT, RANK,
+        WORLD_SIZE, LOCAL_*; the scenario's env; the host's link interface for gloo/NCCL)."""
+        env = base_env(scn, self.master_addr, self.master_port, 0 if rank is None else rank,
+                       world, local, local_world)
+        if rank is None:
+            for k in ("RANK", "LOCAL_RANK"):
+                if k not in scn.env:
+                    env.pop(k, None)
+        self.link_env(env, host)
+        return env
+
+    def link_env(self, env: Dict[str, str], host: str) -> Dict[str, str]:
+        if self.link:   # as a careful user would: gloo/NCCL use the host's link
+            ifname = self.host(host).ifname
+            for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+                env.setdefault(var, ifname)
+        return env
+
+    def init_for(self, scn: Scenario, rank: int, world: int) -> InitSpec:
+        return replace(init_spec(scn, self.master_addr, self.master_port, rank, world,
+                                 self.run_dir, self.url_port), port2=self.url_port)
+
+    def python_for(self, scn: Scenario, rank: int, host: str) -> str:
+        """The interpreter of a rank the harness starts ("": its own, sys.executable)."""
+        py = scn.interpreter(rank, host)
+        return interpreters.resolve(py) if py else ""
+
+    def new_process(self, **fields: Any) -> RankPlan:
+        """A RankPlan (for a launcher, which does not import this module)."""
+        return RankPlan(**fields)
+
+    def shared_worker_spec(self, init: Optional[InitSpec] = None, label: str = "") -> WorkerSpec:
+        """What the harness's worker runs where an agent or a parent starts the workers (one
+        spec for all of them; init from the environment unless ``init`` says otherwise)."""
+        return WorkerSpec(label=label, backend=self.backend, timeout=self.timeout,
+                          steps=list(self.workload), destroy=self.destroy,
+                          init=init or InitSpec("env"))
+
+    def add_process(self, rp: RankPlan) -> RankPlan:
+        if not rp.resolver_view:
+            rp.resolver_view = resolver_view(self.run_dir, self.host(rp.host)) \
+                if self.hosts else ""
+        self.ranks.append(rp)
+        return rp
+
+    def add_job(self, scn: Scenario, job: str, world: int,
+                release: Optional[Trigger] = None) -> None:
+        """A second job beside the scenario's own, started by the same launcher on the same
+        master address and port (``concurrent_job``)."""
+        self.launcher.plan_job(self, scn, job, world, release)
+
+    def address_of(self, name: str) -> Optional[str]:
+        """A scenario host's address in this run (127.0.0.1 without a link); None if not one."""
+        for h in self.hosts:
+            if h.name == name:
+                return h.addr if self.link else "127.0.0.1"
+        return None
 
     def host(self, name: str) -> HostPlan:
         for h in self.hosts:
@@ -177,7 +287,10 @@ class RunPlan:
 
     def to_dict(self) -> Dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k not in ("take_port", "ranks", "steps",
-                                                                "hosts")}
+                                                                "hosts", "launcher")}
+        d["launcher"] = {"kind": self.launcher.kind, **self.launcher.model_dump(
+            mode="json", exclude_defaults=True)} if self.launcher is not None \
+            else {"kind": "direct"}
         d["ranks"] = [r.to_dict() for r in self.ranks]
         d["hosts"] = [asdict(h) for h in self.hosts]
         d["steps"] = [s.to_dict() for s in self.steps]
@@ -263,7 +376,8 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
     """Build the RunPlan for one scenario case (pure). ``take_port`` hands out ports reserved
     for this run (the supervisor's port lease; tests pass a counter). ``netns``: the harness can
     make network namespaces (a multi-host scenario or a network fault needs them; a single-host
-    one uses them when ``isolate`` allows)."""
+    one uses them when ``isolate`` allows). A PlanRefusal names where the scenario asks for
+    something that cannot be planned."""
     faults = scn.faults
     run_id = run_id or Path(run_dir).name.replace("run-", "").replace("-", "_")
     multi = scn.hosts is not None and len(scn.hosts) > 1
@@ -273,43 +387,28 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
     master = next(h for h in hosts if h.name == (scn.master_host or hosts[0].name))
     addr = master.addr if link else scn.master_addr
     port = take_port()
-    # a second reserved port, for an init_url that disagrees with MASTER_PORT
+    # a second reserved port: init_url's {port2}, reinit new_port
     port2 = take_port() if needs_port2(scn) else None
-    ranks = []
-    counts = {h.name: h.ranks for h in scn.hosts} if scn.hosts else \
-        {hosts[0].name: scn.world_size}
-    r = 0
-    # numbering starts on the master host: with env:// rank 0 hosts the store at MASTER_ADDR
-    for host in [master] + [h for h in hosts if h is not master]:
-        count = counts[host.name]
-        for local in range(count):
-            env = base_env(scn, addr, port, r, scn.world_size, local, count)
-            if link:   # as a careful user would: gloo/NCCL use the host's link
-                for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-                    env.setdefault(var, host.ifname)
-            py = scn.interpreter(r, host.name)
-            ranks.append(RankPlan(
-                label=str(r), rank=r, env=env, host=host.name,
-                init=replace(init_spec(scn, addr, port, r, scn.world_size, run_dir, port2),
-                             port2=port2),
-                resolver_view=resolver_view(run_dir, host),
-                python=interpreters.resolve(py) if py else ""))
-            r += 1
     plan = RunPlan(
         scenario=scn.name, case=scn.case, backend=scn.backend, world_size=scn.world_size,
         timeout=scn.timeout, deadline=scn.deadline, workload=list(scn.workload.steps),
         destroy=scn.workload.destroy, master_addr=addr, master_port=port,
-        run_dir=run_dir, ranks=ranks, take_port=take_port, hosts=hosts, netns=use_ns,
-        link=link, run_id=run_id, url_port=port2,
+        run_dir=run_dir, ranks=[], take_port=take_port, hosts=hosts, netns=use_ns,
+        link=link, run_id=run_id, launcher=scn.launcher, program=scn.program_dict(),
+        url_port=port2,
     )
+    scn.launcher.plan(plan, scn)
     if not use_ns:
         plan.add_step(RUN, WriteResolverView(path=resolver_view(run_dir, hosts[0]),
                                                     target="resolver view"))
     if scn.init == "file":
         plan.add_step(RUN, MakeDir(path=str(Path(file_store_path(run_dir)).parent),
                                       target="file store"))
-    for fault in faults:
-        fault.apply(plan, scn)
+    for i, fault in enumerate(faults):
+        try:
+            fault.apply(plan, scn)
+        except PlanRefusal as e:
+            raise PlanRefusal(f"{fault.kind}: {e}", ("faults", i, "kind")) from None
     for rp in plan.ranks:   # ranks a fault added too: no rank resolves outside a view
         if not rp.resolver_view:
             host = next((h for h in hosts if h.name == rp.host), hosts[0])

@@ -148,6 +148,9 @@ class ManagedProcess:
     def poll(self) -> Optional[int]:
         return self.popen.poll()
 
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
     def wait(self, timeout: Optional[float] = None) -> int:
         return self.popen.wait(timeout)
 
@@ -174,6 +177,70 @@ class ManagedProcess:
                     pass
 
     stop = kill
+
+
+class ForeignProcess:
+    """A process of the run that the harness did not start itself (a worker a torchrun agent
+    started, a parent's child): known by its identity (pid and start time, recorded in the run's
+    pid record by the observer inside it). It is signalled only while it is still that process;
+    its exit status is what its own parent collected (``returncode``, set by the supervisor from
+    the parent's ``reaped`` event), None when nobody said."""
+
+    def __init__(self, pid: int, start_time: Optional[int]):
+        self.pid = pid
+        self.name = f"pid {pid}"
+        self.rec = {"pid": pid, "start_time": start_time, "boot_id": boot_id()}
+        self.returncode: Optional[int] = None
+
+    def running(self) -> bool:
+        return alive(self.rec)
+
+    def poll(self) -> Optional[int]:
+        return None if self.running() else self.returncode
+
+    def signal_group(self, sig: int) -> None:
+        """``sig`` to its group when it leads one (a torchrun worker runs in a session of its
+        own), else to the process alone (a child in its parent's group)."""
+        if not self.running():
+            return
+        try:
+            if os.getpgid(self.pid) == self.pid:
+                os.killpg(self.pid, sig)
+            else:
+                os.kill(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        """Until it is gone (a zombie counts as gone: its parent reaps it), at most ``timeout``."""
+        import time
+
+        limit = None if timeout is None else time.monotonic() + timeout
+        while self.running() and (limit is None or time.monotonic() < limit):
+            time.sleep(0.02)
+        return self.returncode
+
+    def kill(self) -> None:
+        self.signal_group(signal.SIGKILL)
+        self.wait(5.0)
+
+    stop = kill
+
+
+def kill_observed(record: PidRecord) -> List[int]:
+    """SIGKILL every process the observer recorded in the run's record (workers, their
+    children) that still runs; returns their pids."""
+    out = []
+    for rec in record.entries():
+        if str(rec.get("name", "")).startswith("observed") and alive(rec):
+            p = ForeignProcess(int(rec["pid"]), rec.get("start_time"))
+            p.signal_group(signal.SIGKILL)
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            out.append(p.pid)
+    return out
 
 
 def _exec_main(argv: List[str]) -> None:

@@ -46,7 +46,7 @@ import signal
 import time
 import traceback
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 EVENT_FD_ENV = "HARNESS_EVENT_FD"
 STACK_FD_ENV = "HARNESS_STACK_FD"
@@ -55,25 +55,77 @@ GO_LINE = b"go\n"
 # or launcher sends, so SIGUSR1/SIGUSR2 stay the program's own
 STACK_SIGNAL = signal.SIGRTMIN + 4
 
+# the observer's channel (harness.observer): a process the harness did not write (a torchrun
+# agent and its workers, a spawning parent and its children, a user's script) writes its events
+# to a file of its own in the folder HARNESS_OBSERVE_DIR: an agent's workers inherit no file
+# descriptor of the harness. A process the harness starts itself is told its own file, label
+# and start-line descriptor (popped, so that what it starts does not inherit them).
+OBSERVE_DIR_ENV = "HARNESS_OBSERVE_DIR"
+OBSERVE_ROLE_ENV = "HARNESS_OBSERVE_ROLE"      # the role of the process this environment reaches
+OBSERVE_EVENTS_ENV = "HARNESS_OBSERVE_EVENTS"  # a held process's own event file
+OBSERVE_LABEL_ENV = "HARNESS_OBSERVE_LABEL"    # a held process's label; its children: NODE
+OBSERVE_NODE_ENV = "HARNESS_OBSERVE_NODE"      # the label of the agent or parent of a worker
+OBSERVE_JOB_ENV = "HARNESS_OBSERVE_JOB"        # "job2" for a second job's processes
+GO_FD_ENV = "HARNESS_GO_FD"                    # where a held process reads the start line
+PID_RECORD_ENV = "HARNESS_PID_RECORD"          # the run's pid record (harness.procs)
+OBSERVE_SITE = "_site"                         # harness/_site: the sitecustomize folder
+
+# roles: ``rank`` a rank the harness started itself (direct launcher, a user's program);
+# ``agent`` a torchrun agent; ``parent`` a process that spawns the ranks; ``worker`` a rank an
+# agent or a parent started; ``child`` anything a rank starts (recorded, not a row)
+ROLE_RANK, ROLE_AGENT, ROLE_PARENT, ROLE_WORKER, ROLE_CHILD = \
+    "rank", "agent", "parent", "worker", "child"
+ROLE_MP_WORKER = "mp-worker"   # (env only) a worker if a multiprocessing child, else a child
+ROW_ROLES = (ROLE_RANK, ROLE_AGENT, ROLE_PARENT, ROLE_WORKER)
+
 # event names
 PHASE = "phase"
 READY = "ready"
 RELEASED = "released"
 JOINED = "joined"
 RESULT = "result"
+HELLO = "hello"          # an observed process's first word: role, pid, ppid, rank, attempt...
+IDENTITY = "identity"    # an observed worker learnt its rank (init_process_group, spawn index)
+DONE = "done"            # a watched call returned (phase)
+RAISED = "raised"        # a watched call raised (phase, exc), even if the program caught it
+REAPED = "reaped"        # an agent or parent collected a child's exit (pid, returncode)
+RESTART = "restart"      # a torchrun agent restarts its workers (attempt)
+RENDEZVOUS_DONE = "rendezvous_done"   # an agent's rendezvous result (group rank, master...)
+WORKERS_STARTED = "workers_started"   # an agent or parent started workers (pids)
 
 # result statuses
 OK = "ok"
 EXCEPTION = "exception"
 
-# phases: where a rank was. ``start`` and ``import`` come before the start line.
-PHASE_NAMES = ("start", "import", "init", "workload step N", "model", "ddp", "train step K",
-               "destroy", "exit")
-_ENTERED = r"init|workload step [0-9]{1,4}|model|ddp|train step [0-9]{1,6}|destroy"
-PHASE_RE = re.compile(rf"^(start|import|{_ENTERED}|exit)\Z", re.ASCII)
-# the phases a trigger can wait for (the ones after the start line that a rank enters)
-TRIGGER_PHASE_RE = re.compile(rf"^({_ENTERED})\Z", re.ASCII)
-TRIGGER_PHASE_HELP = "init, 'workload step N', model, ddp, 'train step K' or destroy"
+# phases: where a process was, in the order a rank meets them: (name, pattern, whether a
+# trigger may wait for it). The harness's worker enters ``workload step N``; a program the
+# observer watches (harness.observer) enters ``init``, ``ddp`` (DistributedDataParallel is being
+# built: the parameter broadcast), ``train step N`` (the N-th forward of a DDP module),
+# ``collective N`` (its N-th collective called from Python) and ``destroy``; a torchrun agent
+# enters ``rendezvous`` and ``workers`` (it started its workers); a spawning parent ``spawn``.
+PHASE_TABLE: Tuple[Tuple[str, str, bool], ...] = (
+    ("start", r"start", False),
+    ("import", r"import", False),
+    ("init", r"init", True),
+    ("model", r"model", True),
+    ("ddp", r"ddp", True),
+    ("train step N", r"train step [0-9]{1,6}", True),
+    ("collective N", r"collective [0-9]{1,6}", True),
+    ("workload step N", r"workload step [0-9]{1,4}", True),
+    ("destroy", r"destroy", True),
+    ("rendezvous", r"rendezvous", True),
+    ("workers", r"workers", True),
+    ("spawn", r"spawn", True),
+    ("exit", r"exit", False),
+)
+PHASE_NAMES = tuple(name for name, _, _ in PHASE_TABLE)
+PHASE_RE = re.compile(r"^(" + "|".join(p for _, p, _ in PHASE_TABLE) + r")\Z", re.ASCII)
+# the phases a trigger can wait for (the ones after the start line that a process enters)
+TRIGGER_PHASE_RE = re.compile(r"^(" + "|".join(p for _, p, t in PHASE_TABLE if t) + r")\Z",
+                              re.ASCII)
+TRIGGER_PHASE_HELP = ", ".join(repr(n) if " " in n else n for n, _, t in PHASE_TABLE if t)
+PHASE_HELP = ", ".join(repr(n) if " " in n else n for n in PHASE_NAMES)
+
 
 # -- the workload ------------------------------------------------------------------------------
 COLLECTIVES = ("barrier", "all_reduce", "broadcast", "monitored_barrier", "new_group",
@@ -206,6 +258,49 @@ class Variation:
     def is_plain(self) -> bool:
         return not self.skip and self.raise_at is None and not self.model_change \
             and not self.slow_at and self.steps is None
+
+
+# -- labels ------------------------------------------------------------------------------------
+# A row of the verdict table is one process: a rank "R" (attempt 0) or "R@A" (the A-th restart
+# of a torchrun agent's workers), an agent "agent:HOST", a spawning parent "parent:HOST"; a
+# second job's processes carry its prefix ("job2:0", "job2:agent:local").
+AGENT_PREFIX = "agent:"
+PARENT_PREFIX = "parent:"
+_HOST = r"[A-Za-z0-9][A-Za-z0-9_-]{0,15}"
+_LABEL_RE = re.compile(r"^(?:(?P<job>job[0-9]{1,3}):)?(?:(?P<rank>[0-9]{1,4})(?:@(?P<attempt>"
+                       rf"[0-9]{{1,3}}))?|(?P<kind>agent|parent):(?P<host>{_HOST}))\Z", re.ASCII)
+
+
+class Label(NamedTuple):
+    kind: str                  # rank | agent | parent
+    job: str = ""
+    rank: Optional[int] = None
+    attempt: int = 0
+    host: str = ""
+
+
+def worker_label(rank: int, attempt: int = 0, job: str = "") -> str:
+    """"1" (attempt 0), "1@2" (its second restart), "job2:1"."""
+    return (f"{job}:" if job else "") + str(rank) + (f"@{attempt}" if attempt else "")
+
+
+def agent_label(host: str, job: str = "") -> str:
+    return (f"{job}:" if job else "") + AGENT_PREFIX + host
+
+
+def parent_label(host: str, job: str = "") -> str:
+    return (f"{job}:" if job else "") + PARENT_PREFIX + host
+
+
+def parse_label(label: str) -> Optional[Label]:
+    """The parts of a row's label; None if it is not one (a provisional "pid1234", say)."""
+    m = _LABEL_RE.match(label) if isinstance(label, str) else None
+    if m is None:
+        return None
+    job = m.group("job") or ""
+    if m.group("rank") is not None:
+        return Label("rank", job, int(m.group("rank")), int(m.group("attempt") or 0))
+    return Label(m.group("kind"), job, host=m.group("host"))
 
 
 def check_trigger_phase(phase: str) -> str:

@@ -37,9 +37,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 import pytest
 
-from .classify import Verdict
+from .classify import Verdict, job_outcome
 from .observe import RankObservation, RunObservation
-from .outcomes import job_outcome
 from .protocol import ExceptionRecord, entered, ready_event, result_of
 
 FORMAT = 2   # 2: the timeline draws the faults' steps (format 1's holders/net_log are gone);
@@ -163,6 +162,12 @@ def rank_record(verdict: Verdict, obs: Optional[RankObservation], t0: float) -> 
         "import_s": round(ready.t - start, 3) if start is not None and ready is not None
         else None,
     }
+    if verdict.role != "rank":   # a launcher's row: agent, parent, worker (docs/launchers.md)
+        rec.update(role=verdict.role, attempt=verdict.attempt, node=verdict.node)
+        if verdict.restarts is not None:
+            rec["restarts"] = verdict.restarts
+        if verdict.root_cause is not None:
+            rec["root_cause"] = verdict.root_cause
     for key, value in (("traceback", exc.traceback if exc is not None else ""),
                        ("stacks", (obs.stacks if obs is not None else "") or verdict.stacks),
                        ("native_stacks", obs.native_stacks if obs is not None else ""),
@@ -252,7 +257,7 @@ def case_record(*, nodeid: str, file: str, name: str, scenario: Any = None,
         "mismatches": [m if isinstance(m, dict) else
                        {"label": m.label, "field": m.field, "expected": m.expected,
                         "observed": m.observed, "line": m.line} for m in mismatches],
-        "job": job_outcome(v.outcome for v in verdicts),
+        "job": job_outcome(verdicts) if verdicts else None,
         "expectation": (expectation.model_dump(exclude_none=True)
                         if hasattr(expectation, "model_dump") else expectation),
         "torch_version": run.torch_version if run is not None else None,
@@ -409,11 +414,11 @@ def repeated_record(item: Any, runs: Sequence[Any], expectation: Any, res: Any
         r["outcomes"] = dict(res.counts.get(r["label"], {}))
         r["durations"] = durations.get(r["label"], [])
     rec.update(repeat=len(runs), flaky=list(res.flaky),
-               runs=[{"job": job_outcome(v.outcome for v in verdicts), "wall": run.wall,
+               runs=[{"job": job_outcome(verdicts), "wall": run.wall,
                       "ranks": {v.label: v.outcome for v in verdicts}}
                      for run, verdicts in runs],
                walls=[run.wall for run, _ in runs],
-               job_outcomes=_count(job_outcome(v.outcome for v in verdicts)
+               job_outcomes=_count(job_outcome(verdicts)
                                    for _, verdicts in runs))
     return _jsonable(rec)
 

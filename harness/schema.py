@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from .faults import Fault
+from .launchers import LauncherSpec, launcher_kinds, launcher_of
 from .limits import (  # noqa: F401 - the limits are part of the format's vocabulary
     ENV_NAME_RE,
     MAX_ADDR,
@@ -62,6 +63,7 @@ from .limits import (  # noqa: F401 - the limits are part of the format's vocabu
     located,
     no_bool,
 )
+from .programs import Program, program_of
 from .protocol import WORKLOAD_HELP, WORKLOAD_RE, model_mb, workload_phases
 
 OUTCOMES = ("ok", "error", "timeout", "hang", "crash", "absent")
@@ -403,6 +405,22 @@ class Workload(Strict):
         return [p for p, _ in workload_phases(self.steps)]
 
 
+def launcher_spec_of(v: Any) -> Any:
+    """A launcher as the scenario keeps it: its kind's model. The loader validates it itself
+    (to locate every problem) and passes it typed; this is for a scenario built in code."""
+    if isinstance(v, LauncherSpec):
+        return v
+    v = launcher_of(v)
+    if not isinstance(v, dict):
+        return v
+    kinds = launcher_kinds()
+    kind = v.get("kind", "direct")
+    cls = kinds.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ValueError(f"unknown launcher {str(kind)[:60]!r} (known: {', '.join(kinds)})")
+    return cls.model_validate(v)
+
+
 def fault_of(v: Any) -> Any:
     """A fault as the scenario keeps it: its plugin's model, found by ``kind`` in the registry.
     The loader validates faults itself (to locate every problem) and passes them typed; this
@@ -533,6 +551,14 @@ class Scenario(Strict):
         "(rank > host > '*'); ~ and $VARS are expanded; a scenario whose interpreter is "
         "missing or cannot import torch is skipped with the reason")
     workload: Workload = Field(default_factory=lambda: Workload())
+    launcher: Annotated[LauncherSpec, BeforeValidator(launcher_spec_of)] = Field(
+        default_factory=lambda: launcher_spec_of("direct"),
+        description="how the ranks start: direct (the harness starts each), torchrun (one "
+        "agent per host), spawn (one parent per host); a name or a mapping with kind and its "
+        "options (docs/launchers.md)")
+    program: Annotated[Optional[Program], BeforeValidator(program_of)] = Field(
+        None, description="what each rank runs: worker (the harness's own, the default), a "
+        "Python file (train.py) or a mapping {script | module, args, cwd}")
     faults: List[Annotated[Fault, BeforeValidator(fault_of)]] = Field(
         default_factory=list, max_length=MAX_FAULTS,
         description="faults, each a mapping with its kind and the kind's parameters")
@@ -665,10 +691,41 @@ class Scenario(Strict):
         return [h.name for h in self.hosts] if self.hosts else ["local"]
 
     def needs_namespaces(self) -> bool:
-        """The run must have network namespaces: several hosts, a fault that says so, or
-        ``isolate: always``."""
+        """The run must have network namespaces: several hosts, a fault or the launcher that
+        says so (a literal port), or ``isolate: always``."""
         multi = self.hosts is not None and len(self.hosts) > 1
-        return multi or self.isolate == "always" or any(f.needs_netns for f in self.faults)
+        return multi or self.isolate == "always" or any(f.needs_netns for f in self.faults) \
+            or self.launcher.needs_netns(self)
+
+    # -- what each rank runs ---------------------------------------------------------------------
+    def program_argv(self) -> List[str]:
+        """The user's program after the interpreter ([] for the harness's worker)."""
+        return [] if self.program is None else self.program.argv(self._source)
+
+    def program_cwd(self) -> str:
+        return "" if self.program is None else self.program.workdir(self._source)
+
+    def program_dict(self) -> Dict[str, Any]:
+        if self.program is None:
+            return {"worker": True}
+        return {**self.program.model_dump(exclude_none=True), "argv": self.program_argv(),
+                "cwd": self.program_cwd()}
+
+    def row_sets(self) -> List[Any]:
+        """Which rows a run of this case can have (harness.rows): the scenario's job's and
+        those of the jobs and ranks its faults add."""
+        from .rows import RowSet
+
+        sets = [self.launcher.rows(self)]
+        extra = [lab for f in self.faults for lab in f.extra_labels(self)]
+        jobs = sorted({lab.split(":", 1)[0] for lab in extra if lab.startswith("job")})
+        for job in jobs:
+            n = sum(1 for lab in extra if lab.startswith(job + ":"))
+            sets.append(self.launcher.rows(self, job=job, world=n))
+        others = [lab for lab in extra if not lab.startswith("job")]
+        if others:
+            sets.append(RowSet(world=0, extra=others))
+        return sets
 
     @field_validator("env", mode="before", json_schema_input_type=Dict[
         str, Union[str, int, float]])

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Dict, Optional, Protocol
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from .limits import PositiveSeconds, Seconds
+from .limits import PositiveSeconds, Seconds, Target
 from .protocol import TRIGGER_PHASE_HELP, check_trigger_phase
 
 
@@ -96,7 +96,8 @@ class Trigger:
         if self.at is not None:
             return f"at {self.at:g} s"
         if self.phase is not None:
-            return f"when rank {self.rank} enters {self.phase}" + (
+            who = f"rank {self.rank}" if str(self.rank)[:1].isdigit() else self.rank
+            return f"when {who} enters {self.phase}" + (
                 f" + {self.delay:g} s" if self.delay else "")
         if self.after is not None:
             return f"{self.delay:g} s after {self.after}"
@@ -120,7 +121,8 @@ class When(BaseModel):
     at: Optional[Seconds] = Field(None, description="seconds after the start line")
     phase: Optional[str] = Field(None, description=f"or: when `rank` enters this phase "
                                  f"({TRIGGER_PHASE_HELP})")
-    rank: int = Field(0, description="with phase: whose phase")
+    rank: Target = Field(0, description="with phase: whose phase (a rank number, or a "
+                                  "label such as 'agent:node0')")
     after: Seconds = Field(0.0, description="with phase: extra seconds after it is entered")
     heal_after: Optional[PositiveSeconds] = Field(None, description="undo it this many "
                                                   "seconds after it was done")

@@ -8,6 +8,11 @@ thread exists) -> start -> import torch (and DDP's lazy imports, if the workload
 exit. A rank's :class:`~harness.protocol.Variation` (from faults) makes it skip a collective,
 raise at a phase, or build another model. The rank exits with ``os._exit`` (0 ok,
 1 exception) so that no interpreter teardown of torch's threads can blur the verdict.
+
+Started by a torchrun agent or by the harness's spawning parent (harness.spawner), it has no
+inherited channel: the observer (harness.observer) already runs in it, and the worker sends its
+events through the observer's file (:func:`run_observed`); it is not held (its agent or parent
+was).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import platform
 import sys
 import time
 from datetime import timedelta
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 from . import protocol as P
 from . import resolver
@@ -30,10 +35,13 @@ _EV_FD = -1
 _PHASE = "start"
 _RAISE: Optional[P.RaiseSpec] = None
 _SLOW: dict = {}
+_EMIT: Optional[Callable[..., None]] = None   # the observer's, when it runs observed
 
 
 def emit(ev: str, **fields: Any) -> None:
-    if _EV_FD >= 0:
+    if _EMIT is not None:
+        _EMIT(ev, **fields)
+    elif _EV_FD >= 0:
         os.write(_EV_FD, P.encode(ev, **fields))
 
 
@@ -225,8 +233,37 @@ def run_workload(spec: P.WorkerSpec, dist: Any, torch: Any) -> None:
         dist.destroy_process_group()
 
 
+def run_observed(spec: P.WorkerSpec) -> None:
+    """The worker under an agent or a spawning parent: events through the observer, no start
+    line (the agent or parent was held), then ``os._exit`` as always."""
+    global _EMIT
+    from . import observer
+
+    _EMIT = observer.self_reporting()
+    try:
+        phase("import")
+        import torch
+        import torch.distributed as dist
+
+        emit(P.READY, torch=torch.__version__, pid=os.getpid())
+        run_workload(spec, dist, torch)
+    except BaseException as exc:  # noqa: B036 - the verdict needs every kind
+        observer.result_exception(exc, phase=_PHASE)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    phase("exit")
+    observer.result_ok()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def main() -> None:
     global _EV_FD
+    observer = sys.modules.get("harness.observer")
+    if observer is not None and observer.observed():   # under an agent or a parent
+        run_observed(P.WorkerSpec.from_json(sys.argv[1]))
     # first, while single-threaded: the harness's resolver view (no DNS leaves the machine)
     try:
         resolver.enter_from_env()

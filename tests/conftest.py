@@ -74,7 +74,8 @@ def rank_obs(label: str = "0", *, reached: str = "exit", exc: Optional[Dict[str,
              result: bool = True, end: float = 1.2, returncode: Optional[int] = None,
              killed_at_deadline: bool = False, signals: Sequence[Dict[str, Any]] = (),
              stacks: str = "", host: str = "local", addr: str = "127.0.0.1",
-             pid: int = 4242) -> Dict[str, Any]:
+             pid: int = 4242, role: str = "rank", attempt: int = 0,
+             node: Optional[str] = None) -> Dict[str, Any]:
     """One RankObservation as a dict: events up to the phase ``reached`` (1 s between phases
     after the start line is not assumed: every phase event is at T0 + a fraction of ``end``),
     then a result record (ok, or the exception ``exc``) unless ``result`` is False."""
@@ -112,6 +113,7 @@ def rank_obs(label: str = "0", *, reached: str = "exit", exc: Optional[Dict[str,
         "signals": list(signals), "stacks": stacks, "native_stacks": "", "stdout_tail": "",
         "stderr_tail": "",
         "released_at": 0.0, "ended_at": round(end + 0.04, 3), "notes": [],
+        "role": role, "node": node, "attempt": attempt, "info": {},
     }
 
 

@@ -40,6 +40,7 @@ from typing import (
 
 from pydantic import BaseModel, ConfigDict
 
+from ..limits import Target  # noqa: F401 - a fault's rank field: a number or a label
 from ..machine import Requirement
 
 Problem = Tuple[Tuple[Any, ...], str]   # (location inside the fault, message)
@@ -47,6 +48,7 @@ Problem = Tuple[Tuple[Any, ...], str]   # (location inside the fault, message)
 OUTSIDE = "a rank number outside the world"
 COLLISION = "a rank number that another process has"
 ENTRY_POINT_GROUP = "torchdist_harness.faults"
+
 
 
 class HarnessPluginWarning(UserWarning):
@@ -72,8 +74,12 @@ class Fault(BaseModel):
             if value is None:
                 continue
             for i, r in enumerate(value if isinstance(value, list) else [value]):
-                if not 0 <= r < scn.world_size:
-                    loc = (name, i) if isinstance(value, list) else (name,)
+                loc = (name, i) if isinstance(value, list) else (name,)
+                if isinstance(r, str):   # a process by its label: "agent:node1", "1@1"
+                    why = target_problem(r, scn)
+                    if why:
+                        problems.append((loc, why))
+                elif not 0 <= r < scn.world_size:
                     problems.append((loc, f"rank {r} is outside the world (world_size "
                                           f"{scn.world_size}: ranks 0..{scn.world_size - 1})"))
         return problems
@@ -97,6 +103,16 @@ class Fault(BaseModel):
         """The fault draws at random while the run goes on (a packet is dropped or not), so
         one run's timings are one draw: ``harness diff`` compares them only across repeats."""
         return False
+
+
+def target_problem(label: str, scn: Any) -> Optional[str]:
+    """None if a run of ``scn`` can have a process labelled ``label`` (a rank "1", a restart
+    "1@1", an agent "agent:node0", a parent "parent:local"), else why not."""
+    from ..rows import key_ok
+
+    if "*" in label:
+        return f"{label[:40]!r}: a fault targets one process, not a wildcard"
+    return key_ok(label, scn.row_sets())
 
 
 def kind_of(cls: Type[Fault]) -> Optional[str]:

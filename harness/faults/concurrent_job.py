@@ -1,4 +1,5 @@
-"""concurrent_job: a second job with the same MASTER_ADDR/MASTER_PORT starts beside the first."""
+"""concurrent_job: a second job with the same MASTER_ADDR/MASTER_PORT starts beside the first
+(started by the scenario's own launcher: a second torchrun job has its own agents)."""
 
 from typing import Literal, Optional
 
@@ -24,7 +25,8 @@ class ConcurrentJob(Fault):
 
     def apply(self, plan, scn):
         n = self._n(scn)
-        for i in range(n):
-            plan.add_job_rank(scn, f"job2:{i}", i, n, release=Trigger.at_time(self.delay))
+        # the same launcher starts it (two torchrun jobs, two spawning parents, two sets of
+        # ranks), on the same master address and port
+        plan.add_job(scn, "job2", n, release=Trigger.at_time(self.delay))
         plan.notes.append(f"concurrent_job: a second job of {n} ranks (job2:0..{n - 1}) on port "
                           f"{plan.master_port}, {self.delay:g} s after the first")

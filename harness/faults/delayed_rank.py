@@ -6,16 +6,23 @@ from pydantic import Field
 
 from ..limits import MAX_WORLD, Seconds
 from ..triggers import Trigger
-from . import Fault
+from . import Fault, Target
+
+
+def _one() -> List[Target]:
+    return [1]
 
 
 class DelayedRank(Fault):
     kind: Literal["delayed_rank"] = "delayed_rank"
     summary = "chosen ranks are released this many seconds after the start line"
-    ranks: List[int] = Field(default_factory=lambda: [1], max_length=MAX_WORLD)
+    ranks: List[Target] = Field(
+        default_factory=_one, max_length=MAX_WORLD,
+        description="rank numbers (launcher direct), or the labels of processes the launcher "
+        "starts: 'agent:node1' (a torchrun agent), 'parent:node1' (a spawning parent)")
     delay: Seconds = Field(description="seconds after the start line")
 
     def apply(self, plan, scn):
-        for r in plan.main_ranks(self.ranks):
+        for r in plan.processes(self.ranks):
             r.release = Trigger.at_time(self.delay)
         plan.notes.append(f"delayed_rank: ranks {self.ranks} start {self.delay:g} s late")

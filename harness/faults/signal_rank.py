@@ -14,7 +14,7 @@ from pydantic import Field, field_validator
 from ..protocol import STACK_SIGNAL, phase_problem
 from ..steps import Step
 from ..triggers import When
-from . import Fault
+from . import Fault, Target
 
 
 @dataclass
@@ -29,7 +29,10 @@ class Signal(Step):
     UNDO_AT_TEARDOWN: ClassVar[bool] = False   # the ranks are killed at the end anyway
 
     def can_fire(self, rt):
-        r = rt.rank(self.rank)
+        try:
+            r = rt.rank(self.rank)
+        except KeyError:   # a worker an agent has not started yet
+            return False
         return r.released and not r.ended
 
     def do(self, rt):
@@ -37,12 +40,19 @@ class Signal(Step):
 
     def undo(self, rt):
         if self.heal_signal:
-            r = rt.rank(self.rank)
+            try:
+                r = rt.rank(self.rank)
+            except KeyError:
+                return
             if not r.ended:
                 r.signal(self.heal_signal)
 
     def describe(self):
-        return f"SIG{self.signal} to rank {self.rank}"
+        return f"SIG{self.signal} to {_who(self.rank)}"
+
+
+def _who(label: str) -> str:
+    return f"rank {label}" if label[:1].isdigit() else label
 
 
 def signal_name(text: str) -> str:
@@ -66,7 +76,10 @@ def signal_name(text: str) -> str:
 
 class _SignalRank(Fault, When):
     WHEN_REQUIRED = True
-    rank: int = Field(1, description="the rank that gets the signal (and whose phase counts)")
+    rank: Target = Field(
+        1, description="the process that gets the signal (and whose phase counts): a rank "
+        "number, or a label such as 'agent:node1' (a torchrun agent), '1@1' (rank 1's first "
+        "restart), 'parent:local'")
 
     def check(self, scn):
         problems = super().check(scn)
@@ -85,13 +98,13 @@ class _SignalRank(Fault, When):
     def apply(self, plan, scn):
         sig = self._signal()
         step = Signal(rank=str(self.rank), signal=sig, heal_signal=self._heal_signal(),
-                      trigger=self.trigger(), target=f"rank {self.rank}")
+                      trigger=self.trigger(), target=_who(str(self.rank)))
         plan.add_step(self, step)
         step.undo_trigger = self.heal(step.id) if self._heal_signal() else None
         when = f"at {self.at:g} s" if self.at is not None else f"{self.after:g} s into {self.phase}"
         heal = f", SIG{self._heal_signal()} {self.heal_after:g} s later" \
             if self._heal_signal() and self.heal_after else ""
-        plan.notes.append(f"{self.kind}: SIG{sig} to rank {self.rank} {when}{heal}")
+        plan.notes.append(f"{self.kind}: SIG{sig} to {_who(str(self.rank))} {when}{heal}")
 
 
 class KillRank(_SignalRank):

@@ -1,51 +1,129 @@
 """Launchers: how the processes of a run come to life (the launcher seam).
 
-A launcher starts every process the run has from the plan and returns, for each rank, a
-:class:`RankProcess`: the process, where its events, stacks and output go, and what was
-observed of it so far. The supervisor does the rest the same way for every launcher: waits
-until every rank is ready (torch imported), starts the clock (the start line), releases each
-rank when its release trigger holds, fires the fault steps, enforces the deadline, takes the
-stacks of whatever is alive and kills it all.
+A launcher is a small pydantic model (the YAML field ``launcher:``, a name or a mapping with
+``kind`` first, like a fault) and owns everything about how a scenario's ranks start:
 
-``direct`` (:mod:`harness.launchers.direct`) starts each rank as a fresh
-``python -m harness.worker``. Launchers are looked up by name with :func:`launcher_for`.
+* its options and ``check(scenario)`` (located problems the schema cannot see);
+* ``rows(scenario)``: which processes a run can have (:class:`harness.rows.RowSet`: ranks and
+  restart attempts, agents, parents), for expectation keys and fault targets;
+* ``plan(plan, scenario)``: the processes it starts itself, as :class:`harness.plan.RankPlan`
+  objects (label, role, argv, environment, host, release trigger), pure;
+  ``plan_job(...)`` the same for a second job (``concurrent_job``);
+* at run time, ``start(sup)``: every planned process through :mod:`harness.procs`, returning a
+  :class:`RankProcess` each; and ``poll(sup)``, every tick of the supervisor: the processes it
+  did not start itself (an agent's workers, a parent's children) as their event files appear in
+  the run's ``observed/`` folder (harness.observer writes them).
+
+The supervisor does the rest the same way for every launcher: waits until every process it
+holds is ready (torch imported), starts the clock (the start line), releases each when its
+release trigger holds, fires the fault steps, enforces the deadline, takes the stacks of
+whatever is alive and kills it all. It names no launcher.
+
+Kinds: ``direct`` (:mod:`.direct`: one ``python`` per rank), ``torchrun`` (:mod:`.torchrun`: one
+agent per host), ``spawn`` (:mod:`.spawn`: one parent per host that spawns its ranks).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal as _signal
+import subprocess
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional, Tuple
 
-from .. import resolver
+from pydantic import BaseModel, ConfigDict
+
+from .. import interrupts, resolver
+from .. import protocol as P
 from ..observe import RankObservation, SignalSent
-from ..procs import ManagedProcess
-from ..protocol import GO_LINE, EventReader, entered
+from ..procs import ForeignProcess, ManagedProcess
+from ..rows import RowSet
 
 if TYPE_CHECKING:
     from ..plan import RankPlan
+    from ..triggers import Trigger
+
+Problem = Tuple[Tuple[Any, ...], str]   # (location inside the launcher, message)
+PKG_ROOT = str(Path(__file__).resolve().parent.parent.parent)
+SITE_DIR = str(Path(__file__).resolve().parent.parent / P.OBSERVE_SITE)
+# what the harness's own environment must not pass on to a rank (the job's variables, a
+# torchrun's or pytest's): torchrun reads PET_* as its defaults, and a worker told
+# TORCHELASTIC_USE_AGENT_STORE=True by an inherited environment never hosts its store
+CLEARED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+           "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE",
+           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "NODE_RANK")
+CLEARED_PREFIXES = ("PYTEST_", "HARNESS_", "TORCHELASTIC_", "PET_")
+
+
+class LauncherSpec(BaseModel):
+    """Base of the launchers (see the module doc)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    kind: str
+    summary: ClassVar[str] = ""
+    # it starts every rank itself, so a fault may edit a rank's environment or arguments
+    STARTS_RANKS: ClassVar[bool] = False
+
+    # -- planning (pure) ---------------------------------------------------------------------------
+    def check(self, scn: Any) -> List[Problem]:
+        return []
+
+    def rows(self, scn: Any, job: str = "", world: Optional[int] = None) -> RowSet:
+        return RowSet(world=world or scn.world_size, job=job)
+
+    def needs_netns(self, scn: Any) -> bool:
+        """The run must be in namespaces of its own (a literal port such as 29400)."""
+        return False
+
+    def plan(self, plan: Any, scn: Any) -> None:
+        raise NotImplementedError
+
+    def plan_job(self, plan: Any, scn: Any, job: str, world: int,
+                 release: Optional[Trigger] = None) -> None:
+        raise NotImplementedError(f"a second job is not planned for launcher {self.kind}")
+
+    def describe(self) -> str:
+        return self.kind
+
+    # -- run time ----------------------------------------------------------------------------------
+    def start(self, sup: Any) -> List[RankProcess]:
+        """Start every process the plan holds (not released yet); each is recorded."""
+        out = [start_process(sup, rp) for rp in sup.plan.launched_ranks()]
+        return out
+
+    def poll(self, sup: Any) -> None:
+        """The processes started by others (workers) as their event files appear."""
+        sup.discovery.poll(sup)
 
 
 class RankProcess:
-    """One rank as the supervisor sees it: its process (owned by harness.procs), its event
-    reader, what was observed, and whether it was released or has ended. It is the
-    :class:`harness.steps.RankControl` that steps act on."""
+    """One row as the supervisor sees it: a process (started by the harness, or found through
+    its events), its event reader, what was observed, whether it was released or has ended.
+    It is the :class:`harness.steps.RankControl` that steps act on."""
 
-    def __init__(self, plan: RankPlan, proc: ManagedProcess, *, events: Path, stacks: Path,
-                 out: Path, err: Path, now: Callable[[], float], addr: str = ""):
+    def __init__(self, label: str, proc: Any, *, events: Path, stacks: Path,
+                 out: Optional[Path], err: Optional[Path], now: Callable[[], float],
+                 host: str = "local", addr: str = "", plan: Optional[RankPlan] = None,
+                 role: str = P.ROLE_RANK, go: Any = None, held: bool = True):
         self.plan = plan
-        self.label = plan.label
+        self.label = label
         self.proc = proc
+        self.role = role
+        self.held = held                  # it waits for the start line
         self.events_path, self.stacks_path, self.out_path, self.err_path = \
             events, stacks, out, err
-        self.reader = EventReader(events)
-        self.obs = RankObservation(label=plan.label, pid=proc.pid, host=plan.host,
-                                   addr=addr or "127.0.0.1")
+        self.reader = P.EventReader(events)
+        self.obs = RankObservation(label=label, pid=proc.pid, host=host,
+                                   addr=addr or "127.0.0.1", role=role)
         self._now = now
-        self._released = False
+        self._go = go                     # where the start line is written (stdin or a pipe)
+        self._released = not held
         self._ended = False
         self.cutoff: Optional[int] = None    # events after the deadline are not the run's
+        self.seen = 0                        # events the launcher has looked at (identity...)
+        self.provisional = False             # labelled "pidN" until its rank is known
 
     # -- RankControl ---------------------------------------------------------------------------
     @property
@@ -61,7 +139,8 @@ class RankProcess:
         return self._ended
 
     def signal(self, name: str) -> None:
-        """SIG<name> to the rank's process group, recorded as evidence."""
+        """SIG<name> to the process's group (its own process only, if it leads none),
+        recorded as evidence."""
         self.proc.signal_group(int(getattr(_signal, "SIG" + name)))
         self.obs.signals.append(SignalSent(name, round(self._now(), 3)))
 
@@ -78,24 +157,27 @@ class RankProcess:
         return self.obs.ready()
 
     def entered(self, phase: str) -> Optional[float]:
-        """When (monotonic) the rank entered ``phase``."""
-        return entered(self.obs.events, phase)
+        """When (monotonic) the process entered ``phase``."""
+        return P.entered(self.obs.events, phase)
 
     def release(self, now: float) -> None:
-        """The start line: one line on the rank's stdin."""
+        """The start line: one line on the process's start-line channel."""
         self._released = True
         self.obs.released_at = round(now, 3)
-        stdin = self.proc.popen.stdin
+        go, self._go = self._go, None
         try:
-            if stdin is not None:
-                stdin.write(GO_LINE)
-                stdin.close()
+            if go is not None:
+                go.write(P.GO_LINE)
+                go.close()
         except (BrokenPipeError, OSError):
             pass
 
+    def running(self) -> bool:
+        return bool(self.proc.running())
+
     def poll_end(self, now: float) -> bool:
-        """Mark the rank ended if its process exited; True when it just did."""
-        if self._ended or self.proc.poll() is None:
+        """Mark the process ended if it exited; True when it just did."""
+        if self._ended or self.running():
             return False
         self._ended = True
         self.read_events()
@@ -103,30 +185,25 @@ class RankProcess:
         self.obs.ended_at = round(now, 3)
         return True
 
-
-class Launcher:
-    """Base of the launchers: ``start`` spawns every process of the plan and returns its ranks
-    (not released yet); it records every process in the run's pid record."""
-
-    name = ""
-
-    def start(self, sup: Any) -> List[RankProcess]:
-        raise NotImplementedError
-
-
-PKG_ROOT = str(Path(__file__).resolve().parent.parent.parent)
-CLEARED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    def close_go(self) -> None:
+        go, self._go = self._go, None
+        if go is not None:
+            try:
+                go.close()
+            except OSError:
+                pass
 
 
 def process_env(rp: Optional[RankPlan] = None, extra: Optional[Dict[str, str]] = None
                 ) -> Dict[str, str]:
     """The environment of a process the harness starts for a rank (or, without ``rp``, a
     helper on the rank's machine): the harness's own minus what would leak into the job
-    (pytest's and the harness's variables, a MASTER_ADDR of the caller), then the rank's plan,
-    the resolver view it must resolve with, and the harness importable wherever it lives."""
+    (pytest's, the harness's and torchrun's variables, a MASTER_ADDR of the caller), then the
+    process's plan, the resolver view it must resolve with, and the harness importable wherever
+    it lives (the observer's sitecustomize first, for an observed process)."""
     env = dict(os.environ)
     for k in list(env):
-        if k.startswith(("PYTEST_", "HARNESS_")) or k in CLEARED:
+        if k.startswith(CLEARED_PREFIXES) or k in CLEARED:
             env.pop(k)
     if rp is not None:
         env.update(rp.env)
@@ -142,19 +219,164 @@ def process_env(rp: Optional[RankPlan] = None, extra: Optional[Dict[str, str]] =
     env.update(extra or {})
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("PYTHONWARNINGS", "ignore")
-    env["PYTHONPATH"] = PKG_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
-                                    else "")
+    head = [SITE_DIR, PKG_ROOT] if rp is not None and rp.observed else [PKG_ROOT]
+    env["PYTHONPATH"] = os.pathsep.join(head + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
+                                                else []))
     return env
 
 
-def launcher_for(name: str) -> Launcher:
-    from .direct import DirectLauncher
+def _tag(label: str) -> str:
+    return label.replace(":", "-").replace("@", "_")
 
-    launchers = {DirectLauncher.name: DirectLauncher}
+
+def start_process(sup: Any, rp: RankPlan) -> RankProcess:
+    """Start one planned process: the harness's worker speaking the protocol on inherited
+    descriptors, or an observed program (harness.observer) held until the start line."""
+    if not rp.observed:
+        from .direct import start_worker
+
+        return start_worker(sup, rp)
+    tag = _tag(rp.label)
+    events = sup.observe_dir / f"{tag}.events"
+    stacks = sup.observe_dir / f"{tag}.stacks"
+    out, err = sup.dir / f"{tag}.out", sup.dir / f"{tag}.err"
+    out_w, err_w = sup.capture.pipe(out), sup.capture.pipe(err)
+    go_r, go_w = os.pipe()
+    env = process_env(rp, {
+        P.OBSERVE_ROLE_ENV: rp.role, P.OBSERVE_DIR_ENV: str(sup.observe_dir),
+        P.OBSERVE_EVENTS_ENV: str(events), P.OBSERVE_LABEL_ENV: rp.label,
+        P.OBSERVE_JOB_ENV: rp.job, P.GO_FD_ENV: str(go_r),
+        P.PID_RECORD_ENV: str(sup.rundir.pids.path)})
     try:
-        return launchers[name]()
-    except KeyError:
-        raise ValueError(f"unknown launcher {name!r} (known: {', '.join(launchers)})") from None
+        with interrupts.shield():   # a process that exists is a process that is tracked
+            proc = ManagedProcess([rp.python or sys.executable, *rp.argv],
+                                  name=f"{rp.role} {rp.label}",
+                                  record=sup.rundir.pids, env=env, cwd=rp.cwd or "/",
+                                  stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+                                  pass_fds=(go_r,), prefix=sup.prefix(rp.host))
+            row = RankProcess(rp.label, proc, events=events, stacks=stacks, out=out, err=err,
+                              now=sup.now, host=rp.host, addr=sup.addr_of(rp.host), plan=rp,
+                              role=rp.role, go=os.fdopen(go_w, "wb", buffering=0))
+            sup.ranks.append(row)
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+        os.close(go_r)
+    return row
+
+
+class Discovery:
+    """Finds the processes of a run that the harness did not start (an agent's workers, a
+    parent's children) as their event files appear in the run's ``observed/`` folder, gives
+    each its row (label from its rank and restart attempt, host from its agent), labels a
+    worker whose rank it learns later, and hands each worker the exit status its agent or
+    parent collected."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.known: Dict[str, Optional[RankProcess]] = {}
+        self.reaped: Dict[int, int] = {}
+
+    def poll(self, sup: Any) -> None:
+        try:
+            names = [e.name for e in os.scandir(self.folder) if e.name.endswith(".events")]
+        except OSError:
+            names = []
+        for r in sup.ranks:
+            self.known.setdefault(r.events_path.name, r)
+        for name in names:
+            if name not in self.known:
+                self._found(sup, self.folder / name)
+        for r in sup.ranks:
+            self._look(sup, r)
+
+    def _found(self, sup: Any, path: Path) -> None:
+        try:
+            with open(path, "rb") as f:
+                first = f.readline()
+        except OSError:
+            return
+        if not first.endswith(b"\n"):
+            return   # still being written: next tick
+        try:
+            hello = json.loads(first)
+        except ValueError:
+            self.known[path.name] = None
+            return
+        if not isinstance(hello, dict) or hello.get("ev") != P.HELLO:
+            self.known[path.name] = None
+            return
+        try:
+            pid = int(hello["pid"])
+            ticks = int(path.name[: -len(".events")].split("-")[1])
+        except (KeyError, TypeError, ValueError, IndexError):
+            self.known[path.name] = None
+            return
+        role = str(hello.get("role", P.ROLE_WORKER))
+        node = hello.get("node") or ""
+        owner = next((r for r in sup.ranks if r.label == node), None)
+        host = owner.obs.host if owner is not None else sup.plan.ranks[0].host
+        job = str(hello.get("job") or "")
+        rank, attempt = hello.get("rank"), int(hello.get("attempt") or 0)
+        if owner is not None and owner.role == P.ROLE_AGENT:
+            # a restart for a membership change (a node joined) does not count against
+            # --max-restarts, so TORCHELASTIC_RESTART_COUNT stays: the agent's own count of
+            # the times it restarted its workers is the attempt
+            owner.read_events()
+            attempt = max(attempt, sum(1 for e in owner.obs.events if e.ev == P.RESTART))
+        label = P.worker_label(int(rank), attempt, job) if isinstance(rank, int) \
+            else f"pid{pid}"
+        row = RankProcess(_unique(sup, label), ForeignProcess(pid, ticks), events=path,
+                          stacks=path.with_suffix(".stacks"), out=None, err=None, now=sup.now,
+                          host=host, addr=sup.addr_of(host), role=role, held=False)
+        row.obs.node = node or None
+        row.obs.attempt = attempt
+        row.obs.info = {k: v for k, v in hello.items() if k not in ("ev", "t")}
+        row.obs.released_at = round(sup.now(), 3)
+        row.provisional = not isinstance(rank, int)
+        self.known[path.name] = row
+        sup.ranks.append(row)
+        if pid in self.reaped:
+            row.proc.returncode = self.reaped[pid]
+
+    def _look(self, sup: Any, r: RankProcess) -> None:
+        """New events of a row: a worker's rank learnt late, a child's exit status."""
+        events = r.obs.events
+        for e in events[r.seen:]:
+            if e.ev == P.REAPED:
+                try:
+                    pid, rc = int(e.data["pid"]), int(e.data["returncode"])
+                except (KeyError, TypeError, ValueError):
+                    continue
+                self.reaped[pid] = rc
+                for w in sup.ranks:
+                    if w.pid == pid and isinstance(w.proc, ForeignProcess):
+                        w.proc.returncode = rc
+                        if w.ended:
+                            w.obs.returncode = rc
+            elif e.ev == P.IDENTITY and r.role == P.ROLE_WORKER:
+                # the latest word wins: a spawn index first, then the rank the harness's spawn
+                # program or init_process_group gives (the host's first rank + the index)
+                rank = e.data.get("rank")
+                now = P.parse_label(r.label.split("#")[0])
+                if isinstance(rank, int) and (r.provisional or now is None
+                                              or now.rank != rank):
+                    r.provisional = False
+                    job = str(r.obs.info.get("job") or "")
+                    r.label = r.obs.label = _unique(sup, P.worker_label(rank, r.obs.attempt,
+                                                                        job))
+        r.seen = len(events)
+
+
+def _unique(sup: Any, label: str) -> str:
+    """``label``, or ``label#2``... when another row has it (two processes claim one rank)."""
+    taken = {r.label for r in sup.ranks}
+    if label not in taken:
+        return label
+    n = 2
+    while f"{label}#{n}" in taken:
+        n += 1
+    return f"{label}#{n}"
 
 
 def close_fds(fds: List[int]) -> None:
@@ -164,3 +386,21 @@ def close_fds(fds: List[int]) -> None:
         except OSError:
             pass
     fds.clear()
+
+
+def launcher_kinds() -> Dict[str, type[LauncherSpec]]:
+    """Every launcher kind by name."""
+    from .direct import Direct
+    from .spawn import Spawn
+    from .torchrun import Torchrun
+
+    return {c.model_fields["kind"].default: c for c in (Direct, Torchrun, Spawn)}
+
+
+def launcher_of(v: Any) -> Any:
+    """YAML: a kind's name, or a mapping with ``kind`` (default: direct)."""
+    if v is None:
+        return {"kind": "direct"}
+    if isinstance(v, str):
+        return {"kind": v}
+    return v

@@ -18,7 +18,10 @@ TEMPLATED = {"name", "about", "backend", "world_size", "init", "timeout", "deadl
 def _value(field: Any) -> str:
     if field.is_required():
         return "TODO"
-    return json.dumps(field.get_default(call_default_factory=True))
+    value = field.get_default(call_default_factory=True)
+    if hasattr(value, "model_dump"):   # a typed default (the launcher): as YAML writes it
+        value = value.model_dump(mode="json", exclude_defaults=True) or value.kind
+    return json.dumps(value)
 
 
 def fault_examples() -> str:

@@ -1,0 +1,283 @@
+"""Launchers and programs, for real: torchrun agents and their workers, spawning parents and
+their children, a user's script under the observer (harness.launchers, harness.observer).
+
+Each test runs one small scenario and checks its rows (one per agent, parent and worker, with
+its role, attempt and phases) and that nothing of the run is left: no agent, worker, spawned
+child or user script alive, no run directory, no namespace. Timings are generous bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import psutil
+import pytest
+
+from harness import topology
+from harness.classify import Verdict, classify_run, job_outcome
+from harness.launch import run_scenario
+from harness.loader import load_text
+from harness.rundir import base_dir
+
+pytestmark = pytest.mark.timeout(240)
+SCRIPT = Path(__file__).resolve().parent.parent / "scenarios" / "programs" / "train.py"
+MARKS = ("torch.distributed.run", "harness.worker", "harness.spawner", "multiprocessing",
+         str(SCRIPT))
+
+
+def _ours() -> List[str]:
+    """Processes below this test process that belong to a run (agents, workers, children)."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.Error:
+            continue
+        if any(m in cmd for m in MARKS):
+            out.append(f"{p.pid} {cmd[:120]}")
+    return out
+
+
+def _everything_seen(o) -> List[int]:
+    return [r["pid"] for r in o["ranks"] if r.get("pid")]
+
+
+def _left(o) -> List[str]:
+    left = _ours()
+    for pid in _everything_seen(o):
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.append(f"pid {pid} of the run")
+        except psutil.NoSuchProcess:
+            pass
+    if Path(o["run_dir"]).exists():
+        left.append(o["run_dir"])
+    run_id = o["plan"]["run_id"]
+    if not topology.missing():
+        ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        left += [n for n in ns.split() if run_id in n]
+    for run in base_dir().glob("run-*"):
+        try:
+            if json.loads((run / "owner.json").read_text()).get("pid") == os.getpid():
+                left.append(run.name)
+        except (OSError, ValueError):
+            pass
+    return left
+
+
+def run(text: str, source: str = "launchers.yaml") -> Tuple[dict, Dict[str, Verdict]]:
+    (scn,) = load_text(textwrap.dedent(text), source)
+    observed = run_scenario(scn)
+    o = observed.to_dict()
+    assert _left(o) == []
+    return o, {v.label: v for v in classify_run(observed)}
+
+
+def phases(o, label) -> List[str]:
+    row = next(r for r in o["ranks"] if r["label"] == label)
+    return [e["phase"] for e in row["events"] if e["ev"] == "phase"]
+
+
+def test_torchrun_single_host_has_a_row_per_agent_and_worker():
+    o, v = run("""
+        name: torchrun_healthy
+        about: one agent, two workers
+        world_size: 2
+        timeout: 20
+        deadline: 90
+        launcher: torchrun
+        workload: [barrier, all_reduce]
+    """)
+    assert sorted(v) == ["0", "1", "agent:local"]
+    assert {k: (x.role, x.outcome) for k, x in v.items()} == {
+        "agent:local": ("agent", "ok"), "0": ("worker", "ok"), "1": ("worker", "ok")}
+    assert v["0"].node == "agent:local" and v["0"].attempt == 0
+    assert "rendezvous" in phases(o, "agent:local") and "workers" in phases(o, "agent:local")
+    assert phases(o, "1")[-4:] == ["workload step 1", "workload step 2", "destroy", "exit"]
+    assert v["agent:local"].returncode == 0 and v["agent:local"].restarts == 0
+
+
+@pytest.mark.parametrize("method", ["spawn", "process"])
+def test_spawn_has_a_row_per_parent_and_child(method):
+    o, v = run(f"""
+        name: spawn_{method}
+        about: one parent starts two ranks
+        world_size: 2
+        timeout: 20
+        deadline: 90
+        launcher: {{kind: spawn, method: {method}}}
+        workload: [barrier, all_reduce]
+    """)
+    assert {k: (x.role, x.outcome) for k, x in v.items()} == {
+        "parent:local": ("parent", "ok"), "0": ("worker", "ok"), "1": ("worker", "ok")}
+    assert v["1"].node == "parent:local"
+    assert "spawn" in phases(o, "parent:local")
+
+
+def test_a_users_script_hung_in_ddp_construction_is_reported_as_such(tmp_path):
+    """rank 1 never reaches DDP (its data loader never returns): rank 0 hangs inside DDP's
+    construction (the parameter broadcast), with its stacks; the user's code is not changed."""
+    src = tmp_path / "user.yaml"
+    o, v = run(f"""
+        name: ddp_hang
+        about: a user's script, one rank late for DDP
+        world_size: 2
+        deadline: 15
+        program: {{script: {SCRIPT}, args: ["--slow-rank", "1"]}}
+    """, str(src))
+    assert (v["0"].outcome, v["0"].phase) == ("hang", "ddp")
+    assert "distributed.py" in v["0"].stacks and "__init__" in v["0"].stacks
+    assert (v["1"].outcome, v["1"].phase) == ("hang", "init")
+    assert "init had returned" in v["1"].reason
+    assert "sleep" in v["1"].stacks or "train.py" in v["1"].stacks
+
+
+def test_a_worker_killed_in_step_3_without_restarts():
+    o, v = run("""
+        name: torchrun_kill
+        about: rank 1 killed in workload step 3, --max-restarts 0
+        world_size: 2
+        timeout: 20
+        deadline: 90
+        launcher: {kind: torchrun, max_restarts: 0, monitor_interval: 0.5}
+        workload: [barrier, all_reduce, "sleep 3", all_reduce]
+        faults:
+          - {kind: kill_rank, rank: 1, phase: "workload step 3"}
+    """)
+    a = v["agent:local"]
+    assert (a.outcome, a.exception, a.root_cause, a.returncode) == \
+        ("error", "ChildFailedError", 1, 1)
+    assert "rank 1 failed first (killed by SIGKILL)" in a.reason
+    assert (v["1"].outcome, v["1"].phase) == ("crash", "workload step 3")
+    assert "sent by the fault" in v["1"].reason
+    # its agent stops the survivor (SIGTERM), unless gloo saw the peer go first
+    assert v["0"].outcome in ("crash", "error")
+    assert job_outcome(list(v.values())) == "crash"
+    assert not any("@" in k for k in v)
+
+
+@pytest.mark.skipif(bool(topology.missing()), reason="namespace hosts need: "
+                    + "; ".join(topology.missing()))
+@pytest.mark.parametrize("launcher, head", [("torchrun", "agent"), ("spawn", "parent")])
+def test_namespace_hosts_one_agent_or_parent_per_host(launcher, head):
+    """Two namespace hosts with two ranks each: torchrun's static recipe, or a parent per host
+    whose children are ranks 0-1 (node0) and 2-3 (node1), not two sets of spawn indexes."""
+    o, v = run(f"""
+        name: hosts_{launcher}
+        about: two namespace hosts, one agent or parent each
+        nodes: 2
+        ranks_per_node: 2
+        timeout: 20
+        deadline: 90
+        launcher: {launcher}
+        workload: [barrier, all_reduce]
+    """)
+    assert {k: (x.outcome, x.host) for k, x in v.items()} == {
+        f"{head}:node0": ("ok", "node0"), f"{head}:node1": ("ok", "node1"),
+        "0": ("ok", "node0"), "1": ("ok", "node0"), "2": ("ok", "node1"), "3": ("ok", "node1")}
+    assert v["3"].node == f"{head}:node1"
+
+
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_which_address_the_workers_are_told(backend):
+    """The seed's precedence rules, read from what the workers were told (their hello): with
+    the static backend the endpoint wins over --master-port; with c10d --master-addr/--port are
+    ignored and the workers get agent 0's store, not the endpoint's port either."""
+    o, v = run(f"""
+        name: precedence_{backend}
+        about: an endpoint and a master port, which one do the workers get
+        world_size: 2
+        timeout: 20
+        deadline: 90
+        launcher: {{kind: torchrun, rdzv_backend: {backend}, rdzv_endpoint: "127.0.0.1:29411",
+                    master_addr: 127.0.0.1, master_port: 29500}}
+        workload: [barrier]
+    """)
+    assert {k: x.outcome for k, x in v.items()} == {"agent:local": "ok", "0": "ok", "1": "ok"}
+    told = {r["label"]: r["info"] for r in o["ranks"] if r["role"] == "worker"}
+    ports = {info["master_port"] for info in told.values()}
+    assert len(ports) == 1
+    port = ports.pop()
+    if backend == "static":
+        assert port == "29411"
+    else:
+        assert port not in ("29411", "29500")
+        assert {info["use_agent_store"] for info in told.values()} == {"True"}
+
+
+SUPERVISOR = textwrap.dedent("""
+    from harness.launch import run_scenario
+    from harness.loader import load_text
+    (scn,) = load_text('''
+    name: orphaned_torchrun
+    about: a long torchrun run whose supervisor is killed
+    world_size: 2
+    timeout: 60
+    deadline: 120
+    isolate: never
+    launcher: torchrun
+    workload: [sleep 100]
+    ''')
+    run_scenario(scn)
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_killed_supervisor_takes_the_agent_and_its_workers_along(tmp_path):
+    """SIGKILL to the harness mid-run: the agent (death signal) and its workers (their own
+    death signal on the agent) die; the sweep removes the run directory."""
+    import sys
+    import time
+
+    from harness.rundir import sweep
+
+    env = dict(os.environ, HARNESS_TMP=str(tmp_path))
+    sup = subprocess.Popen([sys.executable, "-c", SUPERVISOR], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = tmp_path / f"torchdist-harness-{os.geteuid()}"
+    pids: List[int] = []
+    try:
+        run_dir = None
+        end = time.monotonic() + 150
+        while time.monotonic() < end and run_dir is None:
+            for d in base.glob("run-*"):
+                evs = list((d / "observed").glob("*.events"))
+                sleeping = [p for p in evs if '"workload step 1"' in p.read_text()]
+                if len(sleeping) == 2:
+                    run_dir = d
+            time.sleep(0.2)
+        assert run_dir is not None, "the workers never started their workload"
+        pids = [json.loads(ln)["pid"] for ln in
+                (run_dir / "pids.jsonl").read_text().splitlines()]
+        assert len(pids) == 3 and all(_alive(p) for p in pids)   # the agent, two workers
+
+        sup.send_signal(signal.SIGKILL)
+        sup.wait(timeout=30)
+        end = time.monotonic() + 30
+        while time.monotonic() < end and any(_alive(p) for p in pids):
+            time.sleep(0.1)
+        assert [p for p in pids if _alive(p)] == []
+        assert [r.split()[0] for r in sweep(base)] == [run_dir.name]
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+        if sup.stderr is not None:
+            sup.stderr.close()
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
