@@ -83,8 +83,11 @@ class _SignalRank(Fault, When):
 
     def check(self, scn):
         problems = super().check(scn)
+        # the worker's own phases are known in advance; an agent's, a parent's or a user
+        # program's are not the workload's
+        worker_rank = isinstance(self.rank, int) and not scn.program_argv()
         why = phase_problem(self.phase, scn.workload.steps, scn.workload.destroy) \
-            if self.phase is not None else None
+            if self.phase is not None and worker_rank else None
         if why:   # the signal would never be sent
             problems.append((("phase",), why))
         return problems
