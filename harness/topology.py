@@ -735,6 +735,51 @@ class Topology:
         chain = "input" if direction == "in" else "output"
         return self._add_rules("fw", {host: [(chain, " ".join(parts))]})
 
+    def redirect(
+        self,
+        host: str,
+        *,
+        ports: Ports,
+        in_port: int,
+        out_port: int,
+        mark: int,
+    ) -> str:
+        """Send the host's TCP connections to ``ports`` through a proxy listening in the host
+        (nftables ``redirect``, in ``nat`` chains of the host's own table); returns a handle for
+        :meth:`remove_rule`.
+
+        Connections arriving at the host (prerouting) go to ``in_port``, connections the host
+        opens (output, loopback ones included) to ``out_port``; the proxy finds where each was
+        going with ``SO_ORIGINAL_DST``. Connections of sockets carrying firewall mark ``mark``
+        (the proxy's own, on their way to the real destination) pass unchanged, as do
+        connections to the proxy's two ports. NAT acts on a connection's first packet only:
+        connections open before the rule keep their path.
+        """
+        self._require_up()
+        net = self.host(host)
+        for port in (in_port, out_port):
+            _check_port(port)
+        if isinstance(mark, bool) or not isinstance(mark, int) or not 0 < mark < 2**32:
+            raise ValueError(f"mark must be an integer in 1..2**32-1, got {mark!r}")
+        match, _ = _port_match("tcp", ports)
+        own = f"tcp dport != {_port_list([in_port, out_port])}"
+        self._nft(
+            net.netns,
+            f"add chain inet {self.table} nat_in "
+            "{ type nat hook prerouting priority -100; policy accept; }\n"
+            f"add chain inet {self.table} nat_out "
+            "{ type nat hook output priority -100; policy accept; }\n",
+        )
+        return self._add_rules(
+            "redir",
+            {
+                host: [
+                    ("nat_in", f"{match} {own} redirect to :{in_port}"),
+                    ("nat_out", f"meta mark != {mark:#x} {match} {own} redirect to :{out_port}"),
+                ]
+            },
+        )
+
     def remove_rule(self, host: str, handle: str) -> None:
         """Remove the rules behind a handle from :meth:`filter_rule` or :meth:`random_drop`."""
         self._require_up()

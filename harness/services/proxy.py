@@ -562,6 +562,10 @@ async def serve(args: argparse.Namespace) -> None:
     await stop.wait()
     proxy.log("stop", opened=proxy.opened, open=len(proxy.conns))
     server.close()
+    try:
+        os.unlink(args.control)
+    except OSError:
+        pass
     for c in list(proxy.conns.values()):
         c.finish("proxy stopped", reset=False)
 
