@@ -182,8 +182,22 @@ def test_a_ready_line_is_read_from_the_services_output_file(tmp_path):
     assert svcs.stop_all() == [] and not svc.running
 
 
-def test_a_control_path_too_long_for_a_unix_socket_is_refused_with_the_way_out():
-    with pytest.raises(ServiceError, match="HARNESS_TMP"):
+def test_a_control_socket_deeper_than_sun_path_is_reached_through_its_folder(tmp_path, echo):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    ctl = deep / "proxy.sock"
+    assert len(str(ctl)) > 108
+    spec = ServiceSpec("deep", [sys.executable, "-m", "harness.services.proxy", "--control",
+                                "proxy.sock", "--front", "127.0.0.1", str(free_port()),
+                                "127.0.0.1", str(echo.port)], ready=Answers(), control=str(ctl))
+    svc = Service(spec, tmp_path).start(
+        lambda argv, out, err: ManagedProcess(argv, name="deep", stdout=out, stderr=err,
+                                              cwd=str(deep))).wait_ready()
+    try:
+        assert svc.request({"op": "ping"})["pid"] == svc.pid
+    finally:
+        svc.stop()
+    with pytest.raises(ServiceError, match="too long"):
         ServiceSpec("p", ["true"], control="/" + "x" * 120)
 
 

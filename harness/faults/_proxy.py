@@ -72,8 +72,9 @@ class ProxyUp(Step):
     def do(self, rt: Any) -> Dict[str, Any]:
         from ..services import Answers, ServiceSpec
 
-        control = str(rt.run_dir / f"proxy-{self.host}.sock")
-        argv = rt.python("harness.services.proxy", "--control", control, "--mark", str(MARK))
+        name = f"proxy-{self.host}.sock"     # bound by name: the service's cwd is the run dir
+        control = str(rt.run_dir / name)
+        argv = rt.python("harness.services.proxy", "--control", name, "--mark", str(MARK))
         if self.placement == "transparent":
             argv += ["--transparent", str(self.in_port), str(self.out_port)]
         else:
