@@ -455,7 +455,7 @@ def run_scenario(scn: Scenario, keep: Optional[Path] = None) -> RunObservation:
                                + "; ".join(topology.missing()))
         if plan.netns:
             topo = topology.Topology(plan.run_id, [h.name for h in plan.hosts],
-                                     link=plan.link or None)
+                                     link=plan.link or None, ip=plan.ip)
             with interrupts.shield():   # made whole or torn down whole
                 topo.__enter__()
         sup = Supervisor(plan, rundir, topo)

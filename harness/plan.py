@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
-from .protocol import InitSpec
+from .protocol import InitSpec, url_host
 from .schema import Scenario
 from .steps import RUN, Step
 from .triggers import Trigger
@@ -48,6 +48,7 @@ class HostPlan:
     addr: str                        # the host's address on the run's private link
     ifname: str                      # its link interface ("lo" for a host without a link)
     netns: str = ""                  # its network namespace ("" when the run has none)
+    addr6: str = ""                  # its IPv6 address (ip: 6 or dual), else ""
 
 
 @dataclass
@@ -101,6 +102,7 @@ class RunPlan:
     netns: bool = False              # ranks run in network namespaces made for this run
     link: bool = False               # hosts are joined by a bridge (multi-host, or a fault asks)
     run_id: str = ""
+    ip: str = "4"                    # the hosts' address families (4, 6, dual)
     take_port: Optional[Callable[[], int]] = field(default=None, repr=False, compare=False)
 
     def rank(self, label: Any) -> RankPlan:
@@ -167,8 +169,8 @@ def file_store_path(run_dir: str) -> str:
 def init_spec(scn: Scenario, addr: str, port: int, rank: int, world: int, run_dir: str) -> InitSpec:
     if scn.init == "env":
         return InitSpec("env")
-    if scn.init == "tcp":
-        return InitSpec("tcp", f"tcp://{addr}:{port}", rank, world)
+    if scn.init == "tcp":   # an IPv6 literal in brackets, as in any URL (RFC 3986)
+        return InitSpec("tcp", f"tcp://{url_host(addr)}:{port}", rank, world)
     return InitSpec("file", f"file://{file_store_path(run_dir)}", rank, world)
 
 
@@ -202,11 +204,12 @@ def plan_hosts(scn: Scenario, run_id: str, netns: bool, link: bool) -> List[Host
     """Hosts with the addresses the topology will give them (its constructor is pure)."""
     names = scn.host_names()
     if not netns:
-        return [HostPlan(n, "127.0.0.1", "lo") for n in names]
+        lo = "::1" if scn.ip == "6" else "127.0.0.1"
+        return [HostPlan(n, lo, "lo", addr6="" if scn.ip == "4" else "::1") for n in names]
     from .topology import Topology
 
-    topo = Topology(run_id, names, link=link or None)
-    return [HostPlan(h.name, h.addr, h.ifname, h.netns) for h in topo.hosts.values()]
+    topo = Topology(run_id, names, link=link or None, ip=scn.ip)
+    return [HostPlan(h.name, h.addr, h.ifname, h.netns, h.addr6) for h in topo.hosts.values()]
 
 
 def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
@@ -223,6 +226,8 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
     hosts = plan_hosts(scn, run_id, use_ns, link)
     master = next(h for h in hosts if h.name == (scn.master_host or hosts[0].name))
     addr = master.addr if link else scn.master_addr
+    if not link and scn.ip == "6" and "master_addr" not in scn.model_fields_set:
+        addr = "::1"
     port = take_port()
     ranks = []
     counts = {h.name: h.ranks for h in scn.hosts} if scn.hosts else \
@@ -246,7 +251,7 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
         timeout=scn.timeout, deadline=scn.deadline, workload=list(scn.workload.steps),
         destroy=scn.workload.destroy, master_addr=addr, master_port=port,
         run_dir=run_dir, ranks=ranks, take_port=take_port, hosts=hosts, netns=use_ns,
-        link=link, run_id=run_id,
+        link=link, run_id=run_id, ip=scn.ip,
     )
     if not use_ns:
         plan.add_step(RUN, WriteResolverView(path=resolver_view(run_dir, hosts[0]),

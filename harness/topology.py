@@ -20,8 +20,11 @@ Layout
   ``eth0`` inside its own namespace and ``p<i>`` in the switch namespace, enslaved to the bridge.
   Hosts get ``.1``, ``.2``, ... of one /24 picked from ``subnet`` by a hash of the run id (each
   run's network is private anyway). IPv6 address generation is off on every link
-  (``addrgenmode none``), so the links carry IPv4 only and gloo cannot pick a link-local v6
-  address. ``lo`` is up in every namespace.
+  (``addrgenmode none``), so gloo cannot pick a link-local v6 address. ``ip`` picks the
+  families: ``"4"`` (default) IPv4 only; ``"6"`` IPv6 only: hosts get ``::1``, ``::2``... of a
+  unique local /64 of the run (``fd74:6878:<crc of the run id>::/64``, RFC 4193: never routed)
+  and no IPv4 address on the link; ``"dual"`` both. ``lo`` is up in every namespace (``::1``
+  included). Faults match the families the hosts have (``ip``/``ip6`` in nftables).
 * Each host namespace gets one nftables table ``inet thx`` (the prefix without its dash) with
   base chains ``input`` and ``output`` (filter hooks, priority 0, policy accept); every fault
   rule goes there, inside the host's namespace.
@@ -93,6 +96,8 @@ STATE_DIR = Path("/run/thx")
 NETNS_RUN_DIR = Path("/run/netns")
 NETNS_ETC_DIR = Path("/etc/netns")
 LOOPBACK_ADDR = "127.0.0.1"
+IP_FAMILIES = ("4", "6", "dual")
+ULA_PREFIX = "fd74:6878"    # "thx": the harness's unique local addresses, fd74:6878:<run>::/64
 LINK_IFNAME = "eth0"
 BRIDGE_IFNAME = "br0"
 MAX_HOSTS = 253
@@ -149,7 +154,10 @@ class HostNet:
     name: str  # scenario host name, e.g. "a"
     netns: str  # namespace name, e.g. "thx-<runid>-a"
     ifname: str  # the host's link interface inside its namespace: "eth0", or "lo" alone
-    addr: str  # IPv4 address of the host on the private link; "127.0.0.1" alone
+    addr: str  # the address ranks use: IPv4 on the private link ("127.0.0.1" alone); with
+    #            ip "6" the IPv6 one ("::1" alone)
+    addr4: str = ""  # its IPv4 address ("" with ip "6")
+    addr6: str = ""  # its IPv6 (ULA) address ("" with ip "4")
 
 
 @dataclass(frozen=True)
@@ -348,7 +356,10 @@ class Topology:
         subnet: str = "10.213.0.0/16",
         link: Optional[bool] = None,
         prefix: str = PREFIX,
+        ip: str = "4",
     ) -> None:
+        if ip not in IP_FAMILIES:
+            raise ValueError(f"ip must be one of {IP_FAMILIES}, got {ip!r}")
         if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
             raise ValueError(
                 f"prefix must be 1-8 lower-case letters/digits and a '-', got {prefix!r}"
@@ -388,16 +399,26 @@ class Topology:
         self.switch_netns: Optional[str] = f"{prefix}{run_id}.sw" if self.link else None
         blocks = list(net.subnets(new_prefix=24)) if net.prefixlen < 24 else [net]
         self.network: ipaddress.IPv4Network = blocks[zlib.crc32(run_id.encode()) % len(blocks)]
+        # a unique local /64 (RFC 4193, fd00::/8) of the run: never routed, never outside
+        crc = zlib.crc32(run_id.encode())
+        self.network6 = ipaddress.IPv6Network(
+            f"{ULA_PREFIX}:{crc >> 16:04x}:{crc & 0xFFFF:04x}::/64")
+        self.ip = ip
         self._hosts: Dict[str, HostNet] = {}
         self._ports: Dict[str, str] = {}  # host -> switch-side veth name
         for index, name in enumerate(names):
             if self.link:
-                addr, ifname = str(self.network.network_address + index + 1), LINK_IFNAME
+                addr4 = str(self.network.network_address + index + 1)
+                addr6 = str(self.network6.network_address + index + 1)
+                ifname = LINK_IFNAME
                 self._ports[name] = f"p{index}"
             else:
-                addr, ifname = LOOPBACK_ADDR, "lo"
+                addr4, addr6, ifname = LOOPBACK_ADDR, "::1", "lo"
+            addr4 = "" if ip == "6" else addr4
+            addr6 = "" if ip == "4" else addr6
             self._hosts[name] = HostNet(
-                name=name, netns=f"{prefix}{run_id}-{name}", ifname=ifname, addr=addr
+                name=name, netns=f"{prefix}{run_id}-{name}", ifname=ifname,
+                addr=addr6 if ip == "6" else addr4, addr4=addr4, addr6=addr6,
             )
         self._entered = False
         self._closed = False
@@ -524,18 +545,13 @@ class Topology:
                     ]
                 )
                 _run(["ip", "-n", host.netns, "link", "set", LINK_IFNAME, "addrgenmode", "none"])
-                _run(
-                    [
-                        "ip",
-                        "-n",
-                        host.netns,
-                        "addr",
-                        "add",
-                        f"{host.addr}/{self.network.prefixlen}",
-                        "dev",
-                        LINK_IFNAME,
-                    ]
-                )
+                if host.addr4:
+                    _run(["ip", "-n", host.netns, "addr", "add",
+                          f"{host.addr4}/{self.network.prefixlen}", "dev", LINK_IFNAME])
+                if host.addr6:   # nodad: usable at once (no seconds of "tentative")
+                    _run(["ip", "-n", host.netns, "-6", "addr", "add",
+                          f"{host.addr6}/{self.network6.prefixlen}", "dev", LINK_IFNAME,
+                          "nodad"])
                 _run(["ip", "-n", host.netns, "link", "set", LINK_IFNAME, "up"])
         table = (
             f"table inet {self.table} {{\n"
@@ -682,10 +698,10 @@ class Topology:
         if peer in self._hosts:
             return self._hosts[peer].addr
         try:
-            return str(ipaddress.IPv4Address(peer))
+            return str(ipaddress.ip_address(peer))
         except ValueError:
             raise ValueError(
-                f"peer must be a host of this topology or an IPv4 address, got {peer!r}"
+                f"peer must be a host of this topology or an IP address, got {peer!r}"
             ) from None
 
     def filter_rule(
@@ -721,7 +737,9 @@ class Topology:
             raise ValueError(f"proto must be 'tcp' or 'udp', got {proto!r}")
         parts: List[str] = []
         if peer is not None:
-            parts.append(f"ip {'saddr' if direction == 'in' else 'daddr'} {self._peer_addr(peer)}")
+            paddr = self._peer_addr(peer)
+            family = "ip6" if ":" in paddr else "ip"
+            parts.append(f"{family} {'saddr' if direction == 'in' else 'daddr'} {paddr}")
         match, is_except = _port_match(proto, ports)
         parts.append(match)
         if is_except if new_only is None else new_only:
@@ -808,14 +826,19 @@ class Topology:
         for name in a + b:
             self.host(name)
 
-        def addrs(group: Sequence[str]) -> str:
-            return "{ " + ", ".join(self._hosts[n].addr for n in group) + " }"
+        def drops(group: Sequence[str]) -> List[Tuple[str, str]]:
+            out = []
+            for family, attr in (("ip", "addr4"), ("ip6", "addr6")):
+                found = [getattr(self._hosts[n], attr) for n in group]
+                if all(found):
+                    out.append(("input", f"{family} saddr {{ {', '.join(found)} }} drop"))
+            return out
 
         rules: Dict[str, List[Tuple[str, str]]] = {}
         for name in a:
-            rules[name] = [("input", f"ip saddr {addrs(b)} drop")]
+            rules[name] = drops(b)
         for name in b:
-            rules[name] = [("input", f"ip saddr {addrs(a)} drop")]
+            rules[name] = drops(a)
         return self._add_rules("cut", rules)
 
     def heal(self, handle: str) -> None:
