@@ -954,36 +954,59 @@ class Topology:
 
     # ---- name resolution ------------------------------------------------------------------
 
-    def _etc_file(self, host: str, name: str, text: str) -> Path:
+    def _etc_file(self, host: str, name: str, text: str, in_place: bool = False) -> Path:
         self._require_up()
         directory = NETNS_ETC_DIR / self.host(host).netns
         directory.mkdir(mode=0o755, parents=True, exist_ok=True)
         path = directory / name
-        _write_text_atomically(path, text)
+        if in_place and path.exists():
+            # the same inode: processes that bind-mounted it (ip netns exec, the worker's
+            # resolver view) see the new text at their next lookup; glibc rereads the file
+            with open(path, "r+") as f:
+                f.write(text)
+                f.truncate()
+        else:
+            _write_text_atomically(path, text)
         return path
 
-    def set_hosts_file(self, host: str, entries: Mapping[str, str]) -> Path:
+    def set_hosts_file(
+        self,
+        host: str,
+        entries: Mapping[str, Union[str, Sequence[str]]],
+        *,
+        in_place: bool = False,
+    ) -> Path:
         """Change the host's ``/etc/hosts`` in its resolver view: the view's loopback lines and
-        the machine's host name, plus ``entries`` (name -> IP address or topology host name; an
-        entry replaces the view's lines of that name). Only processes started after this call
-        (through :meth:`exec_prefix`) see it.
+        the machine's host name, plus ``entries`` (name -> IP address or topology host name, or
+        a list of them, one line each in that order; an entry replaces the view's lines of that
+        name). Addresses must be loopback or the run's own (its IPv4 /24, its IPv6 /64).
+        Without ``in_place`` only processes started after this call (through
+        :meth:`exec_prefix`) see it; with it, running ones see it too.
         """
-        addrs: Dict[str, str] = {}
-        for name, target in entries.items():
+        addrs: Dict[str, List[str]] = {}
+        for name, targets in entries.items():
             if not isinstance(name, str) or not _HOSTNAME_RE.match(name):
                 raise ValueError(f"not a host name for /etc/hosts: {name!r}")
-            if target in self._hosts:
-                addrs[name] = self._hosts[target].addr
-            else:
+            addrs[name] = []
+            for target in [targets] if isinstance(targets, str) else list(targets):
+                if target in self._hosts:
+                    addrs[name].append(self._hosts[target].addr)
+                    continue
                 try:
-                    addrs[name] = str(ipaddress.ip_address(target))
+                    ip = ipaddress.ip_address(target)
                 except ValueError:
                     raise ValueError(
                         f"{name!r} must map to an IP address or a host of this "
                         f"topology, got {target!r}"
                     ) from None
+                if not (ip.is_loopback or ip in self.network or ip in self.network6):
+                    raise ValueError(
+                        f"{name!r} -> {ip}: a hosts entry must be loopback or an address of "
+                        f"this run ({self.network}, {self.network6})"
+                    )
+                addrs[name].append(str(ip))
         return self._etc_file(
-            host, "hosts", resolver.hosts_text(addrs, resolver.machine_hostname())
+            host, "hosts", resolver.hosts_text(addrs, resolver.machine_hostname()), in_place
         )
 
     def set_resolv_conf(self, host: str, lines: Sequence[str]) -> Path:
