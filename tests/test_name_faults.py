@@ -43,8 +43,8 @@ def with_fault(fault: str, extra: str = "") -> str:
 
 TOPO = Topology("nm1", ["a", "b"], ip="dual")
 A4, A6 = TOPO.hosts["a"].addr4, TOPO.hosts["a"].addr6
-DEAD4 = str(TOPO.network.network_address + 250)
-DEAD6 = str(TOPO.network6.network_address + 0xFA)
+DEAD4 = str(TOPO.network.network_address + 3)     # after the two hosts' .1 and .2
+DEAD6 = str(TOPO.network6.network_address + 3)
 
 
 @pytest.mark.parametrize("fault, extra, addrs", [

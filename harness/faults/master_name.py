@@ -5,7 +5,7 @@ Kubernetes headless service before its pod is ready).
 
 Addresses are the master host's own (its IPv4 and, even on an ``ip: 4`` run, the IPv6 address
 the run's /64 gives it: on an IPv4-only run that one exists nowhere) and, for ``dead``, an
-address of the run's own networks where no host is (``.250`` / ``::fa``). The name must end in
+address of the run's own networks where no host is (the number after the last host's). The name must end in
 ``.test`` (RFC 6761: never a real name); no DNS is asked in any case.
 """
 
@@ -20,8 +20,6 @@ from ..protocol import url_host
 from ..triggers import Trigger
 from . import Fault
 from ._names import WriteHosts
-
-DEAD4, DEAD6 = 250, 0xFA
 
 
 class MasterName(Fault):
@@ -60,8 +58,13 @@ class MasterName(Fault):
         live = ([master.addr4] if family in ("4", "both") else []) + \
             ([master.addr6] if family in ("6", "both") else [])
         version = 6 if family == "6" else 4
-        dead = str(topo.network.network_address + DEAD4) if version == 4 else \
-            str(topo.network6.network_address + DEAD6)
+        # the first number after the hosts': glibc sorts a name's addresses (RFC 6724 rule 9,
+        # longest prefix shared with the source address), so a dead address far away (.250)
+        # would be tried last whatever the file says; next to the hosts it is tried first by
+        # the last host (its own address first on the master host)
+        n = len(plan.hosts) + 1
+        dead = str(topo.network.network_address + n) if version == 4 else \
+            str(topo.network6.network_address + n)
         assert ipaddress.ip_address(dead).version == version
         if self.dead == "first":
             return [dead] + live
