@@ -375,7 +375,8 @@ class Scenario(Strict):
     def _workload(cls, v: Any) -> Any:
         return _workload_shorthand(v)
 
-    @field_validator("ip", mode="before", json_schema_input_type=Union[int, str])
+    @field_validator("ip", mode="before",
+                     json_schema_input_type=Union[Literal[4, 6], Literal["4", "6", "dual"]])
     @classmethod
     def _ip_word(cls, v: Any) -> Any:
         return str(v) if isinstance(v, int) and not isinstance(v, bool) else v

@@ -45,6 +45,8 @@ TOPO = Topology("nm1", ["a", "b"], ip="dual")
 A4, A6 = TOPO.hosts["a"].addr4, TOPO.hosts["a"].addr6
 DEAD4 = str(TOPO.network.network_address + 3)     # after the two hosts' .1 and .2
 DEAD6 = str(TOPO.network6.network_address + 3)
+FAR4 = str(TOPO.network.network_address + 250)    # far off: sorted last
+FAR6 = str(TOPO.network6.network_address + 0xFA)
 
 
 @pytest.mark.parametrize("fault, extra, addrs", [
@@ -54,7 +56,8 @@ DEAD6 = str(TOPO.network6.network_address + 3)
     ("{kind: master_name, family: '6'}", "", [A6]),                  # AAAA only, IPv4 hosts
     ("{kind: master_name, family: '4'}", "ip: 6\n", [A4]),           # A only, IPv6 hosts
     ("{kind: master_name, dead: first}", "", [DEAD4, A4]),
-    ("{kind: master_name, dead: last}", "", [A4, DEAD4]),
+    ("{kind: master_name, dead: last}", "", [A4, FAR4]),
+    ("{kind: master_name, dead: last, family: '6'}", "ip: 6\n", [A6, FAR6]),
     ("{kind: master_name, dead: first, family: '6'}", "ip: 6\n", [DEAD6, A6]),
 ])
 def test_master_name_maps_the_name_in_every_hosts_file(counter_ports, fault, extra, addrs):

@@ -5,8 +5,10 @@ Kubernetes headless service before its pod is ready).
 
 Addresses are the master host's own (its IPv4 and, even on an ``ip: 4`` run, the IPv6 address
 the run's /64 gives it: on an IPv4-only run that one exists nowhere) and, for ``dead``, an
-address of the run's own networks where no host is (the number after the last host's). The name must end in
-``.test`` (RFC 6761: never a real name); no DNS is asked in any case.
+address of the run's own networks where no host is: for ``first`` the number after the
+last host's, which glibc's address sorting (RFC 6724 rule 9) puts before the master's address
+on the last host; for ``last`` one far off (``.250`` / ``::fa``), sorted after it. The name
+must end in ``.test`` (RFC 6761: never a real name); no DNS is asked in any case.
 """
 
 from __future__ import annotations
@@ -58,11 +60,13 @@ class MasterName(Fault):
         live = ([master.addr4] if family in ("4", "both") else []) + \
             ([master.addr6] if family in ("6", "both") else [])
         version = 6 if family == "6" else 4
-        # the first number after the hosts': glibc sorts a name's addresses (RFC 6724 rule 9,
-        # longest prefix shared with the source address), so a dead address far away (.250)
-        # would be tried last whatever the file says; next to the hosts it is tried first by
-        # the last host (its own address first on the master host)
-        n = len(plan.hosts) + 1
+        # glibc sorts a name's addresses (RFC 6724 rule 9: longest prefix shared with the
+        # source address first), so the file's order does not decide what is tried first.
+        # "first": the number right after the hosts' (from the last host it shares a longer
+        # prefix than the master's address); "last": one far off (.250, ::fa), sorted after
+        n = len(plan.hosts) + 1 if self.dead == "first" else 0xFA
+        if version == 4 and n == 0xFA:
+            n = 250
         dead = str(topo.network.network_address + n) if version == 4 else \
             str(topo.network6.network_address + n)
         assert ipaddress.ip_address(dead).version == version
