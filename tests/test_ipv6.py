@@ -119,3 +119,10 @@ def test_an_ipv6_master_addr_outside_loopback_is_a_located_error():
 
 def test_a_bracketed_ipv6_master_addr_says_how_to_write_it():
     assert "without brackets" in (refuse_address("[::1]") or "")
+
+
+def test_unreachable_master_on_ipv6_hosts_stays_inside_the_runs_64(counter_ports):
+    p = plan_of(TWO + "ip: 6\nfaults: [{kind: unreachable_master}]\n", counter_ports)
+    addr = ipaddress.IPv6Address(p.rank(1).env["MASTER_ADDR"])
+    assert addr in Topology("v6run", ["a", "b"], ip="6").network6
+    assert addr == ipaddress.IPv6Address(p.host("a").addr6) - 1 + 250

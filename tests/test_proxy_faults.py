@@ -240,3 +240,16 @@ def test_rates_in_tc_words_become_bytes_per_second():
 def test_the_proxy_service_and_its_mark_are_named_once():
     assert proxy_name("a") == "proxy@a"
     assert 0 < MARK < 2**32
+
+
+def test_without_namespaces_a_transparent_proxy_fault_is_skipped_with_the_reason(monkeypatch):
+    from harness import topology
+
+    monkeypatch.setattr(topology, "missing", lambda: ["not running as root (euid 1000)"])
+    scn = load(with_faults("{kind: blackhole}", base=ONE_HOST))
+    assert skip_reason(scn, TORCH_ENV) == ("the fault blackhole needs network namespaces, and: "
+                                           "not running as root (euid 1000)")
+    front = load(with_faults("{kind: blackhole, traffic: store, placement: front}",
+                             base=ONE_HOST))
+    assert not front.needs_namespaces()
+    assert all(r.name != NAMESPACES.name for r in front.faults[0].requirements(front))
