@@ -96,7 +96,7 @@ def classify(obs: RankObservation, t0: float = 0.0) -> Verdict:
     result = obs.result()
     duration = obs.ended_at
     if result is not None and t0:
-        duration = round(result.t - t0, 3)
+        duration = max(0.0, round(result.t - t0, 3))   # 0: it ended before the start line
     v = Verdict(label=obs.label, outcome="crash", phase=phase, duration=duration,
                 returncode=obs.returncode, host=obs.host, addr=obs.addr, stacks=obs.stacks)
     if obs.killed_at_deadline:

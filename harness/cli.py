@@ -324,6 +324,14 @@ def _progress_plugin(enabled: bool) -> _Progress:
 
 def _ranks_cell(case: Dict[str, Any]) -> str:
     parts = []
+    if (case.get("repeat") or 1) > 1:   # repeated: each rank's outcome frequencies
+        n = case["repeat"]
+        for r in case.get("ranks", []):
+            counts = sorted((r.get("outcomes") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+            flaky = " (flaky)" if r.get("label") in (case.get("flaky") or []) else ""
+            parts.append(f"{r.get('label')}: " + ", ".join(f"{o} {k}/{n}" for o, k in counts)
+                         + flaky)
+        return "\n".join(parts)
     for r in case.get("ranks", []):
         d = r.get("duration")
         parts.append(f"{r.get('label')}: {r.get('outcome')}"
@@ -368,6 +376,12 @@ def print_summary(rep: Dict[str, Any], con: Any, show_failures: bool = True) -> 
     bad = s.get("failed") or s.get("error") or s.get("collect_errors")
     con.print(_text(", ".join(parts) or "no scenario cases ran", "bold red" if bad else
                     "bold green"))
+    tb = rep.get("time") or {}
+    if tb.get("ratio"):
+        con.print(_text(f"time: {tb['duration']:.0f} s for {tb['inherent']:.0f} s of the "
+                        f"scenarios' own waits (each run from its start line to its end) over "
+                        f"{tb['workers']} worker{'s' * (tb['workers'] != 1)}: "
+                        f"{tb['ratio']:.2f}x", "dim"))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -424,6 +438,8 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
         pargs += ["-n", str(args.n)]
     if args.x:
         pargs += ["-x"]
+    if args.repeat:
+        pargs += ["--harness-repeat", str(args.repeat)]
     pargs += list(getattr(args, "pytest_args", None) or [])
     con = _console()
     progress = _progress_plugin(enabled=not args.no_progress and not args.verbose)
@@ -754,6 +770,8 @@ def build_parser() -> argparse.ArgumentParser:
                    ".harness/evidence under pytest's rootdir)")
     r.add_argument("-n", type=int, metavar="N", help="run N scenarios at a time (pytest-xdist)")
     r.add_argument("-x", action="store_true", help="stop at the first failing case")
+    r.add_argument("--repeat", type=int, metavar="N", help="run every case N times: outcome "
+                   "frequencies per rank, frequency bounds checked, flaky cases named")
     r.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output "
                    "live (no progress bar)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar or lines")

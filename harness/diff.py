@@ -37,7 +37,10 @@ KINDS: Dict[str, str] = {
     "family": "a rank's message says something else (not only other numbers, ports, paths)",
     "phase": "a rank ended in another phase",
     "duration": "a rank's duration moved beyond the tolerance",
+    "frequency": "repeated runs: a rank's outcome frequencies differ beyond what the repeats "
+                 "can tell apart (Fisher's exact test)",
 }
+ALPHA = 0.05     # a frequency change is counted when chance explains it less often than this
 ENV_KEYS = ("torch", "torch_git", "cuda", "gloo", "nccl", "nccl_version", "mpi",
             "libuv_store_default", "python", "kernel", "platform", "hostname", "harness")
 DEFAULT_REL_TOL = 0.5
@@ -112,6 +115,59 @@ def environment_changes(old: Dict[str, Any], new: Dict[str, Any]) -> List[Dict[s
         if oe.get(k) != ne.get(k):
             out.append({"key": f"env {k}", "old": oe.get(k), "new": ne.get(k)})
     return out
+
+
+def fisher_exact(a: int, n1: int, b: int, n2: int) -> float:
+    """Two-sided p-value of Fisher's exact test that ``a`` of ``n1`` and ``b`` of ``n2`` come
+    from one frequency (the 2x2 table [[a, n1-a], [b, n2-b]]): the probability, if both runs
+    drew from the same frequency, of a split at least this uneven."""
+    from math import comb
+
+    total, k = n1 + n2, a + b
+    if n1 == 0 or n2 == 0:
+        return 1.0
+
+    def p(x: int) -> float:
+        return comb(n1, x) * comb(n2, k - x) / comb(total, k)
+
+    observed = p(a)
+    lo, hi = max(0, k - n2), min(k, n1)
+    return min(1.0, sum(q for q in (p(x) for x in range(lo, hi + 1))
+                        if q <= observed * (1 + 1e-9)))
+
+
+def _frequency_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any]
+                       ) -> List[Change]:
+    """Repeated runs on both sides: a change for each outcome whose share differs beyond what
+    the repeats can tell apart; the note says how sure (1 - p)."""
+    oc, nc = o.get("outcomes") or {}, n.get("outcomes") or {}
+    n1, n2 = sum(oc.values()), sum(nc.values())
+    out: List[Change] = []
+    for outcome in sorted(set(oc) | set(nc)):
+        a, b = int(oc.get(outcome, 0)), int(nc.get(outcome, 0))
+        pv = fisher_exact(a, n1, b, n2)
+        if pv < ALPHA:
+            out.append(Change(cid, label, "frequency", f"{outcome} {a}/{n1}",
+                              f"{outcome} {b}/{n2}",
+                              f"p = {pv:.3g}: {100 * (1 - pv):.1f}% sure it changed"))
+    return out
+
+
+def _repeated_duration_change(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any],
+                              rel_tol: float, abs_tol: float) -> List[Change]:
+    """Repeated runs: the new median against the old runs' own spread, widened by the
+    tolerances."""
+    od = [float(x) for x in o.get("durations") or [] if x is not None]
+    nd = [float(x) for x in n.get("durations") or [] if x is not None]
+    if not od or not nd:
+        return []
+    lo, hi = min(od), max(od)
+    med = sorted(nd)[len(nd) // 2]
+    if duration_changed(lo, med, rel_tol, abs_tol) and med < lo or \
+            duration_changed(hi, med, rel_tol, abs_tol) and med > hi:
+        return [Change(cid, label, "duration", f"{lo:g}..{hi:g}", med,
+                       f"median of {len(nd)} runs against the old runs' spread")]
+    return []
 
 
 def rank_expectation(case: Dict[str, Any], label: str) -> Dict[str, Any]:
@@ -212,9 +268,10 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
             continue
         if os_ == "skipped":
             continue
+        repeated = (o.get("repeat") or 1) > 1 and (n.get("repeat") or 1) > 1
         if os_ != ns:
             changes.append(Change(cid, None, "status", os_, ns, n.get("reason") or ""))
-        if o.get("job") != n.get("job"):
+        if o.get("job") != n.get("job") and not repeated:
             changes.append(Change(cid, None, "job", o.get("job"), n.get("job")))
         oranks = {str(r.get("label")): r for r in o.get("ranks", [])}
         nranks = {str(r.get("label")): r for r in n.get("ranks", [])}
@@ -226,6 +283,11 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
                                       nrank.get("outcome") if nrank else None))
             elif nrank is None:
                 changes.append(Change(cid, label, "rank_removed", orank.get("outcome"), None))
+            elif (o.get("repeat") or 1) > 1 and (n.get("repeat") or 1) > 1:
+                # repeated on both sides: frequencies and spreads, not single draws
+                changes += _frequency_changes(cid, label, orank, nrank)
+                changes += _repeated_duration_change(cid, label, orank, nrank, rel_tol,
+                                                     _abs_tol(o, orank, nrank, abs_tol))
             else:
                 found = _rank_changes(cid, orank, nrank, rel_tol,
                                       _abs_tol(o, orank, nrank, abs_tol))

@@ -9,12 +9,12 @@ outer timeout.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .classify import Verdict, job_outcome, mro_names
 from .patterns import PATTERN_TIMEOUT, compile_message_pattern, search  # noqa: F401
-from .schema import Expect, RankExpect
+from .schema import Expect, RankExpect, bound_holds
 
 
 @dataclass
@@ -88,6 +88,85 @@ def check(exp: Expect, verdicts: Sequence[Verdict]) -> List[Mismatch]:
         if re_ is not None:
             out += check_rank(re_, v)
     return out
+
+
+@dataclass
+class RepeatedCheck:
+    """What N runs of one case say together: every run's mismatches (with its number), each
+    rank's outcome counts, the frequency bounds that failed, and the ranks that varied where
+    their expectation allows one outcome (the case is flaky)."""
+
+    runs: int
+    mismatches: List[Tuple[int, Mismatch]] = field(default_factory=list)   # (run, mismatch)
+    counts: Dict[str, Dict[str, int]] = field(default_factory=dict)        # label -> outcome -> n
+    bounds: List[Mismatch] = field(default_factory=list)
+    flaky: List[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.mismatches or self.bounds or self.flaky)
+
+    def failed_runs(self) -> List[int]:
+        return sorted({i for i, _ in self.mismatches})
+
+    def frequencies(self, label: str) -> str:
+        """'timeout 7/10, error 3/10' (most frequent first)."""
+        c = self.counts.get(label, {})
+        return ", ".join(f"{o} {n}/{self.runs}" for o, n in
+                         sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def check_repeated(exp: Expect, runs: Sequence[Sequence[Verdict]]) -> RepeatedCheck:
+    """Check N runs of a case: each run against the expectation (frequency bounds aside), then
+    the outcome frequencies against the bounds, then whether a rank varied where its
+    expectation allows a single outcome (flaky)."""
+    res = RepeatedCheck(runs=len(runs))
+    for i, verdicts in enumerate(runs, start=1):
+        res.mismatches += [(i, m) for m in check(exp, verdicts)]
+        for v in verdicts:
+            c = res.counts.setdefault(v.label, {})
+            c[v.outcome] = c.get(v.outcome, 0) + 1
+    if len(runs) < 2:
+        return res
+    for label, counts in res.counts.items():
+        e = _rank_expect(exp, label)
+        if e is None:
+            continue
+        for outcome, bound in (e.frequency or {}).items():
+            freq = counts.get(outcome, 0) / len(runs)
+            if not bound_holds(bound, freq):
+                res.bounds.append(Mismatch(label, "frequency", f"{outcome} {bound}",
+                                           f"{outcome} {counts.get(outcome, 0)}/{len(runs)} "
+                                           f"({freq:.2f})", e.line))
+        single = e.outcome is not None and len(e.outcome) == 1
+        if len(counts) > 1 and single:
+            res.flaky.append(label)
+    return res
+
+
+def repeated_table(verdict_runs: Sequence[Sequence[Verdict]], exp: Expect, res: RepeatedCheck,
+                   width: int = 160, source: Optional[str] = None) -> str:
+    """The failure text of a repeated case: the frequencies, what failed, then the table of
+    the first run that failed (or of the first run)."""
+    lines = [f"  {res.runs} runs; each rank's outcomes: " + "; ".join(
+        f"{label}: {res.frequencies(label)}" for label in res.counts)]
+    if res.flaky:
+        lines.append("  flaky: " + "; ".join(
+            f"rank {label} varied ({res.frequencies(label)}) where its expectation allows "
+            f"only {' or '.join(_rank_expect(exp, label).outcome or [])}"   # type: ignore
+            for label in res.flaky))
+    for m in res.bounds:
+        where = f"  [{m.where(source)}]" if m.line else ""
+        lines.append(f"  {m.label}: frequency: expected {m.expected}, observed {m.observed}"
+                     f"{where}")
+    bad = res.failed_runs()
+    first = bad[0] if bad else 1
+    if bad:
+        lines.append(f"  runs that did not end as expected: {', '.join(map(str, bad))}")
+    table = failure_table(verdict_runs[first - 1], exp,
+                          [m for i, m in res.mismatches if i == first], width=width,
+                          source=source)
+    return "\n".join(lines) + f"\n  run {first}:\n" + table
 
 
 def innermost_frames(stacks: str, n: int = 4) -> str:

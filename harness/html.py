@@ -324,6 +324,17 @@ def _outcome(o: Optional[str]) -> str:
     return f'<b style="color:{c}">{esc(o)}</b>'
 
 
+def _rank_outcomes(case: Dict[str, Any], r: Dict[str, Any]) -> str:
+    """A rank's outcome, or, for a repeated case, its outcome frequencies ('timeout 7/10')."""
+    n = case.get("repeat") or 1
+    if n > 1 and r.get("outcomes"):
+        flaky = ' <b style="color:#c62828">flaky</b>' if r.get("label") in (
+            case.get("flaky") or []) else ""
+        return " ".join(f"{_outcome(o)} {k}/{n}" for o, k in
+                        sorted(r["outcomes"].items(), key=lambda kv: (-kv[1], kv[0]))) + flaky
+    return _outcome(r.get("outcome"))
+
+
 def _dur(d: Any) -> str:
     return "" if d is None else f"{float(d):.2f} s"
 
@@ -356,6 +367,10 @@ def case_html(i: int, c: Dict[str, Any]) -> str:
            + "</div>"]
     if c.get("about"):
         out.append(f'<div class="about">{esc(c["about"])}</div>')
+    if (c.get("repeat") or 1) > 1:
+        out.append(f'<p><b>{c["repeat"]} runs:</b> ' + "; ".join(
+            f"rank {esc(r.get('label'))}: {_rank_outcomes(c, r)}" for r in c.get("ranks", []))
+            + " (the timeline and the table below are run 1's)</p>")
     if c.get("notes"):
         out.append("<ul>" + "".join(f"<li>fault: {esc(n)}</li>" for n in c["notes"]) + "</ul>")
     if c.get("status") == "skipped":
@@ -443,8 +458,7 @@ def render(report: Dict[str, Any]) -> str:
                       ("passed", "failed", "error", "skipped"))
     rows = []
     for i, c in enumerate(cases):
-        rk = ", ".join(f"{r.get('label')}: {_outcome(r.get('outcome'))}" for r in
-                       c.get("ranks", []))
+        rk = ", ".join(f"{r.get('label')}: {_rank_outcomes(c, r)}" for r in c.get("ranks", []))
         rows.append([str(i + 1), f'<a href="#case-{i}">{esc(c.get("test_id") or c.get("id"))}'
                      f'</a><div class="fam">{esc(c.get("file"))}</div>', _badge(c.get("status")),
                      _outcome(c.get("job")) if c.get("job") else "", rk or esc(c.get("reason")),

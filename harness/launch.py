@@ -26,8 +26,9 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import interrupts
 from .capture import Capture
@@ -37,7 +38,7 @@ from .observe import RunObservation
 from .plan import HostPlan, RunPlan, make_plan
 from .ports import PortLease
 from .procs import ManagedProcess
-from .protocol import EXCEPTION, PHASE, RESULT, Event, ready_event
+from .protocol import EXCEPTION, PHASE, RESULT, STACK_SIGNAL, Event, ready_event
 from .rundir import RunDir, kill_recorded, sweep
 from .schema import Scenario
 from .services import ReadyLine, Service, ServiceError, Services, ServiceSpec
@@ -45,6 +46,9 @@ from .steps import Scheduler, StepError
 
 READY_TIMEOUT = float(os.environ.get("HARNESS_READY_TIMEOUT", "180"))
 POLL = 0.02
+# native stacks (py-spy symbolizes libtorch: ~0.4 s of CPU per rank) are started this long
+# before the deadline for the ranks alive then, so that the verdict does not wait for them
+STACK_LEAD = float(os.environ.get("HARNESS_STACK_LEAD", "2.0"))
 TAIL = 4000
 STACKS_MAX = 1 << 20     # a faulthandler dump is kept up to this many bytes per rank
 
@@ -83,6 +87,24 @@ def _read_stacks(path: Path) -> str:
 
 
 _ERROR_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception|Interrupt|Exit)\b|Fatal Python error)")
+
+
+def _broken_by_scenario(events: Sequence[Event]) -> bool:
+    """Torch was found and refused to import under the scenario's environment (a TORCH_*
+    variable with a value torch rejects, say: ValueError), while it imports in a clean
+    interpreter here (the environment probe). That is torch's behaviour, the scenario's
+    result (error in phase import). An ImportError is not: then torch could not be loaded at
+    all, and the rank could not be started (a harness error, as before)."""
+    from .probe import probe
+
+    raised = [e for e in events if e.ev == RESULT and e.data.get("status") == EXCEPTION
+              and e.data.get("phase") == "import"]
+    if not raised:
+        return False
+    mro = [str(c) for c in (raised[-1].data.get("exc") or {}).get("mro", [])]
+    not_loaded = any(c.endswith(("ImportError", "ModuleNotFoundError")) for c in mro) or \
+        str((raised[-1].data.get("exc") or {}).get("type", "")).endswith("ImportError")
+    return not not_loaded and probe().get("torch") not in (None, "none")
 
 
 def start_failure(label: str, returncode: Optional[int], events: Sequence[Event],
@@ -125,13 +147,15 @@ def native_stacks_available() -> bool:
 
 
 def native_stacks(pid: int) -> str:
-    """``py-spy dump --native``: the C++ frames (TCPStore::ping -> recv ...) of a stuck rank.
-    Empty when py-spy is not installed; its error when not permitted (needs CAP_SYS_PTRACE)."""
+    """``py-spy dump --native``: the C++ frames (TCPStore::ping -> recv ...) of a stuck rank
+    (py-spy pauses it while reading). Empty when py-spy is not installed; its error when not
+    permitted (needs CAP_SYS_PTRACE)."""
     exe = _py_spy()
     if not exe:
         return ""
+    argv = [exe, "dump", "--native", "--pid", str(pid)]
     try:
-        p = subprocess.run([exe, "dump", "--native", "--pid", str(pid)], capture_output=True,
+        p = subprocess.run(argv, capture_output=True,
                            text=True, timeout=20, start_new_session=True)
     except (subprocess.TimeoutExpired, OSError) as e:
         return f"py-spy failed: {e}"
@@ -181,6 +205,8 @@ class Supervisor:
         self.launcher = launcher_for(launcher)
         self.t0: Optional[float] = None
         self.scheduler = Scheduler(plan.steps, self, self)
+        self._native: Optional[Dict[str, Tuple[Future, float]]] = None   # early py-spy dumps
+        self._native_pool: Optional[ThreadPoolExecutor] = None
 
     # -- Runtime -------------------------------------------------------------------------------
     def now(self) -> float:
@@ -287,6 +313,8 @@ class Supervisor:
                     pending = True
                     continue
                 r.read_events()
+                if not r.ready() and _broken_by_scenario(r.obs.events):
+                    continue    # a verdict (error in phase import), not a failure to start
                 if not r.ready():   # died before it was ready: the harness could not start it
                     self.capture.wait_eof([r.err_path], timeout=2.0)
                     stream = self.capture.stream(r.err_path)
@@ -303,29 +331,39 @@ class Supervisor:
 
     # -- the end -------------------------------------------------------------------------------
     def _capture_stacks(self, live: List[RankProcess]) -> None:
-        """py-spy's native stacks where permitted, then the faulthandler dump of every live rank
-        (SIGUSR1; SIGCONT too, so that a stopped rank can write it). What a resumed rank does
-        after the deadline is not part of the run: its events are cut at the deadline."""
+        """Every live rank's stacks, all ranks at once: py-spy's native stacks where permitted
+        (one py-spy per rank, in parallel), then the faulthandler dump of every rank
+        (protocol.STACK_SIGNAL; SIGCONT too, so that a stopped rank can write it). What a
+        resumed rank does after the deadline is not part of the run: its events are cut at
+        the deadline."""
         import psutil
 
+        early = self._native or {}
+        spied: List[RankProcess] = []
         for r in live:
             r.read_events()
             r.cutoff = len(r.obs.events)
+            if r.label in early:
+                continue
             try:
                 stopped = psutil.Process(r.proc.pid).status() == psutil.STATUS_STOPPED
             except psutil.Error:
                 stopped = False
-            r.obs.native_stacks = (
-                "(no native stacks: the rank is stopped (SIGSTOP) and py-spy cannot attach to a "
-                "stopped process)" if stopped and native_stacks_available()
-                else native_stacks(r.proc.pid))
+            if stopped and native_stacks_available():
+                r.obs.native_stacks = ("(no native stacks: the rank is stopped (SIGSTOP) and "
+                                       "py-spy cannot attach to a stopped process)")
+            else:
+                spied.append(r)
+        pool = ThreadPoolExecutor(max_workers=max(1, len(spied)))
+        late = {r.label: (pool.submit(native_stacks, r.proc.pid), self.now()) for r in spied}
         for r in live:
             try:
-                os.kill(r.proc.pid, signal.SIGUSR1)
+                os.kill(r.proc.pid, STACK_SIGNAL)
                 os.kill(r.proc.pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-        # a dump is complete when the file stops growing; a rank gets up to 3 s
+        # faulthandler writes from its signal handler at once; a dump is complete when the
+        # file stops growing (two looks 50 ms apart); a rank gets up to 3 s
         sizes: Dict[str, int] = {}
         limit = time.monotonic() + 3.0
         while time.monotonic() < limit:
@@ -337,9 +375,47 @@ class Supervisor:
                 sizes[r.label] = size
             if done:
                 break
-            time.sleep(0.1)
+            time.sleep(0.05)
         for r in live:
             r.obs.stacks = _read_stacks(r.stacks_path)
+            taken = early.get(r.label) or late.get(r.label)
+            if taken is not None:
+                future, at = taken
+                text = future.result()
+                r.obs.native_stacks = (f"(taken at {at:.2f} s)\n" + text) if text else text
+        pool.shutdown()
+
+    def _start_native_stacks(self) -> None:
+        """py-spy, in parallel, ``STACK_LEAD`` s (at most a quarter of the deadline) before the
+        deadline, once, for every rank that is alive and has said nothing for that long (it
+        looks stuck: py-spy pauses a process while it reads its native stack, which must not
+        slow down a rank still at work; those are read at the deadline). The ranks still alive
+        at the deadline keep theirs, marked with the time they were taken (a stuck rank's
+        native stack does not change); the others' are dropped."""
+        import psutil
+
+        self._native = {}
+        if not native_stacks_available():
+            return
+        alive = []
+        quiet_since = time.monotonic() - min(STACK_LEAD, self.plan.deadline / 4)
+        for r in self.ranks:
+            if r.ended or r.proc.poll() is not None:
+                continue
+            r.read_events()
+            if r.obs.events and r.obs.events[-1].t > quiet_since:
+                continue
+            try:
+                if psutil.Process(r.proc.pid).status() == psutil.STATUS_STOPPED:
+                    continue
+            except psutil.Error:
+                continue
+            alive.append(r)
+        if alive:
+            self._native_pool = ThreadPoolExecutor(max_workers=len(alive))
+            now = self.now()
+            self._native = {r.label: (self._native_pool.submit(native_stacks, r.proc.pid), now)
+                            for r in alive}
 
     def run(self) -> RunObservation:
         self.scheduler.setup()            # set-up steps: before any process of the run starts
@@ -361,6 +437,8 @@ class Supervisor:
             self.scheduler.tick(now)
             if all(r.ended for r in self.ranks) or now >= deadline:
                 break
+            if self._native is None and now >= deadline - min(STACK_LEAD, deadline / 4):
+                self._start_native_stacks()
             time.sleep(POLL)
         live = [r for r in self.ranks if not r.ended]
         if live:
@@ -422,6 +500,8 @@ class Supervisor:
             r.proc.signal_group(signal.SIGKILL)
         for r in self.ranks:
             r.proc.kill()
+        if self._native_pool is not None:   # early py-spy dumps: quick once the ranks are gone
+            self._native_pool.shutdown(wait=True)
         self.scheduler.teardown(self.now())
         self.services.stop_all()
         close_fds(self.fds)

@@ -29,6 +29,7 @@ MAX_FAULTS = 64          # faults in one case
 MAX_EXPECT_BLOCKS = 16   # torch-scoped expect blocks
 MAX_STEPS = 256          # workload steps
 MAX_MARKS = 32           # marks
+MAX_REPEAT = 100         # runs of one case (repeat: / --harness-repeat)
 
 # -- reusable field types --------------------------------------------------------------------
 

@@ -59,7 +59,15 @@ from yaml.scanner import Scanner
 
 from .faults import REGISTRY
 from .safety import refuse_address
-from .schema import CASE_ID_RE, MAX_ADDR, MAX_NAME, MAX_WORLD, Scenario, bare_address_problem
+from .schema import (
+    CASE_ID_RE,
+    MAX_ADDR,
+    MAX_NAME,
+    MAX_WORLD,
+    Scenario,
+    bare_address_problem,
+    init_url_parts,
+)
 
 Path_ = Tuple[str, ...]
 
@@ -707,6 +715,13 @@ def validate_case(data: Dict[str, Any], file: str,
         if why:
             problems.append(Problem(file, lines.line_of(("env", "MASTER_ADDR")),
                                     "env.MASTER_ADDR", why))
+
+    if scn.init_url is not None:
+        _scheme, host, _path = init_url_parts(scn.init_url)   # {addr} stands as 127.0.0.1
+        if host:
+            why = refuse_address(host, unresolvable=suggest)
+            if why:
+                problems.append(Problem(file, lines.line_of(("init_url",)), "init_url", why))
 
     # what the pytest front door builds from the case: its item name (test id), and the plan
     # the run would make (pure: ports from a counter, nothing started); whatever either

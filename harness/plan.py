@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from .protocol import InitSpec, url_host
-from .schema import Scenario
+from .schema import Scenario, fill_init_url, init_url_parts
 from .steps import RUN, Step
 from .triggers import Trigger
 
@@ -86,7 +86,7 @@ class WriteResolverView(Step):
 class RunPlan:
     scenario: str
     case: Optional[str]
-    backend: str
+    backend: Optional[str]
     world_size: int
     timeout: float
     deadline: float
@@ -102,6 +102,7 @@ class RunPlan:
     netns: bool = False              # ranks run in network namespaces made for this run
     link: bool = False               # hosts are joined by a bridge (multi-host, or a fault asks)
     run_id: str = ""
+    url_port: Optional[int] = None   # init_url's {port2}: a second reserved port
     ip: str = "4"                    # the hosts' address families (4, 6, dual)
     take_port: Optional[Callable[[], int]] = field(default=None, repr=False, compare=False)
 
@@ -141,7 +142,7 @@ class RunPlan:
         rp = RankPlan(label=label, rank=rank,
                       env=base_env(scn, self.master_addr, self.master_port, rank, world),
                       init=init_spec(scn, self.master_addr, self.master_port, rank, world,
-                                     self.run_dir),
+                                     self.run_dir, self.url_port),
                       release=release or Trigger.at_time(0.0))
         self.ranks.append(rp)
         return rp
@@ -166,7 +167,16 @@ def file_store_path(run_dir: str) -> str:
     return str(Path(run_dir) / "filestore" / "pg")
 
 
-def init_spec(scn: Scenario, addr: str, port: int, rank: int, world: int, run_dir: str) -> InitSpec:
+def init_spec(scn: Scenario, addr: str, port: int, rank: int, world: int, run_dir: str,
+              port2: Optional[int] = None) -> InitSpec:
+    if scn.init_url is not None:   # as the user wrote it; the arguments it says
+        url = fill_init_url(scn.init_url, addr=url_host(addr), port=port, rank=rank,
+                            world_size=world, run_dir=run_dir, port2=port2)
+        scheme = init_url_parts(scn.init_url)[0]
+        args = scn.init_args if scn.init_args is not None else \
+            (["rank", "world_size"] if scheme in ("tcp", "file") else [])
+        return InitSpec(scheme, url, rank if "rank" in args else None,
+                        world if "world_size" in args else None)
     if scn.init == "env":
         return InitSpec("env")
     if scn.init == "tcp":   # an IPv6 literal in brackets, as in any URL (RFC 3986)
@@ -229,6 +239,8 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
     if not link and scn.ip == "6" and "master_addr" not in scn.model_fields_set:
         addr = "::1"
     port = take_port()
+    # a second reserved port, for an init_url that disagrees with MASTER_PORT
+    port2 = take_port() if scn.init_url is not None and "{port2}" in scn.init_url else None
     ranks = []
     counts = {h.name: h.ranks for h in scn.hosts} if scn.hosts else \
         {hosts[0].name: scn.world_size}
@@ -243,7 +255,7 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
                     env.setdefault(var, host.ifname)
             ranks.append(RankPlan(
                 label=str(r), rank=r, env=env, host=host.name,
-                init=init_spec(scn, addr, port, r, scn.world_size, run_dir),
+                init=init_spec(scn, addr, port, r, scn.world_size, run_dir, port2),
                 resolver_view=resolver_view(run_dir, host)))
             r += 1
     plan = RunPlan(
@@ -251,7 +263,7 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
         timeout=scn.timeout, deadline=scn.deadline, workload=list(scn.workload.steps),
         destroy=scn.workload.destroy, master_addr=addr, master_port=port,
         run_dir=run_dir, ranks=ranks, take_port=take_port, hosts=hosts, netns=use_ns,
-        link=link, run_id=run_id, ip=scn.ip,
+        link=link, run_id=run_id, url_port=port2, ip=scn.ip,
     )
     if not use_ns:
         plan.add_step(RUN, WriteResolverView(path=resolver_view(run_dir, hosts[0]),

@@ -25,6 +25,7 @@ try:
     out["gloo"] = dist.is_available() and dist.is_gloo_available()
     out["nccl"] = dist.is_available() and dist.is_nccl_available()
     out["mpi"] = dist.is_available() and dist.is_mpi_available()
+    out["ucc"] = dist.is_available() and getattr(dist, "is_ucc_available", lambda: False)()
     try:
         out["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version())) if out["nccl"] else None
     except Exception:

@@ -10,8 +10,10 @@ The channel
 * Events go as JSON lines to the inherited file descriptor named by ``HARNESS_EVENT_FD``; each
   line is one ``write(2)``, written before the next step starts, so that what a rank said
   survives a SIGKILL. :func:`encode` makes a line, :class:`EventReader` reads them back.
-* ``HARNESS_STACK_FD`` is where ``faulthandler`` writes all threads' stacks on ``SIGUSR1``
-  (it works while the rank is blocked inside C++: the store's connect, gloo's mesh).
+* ``HARNESS_STACK_FD`` is where ``faulthandler`` writes all threads' stacks on
+  :data:`STACK_SIGNAL`, a real-time signal no program uses (it works while the rank is blocked
+  inside C++: the store's connect, gloo's mesh). Not SIGUSR1: a scenario may send SIGUSR1 (as
+  Slurm's ``--signal`` does) and the rank must meet it as a real program would.
 * The start line: when every rank reported ``ready``, the supervisor writes :data:`GO_LINE` on
   a rank's stdin to release it. End of file instead means the supervisor is gone.
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 import traceback
 from dataclasses import asdict, dataclass, field, replace
@@ -36,6 +39,9 @@ from typing import Any, Dict, Iterable, List, Optional
 EVENT_FD_ENV = "HARNESS_EVENT_FD"
 STACK_FD_ENV = "HARNESS_STACK_FD"
 GO_LINE = b"go\n"
+# faulthandler's stack dump: a real-time signal (default action: terminate) that no program
+# or launcher sends, so SIGUSR1/SIGUSR2 stay the program's own
+STACK_SIGNAL = signal.SIGRTMIN + 4
 
 # event names
 PHASE = "phase"
@@ -86,7 +92,7 @@ class WorkerSpec:
     """What one rank runs: its argv's JSON."""
 
     label: str
-    backend: str
+    backend: Optional[str]            # None: not passed to init_process_group
     timeout: float
     steps: List[str]
     destroy: bool

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Any, Iterator, List, Optional
+from typing import Any, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -31,7 +31,7 @@ from . import evidence as evidence_mod
 from . import interrupts
 from .classify import Verdict, classify_run, job_outcome
 from .discovery import is_scenario_file
-from .expect import check, failure_table
+from .expect import RepeatedCheck, check, check_repeated, failure_table, repeated_table
 from .loader import ScenarioFileError, item_name, load_file
 from .observe import RunObservation
 from .probe import probe
@@ -68,6 +68,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "rank) to PATH; works under pytest-xdist")
     group.addoption("--harness-html", metavar="PATH", default=None,
                     help="write a self-contained HTML report (timelines, stacks) to PATH")
+    group.addoption("--harness-repeat", metavar="N", type=int, default=None,
+                    help="run every scenario case N times (overrides the scenarios' repeat:): "
+                    "each rank's outcome frequencies are reported and checked against the "
+                    "expectations' frequency bounds; a rank that varies where its expectation "
+                    "allows one outcome makes the case flaky")
     parser.addini("harness_scenarios", type="args", default=[],
                   help="extra globs of YAML files to collect as scenarios (relative to rootdir)")
 
@@ -319,13 +324,15 @@ class ScenarioItem(pytest.Item):
         self.scenario = scenario
         self.verdicts: List[Verdict] = []
         self.run: Optional[RunObservation] = None
+        self.runs: List[Tuple[RunObservation, List[Verdict]]] = []   # every run, repeated
+        self.repeated: Optional[RepeatedCheck] = None
         self.add_marker("scenario")
         for m in scenario.marks:
             self.config.addinivalue_line("markers", f"{m}: from scenario files")
             self.add_marker(m)
         self.add_marker(pytest.mark.timeout(scenario.deadline + 300))
         self.extra_keyword_matches.update(f.kind for f in scenario.faults)
-        self.extra_keyword_matches.update({scenario.backend, scenario.init})
+        self.extra_keyword_matches.update({*scenario.backend_names(), scenario.init})
         self.user_properties.append(("scenario", scenario.test_id))
 
     def reportinfo(self):  # type: ignore[no-untyped-def]
@@ -344,10 +351,20 @@ class ScenarioItem(pytest.Item):
             ranges = ", ".join(str(b.torch) for b in self.scenario.expect)
             pytest.skip(f"no expectation for torch {env['torch']} (blocks cover: {ranges})")
         self.evidence = self._evidence_dir()
-        self.run = run_scenario(self.scenario, keep=self.evidence)
-        self.verdicts = classify_run(self.run)
-        write_evidence(self.evidence, self.run, self.verdicts)
+        n = self.repeat()
+        for i in range(1, n + 1):   # a repeated case keeps each run's evidence in run-<i>/
+            where = self.evidence if n == 1 else self.evidence / f"run-{i}"
+            run = run_scenario(self.scenario, keep=where)
+            verdicts = classify_run(run)
+            write_evidence(where, run, verdicts)
+            self.runs.append((run, verdicts))
+        self.run, self.verdicts = self.runs[0]
         self.user_properties.append(("job", job_outcome(self.verdicts)))
+
+    def repeat(self) -> int:
+        """How many times this case runs: --harness-repeat, else the scenario's repeat:."""
+        opt = self.config.getoption("harness_repeat", None)
+        return max(1, int(opt)) if opt else self.scenario.repeat
 
     def _evidence_dir(self) -> Path:
         from .errors import HarnessError
@@ -365,6 +382,13 @@ class ScenarioItem(pytest.Item):
 
     def runtest(self) -> None:
         assert self.expectation is not None
+        if len(self.runs) > 1:
+            self.repeated = check_repeated(self.expectation, [v for _, v in self.runs])
+            if self.repeated.failed:
+                raise ScenarioMismatch(repeated_table([v for _, v in self.runs],
+                                                      self.expectation, self.repeated,
+                                                      source=self.shown_path()))
+            return
         mismatches = check(self.expectation, self.verdicts)
         if mismatches:
             raise ScenarioMismatch(failure_table(self.verdicts, self.expectation, mismatches,
@@ -383,8 +407,11 @@ class ScenarioItem(pytest.Item):
         if isinstance(excinfo.value, ScenarioMismatch):
             notes = self.run.plan.get("notes", []) if self.run is not None else []
             version = self.run.torch_version if self.run is not None else "?"
-            head = (f"scenario {self.scenario.test_id} ({self.path.name}) on torch "
-                    f"{version}: ranks did not end as expected")
+            how = "ranks did not end as expected"
+            if self.repeated is not None:
+                how = (f"flaky over {self.repeated.runs} runs" if self.repeated.flaky else
+                       f"ranks did not end as expected over {self.repeated.runs} runs")
+            head = f"scenario {self.scenario.test_id} ({self.path.name}) on torch {version}: {how}"
             faults = "\n".join(f"  fault: {n}" for n in notes)
             where = f"\n  evidence: {self.evidence}" if getattr(self, "evidence", None) else ""
             return f"{head}\n{faults}\n{excinfo.value}{where}".rstrip()

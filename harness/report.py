@@ -284,7 +284,8 @@ def summarize(cases: Iterable[Dict[str, Any]], collect_errors: Sequence[Any] = (
 def build(cases: Sequence[Dict[str, Any]], *, env: Optional[Dict[str, Any]] = None,
           collect_errors: Sequence[Dict[str, str]] = (), source: str = "pytest",
           argv: Optional[Sequence[str]] = None, duration: Optional[float] = None,
-          evidence: Optional[str] = None, interrupted: Optional[str] = None) -> Dict[str, Any]:
+          evidence: Optional[str] = None, interrupted: Optional[str] = None,
+          workers: int = 1) -> Dict[str, Any]:
     """The whole report (cases in the order given)."""
     from . import __version__
 
@@ -299,9 +300,29 @@ def build(cases: Sequence[Dict[str, Any]], *, env: Optional[Dict[str, Any]] = No
         "interrupted": interrupted,
         "environment": env if env is not None else environment(),
         "summary": summarize(cases, collect_errors),
+        "time": time_budget(cases, duration, workers),
         "collect_errors": list(collect_errors),
         "cases": list(cases),
     }
+
+
+def time_budget(cases: Sequence[Dict[str, Any]], duration: Optional[float], workers: int
+                ) -> Dict[str, Any]:
+    """How the session's time compares with what its scenarios ask for: ``inherent`` is the
+    sum of every run's own time from its start line to its end (the timeouts, delays and
+    deadlines the scenarios wait out), ``ratio`` the session's duration over ``inherent /
+    workers`` (1.0: no time beyond the waits; the rest is starting interpreters, importing
+    torch, namespaces, stacks and cleanup)."""
+    inherent = 0.0
+    for c in cases:
+        walls = c.get("walls") or ([c["wall"]] if c.get("wall") is not None else [])
+        inherent += sum(float(w) for w in walls if w is not None)
+    workers = max(1, int(workers or 1))
+    ratio = None
+    if duration and inherent > 0:
+        ratio = round(float(duration) / (inherent / workers), 2)
+    return {"duration": None if duration is None else round(float(duration), 3),
+            "inherent": round(inherent, 3), "workers": workers, "ratio": ratio}
 
 
 def write(report: Dict[str, Any], path: Union[str, Path]) -> Path:
@@ -349,16 +370,66 @@ def _evidence_of(item: Any) -> Optional[str]:
 
 def item_record(item: Any) -> Dict[str, Any]:
     """The case record of a ScenarioItem (duck-typed: no import of the plugin)."""
-    from .expect import check
+    from .expect import check, check_repeated
 
     expectation = getattr(item, "expectation", None)
     verdicts = list(getattr(item, "verdicts", []) or [])
+    runs = list(getattr(item, "runs", []) or [])
+    if len(runs) > 1 and expectation is not None:
+        return repeated_record(item, runs, expectation,
+                               check_repeated(expectation, [v for _, v in runs]))
     mismatches = check(expectation, verdicts) if expectation is not None and verdicts else []
     nodeid = item.nodeid
     return case_record(
         nodeid=nodeid, file=nodeid.split("::", 1)[0], name=item.name,
         scenario=item.scenario, run=getattr(item, "run", None), verdicts=verdicts,
         expectation=expectation, mismatches=mismatches, evidence=_evidence_of(item))
+
+
+def repeated_record(item: Any, runs: Sequence[Any], expectation: Any, res: Any
+                    ) -> Dict[str, Any]:
+    """A case run N times: the first run's record (its ranks, timeline, evidence) plus every
+    run's outcomes, each rank's outcome counts and durations, and what the repeats found
+    (frequency bounds that failed, flaky ranks)."""
+    first_run, first_verdicts = runs[0]
+    nodeid = item.nodeid
+    mismatches = [{"run": i, "label": m.label, "field": m.field, "expected": m.expected,
+                   "observed": m.observed, "line": m.line} for i, m in res.mismatches]
+    mismatches += [{"run": None, "label": m.label, "field": m.field, "expected": m.expected,
+                    "observed": m.observed, "line": m.line} for m in res.bounds]
+    rec = case_record(nodeid=nodeid, file=nodeid.split("::", 1)[0], name=item.name,
+                      scenario=item.scenario, run=first_run, verdicts=first_verdicts,
+                      expectation=expectation, mismatches=mismatches,
+                      evidence=_evidence_of(item))
+    durations: Dict[str, List[Optional[float]]] = {}
+    for _, verdicts in runs:
+        for v in verdicts:
+            durations.setdefault(v.label, []).append(v.duration)
+    for r in rec["ranks"]:
+        r["outcomes"] = dict(res.counts.get(r["label"], {}))
+        r["durations"] = durations.get(r["label"], [])
+    rec.update(repeat=len(runs), flaky=list(res.flaky),
+               runs=[{"job": job_outcome(v.outcome for v in verdicts), "wall": run.wall,
+                      "ranks": {v.label: v.outcome for v in verdicts}}
+                     for run, verdicts in runs],
+               walls=[run.wall for run, _ in runs],
+               job_outcomes=_count(job_outcome(v.outcome for v in verdicts)
+                                   for _, verdicts in runs))
+    return _jsonable(rec)
+
+
+def _count(items: Iterable[Any]) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for x in items:
+        out[str(x)] = out.get(str(x), 0) + 1
+    return out
+
+
+def _workers(config: Any) -> int:
+    """How many processes ran cases at once (pytest-xdist's -n, resolved; 1 without it)."""
+    tx = getattr(config.option, "tx", None) or []
+    dist = getattr(config.option, "dist", "no")
+    return max(1, len(tx)) if dist != "no" and tx else 1
 
 
 def _skip_reason(rep: Any) -> str:
@@ -450,6 +521,7 @@ class SessionRecorder:
         rep = build(cases, collect_errors=self.collect_errors, source="pytest",
                     argv=list(self.config.invocation_params.args),
                     duration=time.monotonic() - self.started,
+                    workers=_workers(self.config),
                     evidence=str(session.path) if session is not None and session.path.is_dir()
                     else None,
                     interrupted=None if sig is None else signal.Signals(sig).name)

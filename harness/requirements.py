@@ -27,14 +27,13 @@ def skip_reason(scn: Scenario, env: Dict[str, Any]) -> Optional[str]:
                f"{env.get('error', '')} (install torch first)"
     if not env.get("distributed"):
         return f"torch {env['torch']} was built without torch.distributed"
-    if scn.backend == "gloo" and not env.get("gloo"):
-        return f"torch {env['torch']} has no gloo backend"
-    if scn.backend == "nccl":
-        if not env.get("nccl"):
-            return f"backend nccl: torch {env['torch']} has no NCCL (a CPU build?)"
-        if env.get("gpus", 0) < scn.world_size:
-            return (f"backend nccl: needs {scn.world_size} CUDA GPUs (one per rank), "
-                    f"this machine has {env.get('gpus', 0)}")
+    why = backend_missing(scn, env)
+    if scn.backend_available is False:
+        if why is None:
+            return (f"the case is about a machine without backend {scn.backend} "
+                    "(backend_available: false), and this one has it")
+    elif why:
+        return why
     if scn.needs_namespaces():
         why = NAMESPACES.missing()
         if why:
@@ -52,6 +51,24 @@ def skip_reason(scn: Scenario, env: Dict[str, Any]) -> Optional[str]:
             why = req.missing()
             if why:
                 return f"{f.kind}: {why}"
+    return None
+
+
+def backend_missing(scn: Scenario, env: Dict[str, Any]) -> Optional[str]:
+    """Why this machine cannot give the scenario's backend, or None."""
+    names = scn.backend_names()
+    label = f"backend {scn.backend}" if scn.backend is not None else "the default backend"
+    if "gloo" in names and not env.get("gloo"):
+        return f"{label}: torch {env['torch']} has no gloo backend"
+    if "nccl" in names:
+        if not env.get("nccl"):
+            return f"{label}: torch {env['torch']} has no NCCL (a CPU build?)"
+        if env.get("gpus", 0) < scn.world_size:
+            return (f"{label}: needs {scn.world_size} CUDA GPUs (one per rank), "
+                    f"this machine has {env.get('gpus', 0)}")
+    for name in ("mpi", "ucc"):
+        if name in names and not env.get(name):
+            return f"{label}: torch {env['torch']} was built without {name.upper()}"
     return None
 
 

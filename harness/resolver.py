@@ -84,6 +84,9 @@ CLONE_NEWUSER = 0x10000000
 MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 0x40000
+MS_RDONLY = 0x1
+MS_REMOUNT = 0x20
+ENV_READ_ONLY = "HARNESS_READ_ONLY"     # folders a rank sees read-only (os.pathsep-separated)
 
 
 class ViewError(RuntimeError):
@@ -293,14 +296,40 @@ def _verify(view: Path) -> None:
                             "bind mount")
 
 
+def enter_read_only(paths: Sequence[str]) -> None:
+    """Make ``paths`` (existing folders) read-only mounts for this process and what it starts,
+    in a private mount namespace of its own, as a read-only NFS export or a ``ro`` volume is:
+    writes fail with EROFS. Nothing of the machine's mounts changes; the namespace ends with
+    the process. Single-threaded callers only (the worker, before torch)."""
+    libc = _libc()
+    userns = os.geteuid() != 0
+    uid, gid = os.geteuid(), os.getegid()
+    if libc.unshare(CLONE_NEWNS | (CLONE_NEWUSER if userns else 0)) != 0:
+        raise ViewError(_err("unshare for a read-only mount") + "; " + (
+            userns_hint() if userns else "a mount namespace needs CAP_SYS_ADMIN"))
+    if userns:
+        try:
+            Path("/proc/self/setgroups").write_text("deny")
+            Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1\n")
+            Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1\n")
+        except OSError as e:
+            raise ViewError(f"could not map uid {uid} in the user namespace: {e}") from None
+    _mount(libc, None, "/", MS_REC | MS_PRIVATE)
+    for path in paths:
+        _mount(libc, path, path, MS_BIND)
+        _mount(libc, None, path, MS_BIND | MS_REMOUNT | MS_RDONLY)
+
+
 def enter_from_env() -> Optional[str]:
     """For the worker, first thing: enter the view named by ``HARNESS_RESOLVER_VIEW`` (popped,
     so that programs the rank starts do not enter it again); returns the folder, or None."""
     view = os.environ.pop(ENV_VIEW, "")
-    if not view:
-        return None
-    enter(Path(view))
-    return view
+    read_only = [p for p in os.environ.pop(ENV_READ_ONLY, "").split(os.pathsep) if p]
+    if view:
+        enter(Path(view))
+    if read_only:
+        enter_read_only(read_only)
+    return view or None
 
 
 def exec_prefix(view: os.PathLike, python: str = sys.executable) -> List[str]:

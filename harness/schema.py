@@ -12,8 +12,10 @@ start, run and be written down (spawned env, torch's timedelta, test ids, eviden
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Union
+from urllib.parse import urlsplit
 
 import regex
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -40,6 +42,7 @@ from .limits import (  # noqa: F401 - the limits are part of the format's vocabu
     MAX_HOSTS,
     MAX_MARKS,
     MAX_NAME,
+    MAX_REPEAT,
     MAX_SECONDS,
     MAX_SHORT,
     MAX_STEPS,
@@ -93,10 +96,52 @@ def _phase_name(v: str) -> str:
     return v
 
 
+def _as_list(v: Any) -> Any:
+    return [v] if isinstance(v, str) else v
+
+
 def _as_outcome_set(v: Any) -> Any:
     if isinstance(v, str):
         return [v]
+    if isinstance(v, dict):   # outcome: {timeout: ">= 0.6", error: any}: the allowed set
+        for b in v.values():  # (said here, where it is written: not at 'frequency')
+            if b is not None and not (isinstance(b, (int, float)) and not isinstance(b, bool)):
+                parse_bound(str(b))
+        return list(v)
     return v
+
+
+_BOUND = re.compile(r"^\s*(?:(>=|<=|>|<|==)\s*([0-9.]+)|([0-9.]+)\s*\.\.\s*([0-9.]+)|(any))\s*\Z")
+
+
+def parse_bound(text: str) -> Tuple[float, float, bool, bool]:
+    """A frequency bound -> (low, high, low included, high included), frequencies in 0..1:
+    ">= 0.6", "<= 0.2", "> 0", "< 1", "== 1", "0.3..0.7" (both ends included), "any"."""
+    m = _BOUND.match(str(text))
+    if not m:
+        raise ValueError(f"frequency bound {str(text)[:40]!r}: write '>= 0.6', '<= 0.2', "
+                         "'0.3..0.7' or 'any' (frequencies are 0..1)")
+    op, x, a, b, anything = m.groups()
+    if anything:
+        return 0.0, 1.0, True, True
+    try:
+        if op is not None:
+            v = float(x)
+            lo, hi, lo_in, hi_in = {">=": (v, 1.0, True, True), ">": (v, 1.0, False, True),
+                                    "<=": (0.0, v, True, True), "<": (0.0, v, True, False),
+                                    "==": (v, v, True, True)}[op]
+        else:
+            lo, hi, lo_in, hi_in = float(a), float(b), True, True
+    except ValueError:
+        raise ValueError(f"frequency bound {str(text)[:40]!r}: not a number") from None
+    if not (0.0 <= lo <= hi <= 1.0):
+        raise ValueError(f"frequency bound {str(text)[:40]!r}: frequencies are 0..1")
+    return lo, hi, lo_in, hi_in
+
+
+def bound_holds(text: str, freq: float) -> bool:
+    lo, hi, lo_in, hi_in = parse_bound(text)
+    return (freq > lo or (lo_in and freq == lo)) and (freq < hi or (hi_in and freq == hi))
 
 
 class RankExpect(Strict):
@@ -109,7 +154,12 @@ class RankExpect(Strict):
         return self._line
 
     outcome: Optional[List[Outcome]] = Field(
-        None, description="allowed outcome(s): ok | error | timeout | hang | crash")
+        None, description="allowed outcome(s): ok | error | timeout | hang | crash; a mapping "
+        "outcome -> frequency bound ('>= 0.6', '0.3..0.7', 'any') states how often each may "
+        "happen when the case is repeated")
+    frequency: Optional[Dict[Outcome, str]] = Field(
+        None, description="set from the mapping form of outcome: outcome -> frequency bound, "
+        "checked over repeated runs (repeat: / --harness-repeat)")
     exception: Optional[str] = Field(
         None, max_length=MAX_SHORT, description="exception class name; matches any class in the "
         "raised exception's MRO (so RuntimeError accepts DistStoreError); 'module.Class' matches "
@@ -125,9 +175,40 @@ class RankExpect(Strict):
 
     # json_schema_input_type: the exported JSON Schema must accept the shorthands too
     _outcome = field_validator("outcome", mode="before", json_schema_input_type=Optional[
-        Union[Outcome, List[Outcome]]])(_as_outcome_set)
+        Union[Outcome, List[Outcome], Dict[Outcome, str]]])(_as_outcome_set)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _frequencies(cls, v: Any) -> Any:
+        """``outcome: {timeout: ">= 0.6", error: "<= 0.4"}``: the set and the bounds."""
+        if isinstance(v, dict) and isinstance(v.get("outcome"), dict):
+            if "frequency" in v:
+                raise ValueError("give frequencies either in outcome: {...} or in frequency:")
+            v = dict(v)
+            freq = {k: ("any" if b is None else b) for k, b in v["outcome"].items()}
+            try:
+                for b in freq.values():
+                    if isinstance(b, str):
+                        parse_bound(b)
+            except ValueError:
+                return v      # the outcome field says what is wrong, where it is written
+            v["frequency"] = freq
+        return v
+
+    @field_validator("frequency")
+    @classmethod
+    def _bounds(cls, v: Optional[Dict[str, Any]]) -> Optional[Dict[str, str]]:
+        if v is None:
+            return v
+        out = {}
+        for k, b in v.items():
+            text = str(b) if not isinstance(b, (int, float)) or isinstance(b, bool) \
+                else f"== {b}"
+            parse_bound(text)
+            out[k] = text
+        return out
     _phase = field_validator("phase", mode="before", json_schema_input_type=Optional[
-        Union[str, List[str]]])(_as_outcome_set)
+        Union[str, List[str]]])(_as_list)
 
     varies: Optional[List[Literal["exception", "message", "duration"]]] = Field(
         None, max_length=3, description="what differs from run to run of this very scenario "
@@ -153,7 +234,10 @@ class RankExpect(Strict):
 
     def words(self) -> List[str]:
         """This expectation in short words: 'timeout', 'DistStoreError', '/pat/', 'in 3..30 s'."""
-        out = ["|".join(self.outcome)] if self.outcome else []
+        if self.frequency:
+            out = [", ".join(f"{o} {b}" if b != "any" else o for o, b in self.frequency.items())]
+        else:
+            out = ["|".join(self.outcome)] if self.outcome else []
         if self.exception:
             out.append(self.exception)
         if self.message:
@@ -305,6 +389,45 @@ def fault_of(v: Any) -> Any:
     return cls.model_validate(v)
 
 
+INIT_URL_FIELDS = ("addr", "port", "port2", "rank", "world_size", "run_dir")
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+
+
+def fill_init_url(template: str, **values: Any) -> str:
+    """The URL with its {placeholders} filled in (only the known ones exist)."""
+    return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), template)
+
+
+def init_url_parts(template: str) -> Tuple[str, Optional[str], str]:
+    """(scheme, host or None, path) of an init_url template, checked: known placeholders,
+    a file path only inside the run's folder. ValueError says what is wrong."""
+    for name in _PLACEHOLDER.findall(template):
+        if name not in INIT_URL_FIELDS:
+            raise ValueError(f"unknown placeholder {{{name[:20]}}} (known: "
+                             f"{', '.join('{' + f + '}' for f in INIT_URL_FIELDS)})")
+    sample = fill_init_url(template, addr="127.0.0.1", port=29500, port2=29501, rank=0,
+                           world_size=2, run_dir="/RUN_DIR")
+    if "{" in sample or "}" in sample:
+        raise ValueError("a lone { or } (placeholders are {addr}, {port}, ...)")
+    parts = urlsplit(sample)
+    scheme = parts.scheme.lower()
+    if not scheme:
+        raise ValueError(f"{template[:60]!r} has no scheme (tcp://, env://, file://)")
+    try:
+        host = parts.hostname
+    except ValueError as e:
+        raise ValueError(f"{template[:60]!r}: {e}") from None
+    if scheme == "file":
+        path = posixpath.normpath(parts.path) if parts.path else ""
+        if host:
+            raise ValueError("a file:// URL names no host: file:///path or file://{run_dir}/..")
+        if path and not (path == "/RUN_DIR" or path.startswith("/RUN_DIR/")):
+            raise ValueError(f"the file store's path {path[:60]!r} is outside the run's folder: "
+                             "write file://{run_dir}/NAME (the harness writes and removes "
+                             "only what it made)")
+    return scheme, host, parts.path
+
+
 class Host(Strict):
     # the topology's own rule: starts with a letter or digit, at most 16 characters
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,15}$",
@@ -322,11 +445,30 @@ class Scenario(Strict):
     about: str = Field(min_length=1, max_length=MAX_TEXT,
                        description="why this scenario exists, where it comes from, and what was "
                        "watched happening")
-    backend: Literal["gloo", "nccl"] = "gloo"
+    backend: Optional[str] = Field(
+        "gloo", pattern=r"^[A-Za-z0-9:,]{0,48}$",
+        description="torch's backend argument as users write it: gloo, nccl, "
+        "'cpu:gloo,cuda:nccl' (a malformed one, a duplicate device or a trailing comma, is "
+        "passed as written, for torch's own error); null: omitted (torch picks by device)")
+    backend_available: Optional[bool] = Field(
+        None, description="null (default): skipped, with the reason, where this machine "
+        "cannot give the backend; false: the case is ABOUT a machine without it (torch's "
+        "error is the expectation): it runs where the backend is missing and is skipped "
+        "where it is there; true: as null")
     world_size: int = Field(2, ge=1, le=MAX_WORLD)
     init: Literal["env", "tcp", "file"] = Field(
         "env", description="init method: env (env://, MASTER_ADDR/PORT), tcp (tcp://addr:port) or "
         "file (file:///shared/path)")
+    init_url: Optional[str] = Field(
+        None, max_length=MAX_ADDR, description="init_method exactly as a user writes it, "
+        "instead of the one init builds: a template with {addr}, {port} (MASTER_PORT), "
+        "{port2} (a second port of the run's, not MASTER_PORT), {rank}, {world_size} and "
+        "{run_dir} (e.g. 'tcp://{addr}', 'tcp://{addr}:{port}?rank={rank}', "
+        "'env://?use_libuv=0', 'file://', 'foo://x'); a host in it must be one the harness may "
+        "send traffic to, a file path must lie in {run_dir}")
+    init_args: Optional[List[Literal["rank", "world_size"]]] = Field(
+        None, max_length=2, description="with init_url: which of rank and world_size are also "
+        "passed as arguments (default: both for tcp:// and file://, none otherwise)")
     timeout: Annotated[float, BeforeValidator(no_bool), Field(
         ge=MIN_TIMEOUT, le=MAX_SECONDS, allow_inf_nan=False)] = Field(
         30.0, description="torch's own timeout for init_process_group, s")
@@ -363,6 +505,10 @@ class Scenario(Strict):
         default_factory=lambda: [Expect()], max_length=MAX_EXPECT_BLOCKS,
         description="one block, or a list of torch-scoped blocks (the first whose 'torch' range "
         "holds is used)")
+    repeat: int = Field(1, ge=1, le=MAX_REPEAT, description="run the case this many times: "
+                        "its ranks' outcome frequencies are reported and checked against "
+                        "frequency bounds, and a rank that varies where its expectation "
+                        "allows one outcome makes the case flaky (--harness-repeat overrides)")
     marks: List[Annotated[str, AfterValidator(_marker)]] = Field(
         default_factory=list, max_length=MAX_MARKS,
         description="plain labels for pytest's -m (not markers pytest or a plugin gives a "
@@ -374,6 +520,20 @@ class Scenario(Strict):
     @classmethod
     def _workload(cls, v: Any) -> Any:
         return _workload_shorthand(v)
+
+    @field_validator("init_url")
+    @classmethod
+    def _init_url(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            init_url_parts(v)   # raises ValueError naming what is wrong
+        return v
+
+    @model_validator(mode="after")
+    def _init_args(self) -> Scenario:
+        if self.init_args is not None and self.init_url is None:
+            raise located("init_args", "init_args goes with init_url (init: tcp and file pass "
+                          "both, env none)")
+        return self
 
     @field_validator("ip", mode="before",
                      json_schema_input_type=Union[Literal[4, 6], Literal["4", "6", "dual"]])
@@ -427,6 +587,14 @@ class Scenario(Strict):
             raise ValueError(f"env holds {total} bytes of names and values: at most "
                              f"{MAX_ENV_TOTAL} in all")
         return v
+
+    def backend_names(self) -> List[str]:
+        """The backends the backend string names (``cpu:gloo,cuda:nccl`` -> gloo, nccl);
+        omitted: what torch picks on a CPU machine (gloo)."""
+        if self.backend is None:
+            return ["gloo"]
+        names = [part.rsplit(":", 1)[-1].strip().lower() for part in self.backend.split(",")]
+        return [n for n in dict.fromkeys(names) if n]
 
     def host_names(self) -> List[str]:
         return [h.name for h in self.hosts] if self.hosts else ["local"]

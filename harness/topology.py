@@ -398,7 +398,10 @@ class Topology:
         self.state_file = STATE_DIR / f"{prefix}{run_id}.json"
         self.switch_netns: Optional[str] = f"{prefix}{run_id}.sw" if self.link else None
         blocks = list(net.subnets(new_prefix=24)) if net.prefixlen < 24 else [net]
-        self.network: ipaddress.IPv4Network = blocks[zlib.crc32(run_id.encode()) % len(blocks)]
+        pick = zlib.crc32(run_id.encode()) % len(blocks)
+        self.network: ipaddress.IPv4Network = blocks[pick]
+        # the pool's next block: addresses of spare links, a subnet no link of the run routes
+        self.spare_network: ipaddress.IPv4Network = blocks[(pick + 1) % len(blocks)]
         # a unique local /64 (RFC 4193, fd00::/8) of the run: never routed, never outside
         crc = zlib.crc32(run_id.encode())
         self.network6 = ipaddress.IPv6Network(
@@ -951,6 +954,31 @@ class Topology:
         net = self.host(host)
         _run(["tc", "-n", net.netns, "qdisc", "delete", "dev", net.ifname, "root"],
              ok_if_gone=True)
+
+    # ---- extra interfaces ------------------------------------------------------------------
+
+    def add_spare_link(self, host: str, ifname: str, up: bool = False) -> str:
+        """A second interface on the host with an address of its own subnet (the harness's
+        pool, routed by no link of the run), left down unless ``up``: a NIC that is configured
+        but has no carrier. It is one end of a veth
+        pair whose other end (``<ifname>p``) stays down in the same namespace (this kernel may
+        lack the dummy link type); both go with the namespace. Returns its address."""
+        self._require_up()
+        net = self.host(host)
+        index = list(self._hosts).index(host)
+        addr = str(self.spare_network.network_address + 1 + index)
+        _run(["ip", "-n", net.netns, "link", "add", ifname, "type", "veth", "peer", "name",
+              f"{ifname}p"])
+        _run(["ip", "-n", net.netns, "addr", "add", f"{addr}/{self.spare_network.prefixlen}",
+              "dev", ifname])
+        if up:
+            _run(["ip", "-n", net.netns, "link", "set", ifname, "up"])
+        return addr
+
+    def remove_spare_link(self, host: str, ifname: str) -> None:
+        """Remove a link made by :meth:`add_spare_link` (no error if it is gone)."""
+        self._require_up()
+        _run(["ip", "-n", self.host(host).netns, "link", "delete", ifname], ok_if_gone=True)
 
     # ---- name resolution ------------------------------------------------------------------
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import signal
 import sys
 import time
 from datetime import timedelta
@@ -40,16 +39,19 @@ def phase(name: str, **fields: Any) -> str:
 
 def run_workload(spec: P.WorkerSpec, dist: Any, torch: Any) -> None:
     phase("init")
-    kwargs: dict = {"backend": spec.backend, "timeout": timedelta(seconds=spec.timeout)}
+    kwargs: dict = {"timeout": timedelta(seconds=spec.timeout)}
+    if spec.backend is not None:    # None: omitted, as a user who leaves it to torch
+        kwargs["backend"] = spec.backend
     init = spec.init
-    if init.method == "env":
-        kwargs["init_method"] = "env://"
-    else:   # tcp:// or file:// (the run's set-up made the file store's directory)
-        kwargs["init_method"] = init.url
+    # the URL as planned (tcp://, file://, or the scenario's init_url as written); env://
+    # otherwise. rank and world_size only where the plan passes them as arguments.
+    kwargs["init_method"] = init.url if init.url is not None else "env://"
+    if init.rank is not None:
         kwargs["rank"] = init.rank
+    if init.world_size is not None:
         kwargs["world_size"] = init.world_size
     device = torch.device("cpu")
-    if spec.backend == "nccl":
+    if spec.backend is not None and "nccl" in spec.backend.lower() and torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     dist.init_process_group(**kwargs)
@@ -92,7 +94,7 @@ def main() -> None:
     _EV_FD = int(os.environ.pop(P.EVENT_FD_ENV))
     stack_file = os.fdopen(int(os.environ.pop(P.STACK_FD_ENV)), "w")
     die_with_parent()
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    faulthandler.register(P.STACK_SIGNAL, file=stack_file, all_threads=True)
     phase("start", pid=os.getpid())
     try:
         phase("import")

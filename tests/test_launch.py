@@ -394,3 +394,25 @@ def test_a_rank_that_cannot_import_torch_is_a_harness_error_with_the_exception(t
                        r"could not import torch: ImportError: this torch is a stand-in$"):
         run_scenario(scn)
     assert harness_descendants() == []
+
+
+def test_torch_refusing_the_scenarios_environment_at_import_is_the_ranks_verdict():
+    """Real torch: TORCH_DISTRIBUTED_DEBUG with a value torch rejects makes `import torch`
+    raise ValueError in every rank; torch imports in a clean interpreter, so that is the
+    scenario's result (error in phase import), not a harness error."""
+    scn = scenario("""
+        name: debugvalue
+        about: torch refuses TORCH_DISTRIBUTED_DEBUG=VERBOSE while it is imported
+        world_size: 2
+        timeout: 10
+        deadline: 60
+        workload: init
+        env: {TORCH_DISTRIBUTED_DEBUG: VERBOSE}
+    """)
+    obs = run_scenario(scn)
+    verdicts = {v.label: v for v in classify_run(obs)}
+    for label in ("0", "1"):
+        v = verdicts[label]
+        assert (v.outcome, v.phase, v.exception) == ("error", "import", "ValueError")
+        assert "TORCH_DISTRIBUTED_DEBUG" in v.message and v.duration == 0.0
+    assert harness_descendants() == []

@@ -64,7 +64,7 @@ def test_env_bool_is_not_a_string():
 
 @pytest.mark.parametrize("field,value", [
     ("world_size", 0), ("world_size", MAX_WORLD + 1), ("timeout", 0), ("deadline", -1),
-    ("backend", "mpi"), ("init", "udp"), ("name", "has space"), ("about", ""),
+    ("backend", "gloo nccl"), ("init", "udp"), ("name", "has space"), ("about", ""),
 ])
 def test_out_of_range_or_unknown_value_is_refused(field, value):
     with pytest.raises(ValidationError) as e:

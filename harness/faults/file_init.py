@@ -1,4 +1,5 @@
-"""file_init: faults of file:// initialisation (per-rank paths, stale file, unwritable dir).
+"""file_init: faults of file:// initialisation (per-rank paths, stale file, unwritable dir,
+a directory that is not there, a read-only mount).
 
 ``python -m harness.faults.file_init --stale PATH WORLD_SIZE`` is the helper that leaves a
 FileStore file the way a killed job does: used, then SIGKILLed mid-run.
@@ -15,7 +16,8 @@ from typing import ClassVar, List, Literal
 from pydantic import Field
 
 from ..limits import MAX_WORLD
-from ..machine import Tool
+from ..machine import RESOLVER_VIEW, Tool
+from ..resolver import ENV_READ_ONLY
 from ..steps import Step, StepError
 from . import Fault
 
@@ -69,11 +71,31 @@ class Unwritable(Step):
         return f"make {self.path} unwritable"
 
 
+@dataclass
+class ReadOnlyDir(Step):
+    """The store's folder, made by the harness; the ranks see it as a read-only mount (each in
+    a private mount namespace: harness.resolver.enter_read_only), nothing else does."""
+
+    path: str = ""
+
+    def do(self, rt):
+        os.makedirs(self.path, exist_ok=True)
+
+    def describe(self):
+        return f"make {self.path}, mounted read-only in the ranks"
+
+
 class FileInit(Fault):
     kind: Literal["file_init"] = "file_init"
-    summary = "file:// init with a path per rank, a stale file, or an unwritable directory"
+    summary = "file:// init with a path per rank, a stale file, an unwritable directory, a " \
+        "directory that does not exist, or a read-only mount"
     REQUIRES = (CHATTR,)
-    mode: Literal["per_rank_path", "stale_file", "unwritable_dir"]
+    mode: Literal["per_rank_path", "stale_file", "unwritable_dir", "missing_dir",
+                  "read_only_mount"] = Field(
+        description="per_rank_path: ranks use paths of their own; stale_file: a killed job's "
+        "file is there; unwritable_dir: mode 0555 (and immutable as root); missing_dir: the "
+        "path's folder does not exist (an unmounted share: nobody makes it); read_only_mount: "
+        "the folder is a read-only mount in the ranks")
     ranks: List[int] = Field(default_factory=lambda: [1], max_length=MAX_WORLD,
                              description="per_rank_path: ranks that get a path of their own")
 
@@ -85,7 +107,11 @@ class FileInit(Fault):
         return problems
 
     def requirements(self, scn):
-        return self.REQUIRES if self.mode == "unwritable_dir" else ()
+        if self.mode == "unwritable_dir":
+            return self.REQUIRES
+        if self.mode == "read_only_mount":
+            return (RESOLVER_VIEW,)     # the same private mount namespace a rank enters
+        return ()
 
     def apply(self, plan, scn):
         path = plan.file_store
@@ -96,6 +122,19 @@ class FileInit(Fault):
         elif self.mode == "stale_file":
             plan.add_step(self, StaleFileStore(path=path, world_size=1, target="file store"))
             plan.notes.append(f"file_init: {path} left behind by a killed job")
+        elif self.mode == "missing_dir":
+            gone = str(Path(plan.run_dir) / "not-mounted")
+            for r in plan.ranks:
+                r.init = r.init.with_url(f"file://{gone}/pg")
+            plan.notes.append(f"file_init: {gone} does not exist (nobody makes it: torch "
+                              "retries the open)")
+        elif self.mode == "read_only_mount":
+            ro = str(Path(plan.run_dir) / "ro-mount")
+            plan.add_step(self, ReadOnlyDir(path=ro, target="file store"))
+            for r in plan.ranks:
+                r.init = r.init.with_url(f"file://{ro}/pg")
+                r.env[ENV_READ_ONLY] = ro
+            plan.notes.append(f"file_init: {ro} is a read-only mount in the ranks")
         else:
             ro = str(Path(plan.run_dir) / "readonly")
             plan.add_step(self, Unwritable(path=ro, target="file store"))

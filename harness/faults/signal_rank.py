@@ -1,10 +1,17 @@
-"""kill_rank and stop_rank: a signal to a rank at a time or when it enters a phase."""
+"""kill_rank and stop_rank: a signal to a rank at a time or when it enters a phase.
 
+kill_rank sends any signal by name: the fatal ones (KILL, TERM, SEGV...) and the ones a
+launcher or a scheduler sends to a live job (USR1 as Slurm's ``--signal``, CHLD, HUP...);
+the rank meets it as any program would (its default action, or the program's handler).
+"""
+
+import signal as _signal
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from ..protocol import STACK_SIGNAL
 from ..steps import Step
 from ..triggers import When
 from . import Fault
@@ -38,6 +45,25 @@ class Signal(Step):
         return f"SIG{self.signal} to rank {self.rank}"
 
 
+def signal_name(text: str) -> str:
+    """A signal's bare name (``USR1``) from what a user writes (``usr1``, ``SIGUSR1``); a
+    clear error for an unknown one, for STOP/CONT (stop_rank's) and the harness's own."""
+    name = text.strip().upper()
+    name = name[3:] if name.startswith("SIG") else name
+    sig = getattr(_signal, "SIG" + name, None)
+    if not isinstance(sig, _signal.Signals) or name in ("RTMIN", "RTMAX"):
+        known = sorted(s.name[3:] for s in _signal.Signals if s.name.startswith("SIG")
+                       and not s.name.startswith("SIGRT")
+                       and s.name not in ("SIGSTOP", "SIGCONT", "SIGTSTP"))
+        raise ValueError(f"unknown signal {text[:12]!r} (known: {', '.join(known)})")
+    if name in ("STOP", "CONT", "TSTP"):
+        raise ValueError(f"SIG{name} freezes or resumes a rank: use stop_rank (heal_after "
+                         "sends SIGCONT)")
+    if sig == STACK_SIGNAL:
+        raise ValueError(f"SIG{name} is the harness's own stack-dump signal")
+    return name
+
+
 class _SignalRank(Fault, When):
     WHEN_REQUIRED = True
     rank: int = Field(1, description="the rank that gets the signal (and whose phase counts)")
@@ -62,8 +88,14 @@ class _SignalRank(Fault, When):
 
 class KillRank(_SignalRank):
     kind: Literal["kill_rank"] = "kill_rank"
-    summary = "SIGKILL (or another fatal signal) to a rank at a time or phase"
-    signal: Literal["KILL", "TERM", "SEGV", "ABRT", "INT"] = "KILL"
+    summary = "SIGKILL, or any signal by name (TERM, USR1, CHLD...), to a rank at a time or phase"
+    signal: str = Field("KILL", max_length=12, description="the signal's name, with or without "
+                        "SIG: KILL, TERM, INT, SEGV, ABRT, USR1, USR2, HUP, CHLD...")
+
+    @field_validator("signal")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return signal_name(v)
 
     def check(self, scn):
         problems = super().check(scn)

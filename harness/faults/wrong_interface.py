@@ -1,37 +1,89 @@
-"""wrong_interface: GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME unset, missing or wrong."""
+"""wrong_interface: GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME unset, missing, wrong, or a list
+with one bad entry (a missing interface, a wrong one, or a NIC that is configured but down)."""
 
+from dataclasses import dataclass
 from typing import List, Literal, Optional
 
 from pydantic import Field
 
 from ..limits import MAX_WORLD
+from ..triggers import Trigger
 from . import Fault
+from ._net import NetStep
 
 VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+SPARE_IFNAME = "eth1"
+
+
+@dataclass
+class SpareLink(NetStep):
+    """A second interface on a host, with an address of the run's subnet, left down; it goes
+    with the host's namespace."""
+
+    host: str = ""
+    ifname: str = SPARE_IFNAME
+
+    def do(self, rt):
+        rt.net.add_spare_link(self.host, self.ifname, up=False)
+
+    def undo(self, rt):
+        rt.net.remove_spare_link(self.host, self.ifname)
+
+    def describe(self):
+        return f"add {self.ifname} (down) on {self.host}"
 
 
 class WrongInterface(Fault):
     kind: Literal["wrong_interface"] = "wrong_interface"
-    summary = "the socket interface variables unset, naming a missing or a wrong interface"
+    summary = "the socket interface variables unset, naming a missing or a wrong interface, " \
+        "or a list with one bad entry"
     needs_netns = True
-    mode: Literal["unset", "missing", "other"] = Field(
+    mode: Literal["unset", "missing", "other", "list", "list_down"] = Field(
         "unset", description="unset: gloo picks by the hostname (the classic multi-NIC hang); "
-        "missing: an interface that does not exist; other: an existing wrong one (lo)")
+        "missing: an interface that does not exist; other: an existing wrong one (lo); list: "
+        "the host's link and a bad one, comma-separated (name: eth9, missing, by default); "
+        "list_down: the host's link and eth1, a second NIC with an address but down")
     ranks: Optional[List[int]] = Field(None, max_length=MAX_WORLD,
                                        description="default: every rank")
     name: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,15}$",
-                                description="interface for missing (eth9) or other (lo): 1-15 of "
-                                "[A-Za-z0-9_.:-], the kernel's limit")
+                                description="interface for missing (eth9), other (lo) or "
+                                "list's bad entry (eth9): 1-15 of [A-Za-z0-9_.:-], the "
+                                "kernel's limit")
+    first: bool = Field(False, description="list, list_down: the bad entry comes first")
+
+    def check(self, scn):
+        problems = super().check(scn)
+        if self.mode == "list_down" and self.name is not None:
+            problems.append((("name",), f"list_down adds its own interface ({SPARE_IFNAME}); "
+                                        "name is for missing, other and list"))
+        if self.first and self.mode not in ("list", "list_down"):
+            problems.append((("first",), "first is for the list modes"))
+        return problems
 
     def apply(self, plan, scn):
-        value = self.name or {"missing": "eth9", "other": "lo"}.get(self.mode)
-        for r in plan.main_ranks(self.ranks):
+        ranks = plan.main_ranks(self.ranks)
+        if self.mode == "list_down":
+            for host in dict.fromkeys(r.host for r in ranks):
+                plan.add_step(self, SpareLink(host=host, trigger=Trigger.setup(),
+                                              target=f"host {host}"))
+        bad = SPARE_IFNAME if self.mode == "list_down" else \
+            self.name or {"missing": "eth9", "other": "lo", "list": "eth9"}.get(self.mode)
+        for r in ranks:
             for v in VARS:
+                link = plan.host(r.host).ifname
                 r.env.pop(v, None)
                 if self.mode == "unset":
                     if v not in r.unset:
                         r.unset.append(v)
+                elif self.mode in ("list", "list_down"):
+                    r.env[v] = f"{bad},{link}" if self.first else f"{link},{bad}"
                 else:
-                    r.env[v] = str(value)
-        what = "unset" if self.mode == "unset" else f"= {value}"
+                    r.env[v] = str(bad)
+        if self.mode == "unset":
+            what = "unset"
+        elif self.mode in ("list", "list_down"):
+            what = f"= a list with {bad}" + (" (down)" if self.mode == "list_down" else "") + \
+                (" first" if self.first else " last")
+        else:
+            what = f"= {bad}"
         plan.notes.append(f"wrong_interface: GLOO/NCCL_SOCKET_IFNAME {what}")
