@@ -41,6 +41,7 @@ from .procs import ForeignProcess, ManagedProcess, kill_observed
 from .protocol import EXCEPTION, PHASE, RESULT, STACK_SIGNAL, Event, ready_event
 from .rundir import RunDir, kill_recorded, sweep
 from .schema import Scenario, launcher_spec_of
+from .services import ReadyLine, Service, ServiceError, Services, ServiceSpec
 from .steps import Scheduler, StepError
 
 READY_TIMEOUT = float(os.environ.get("HARNESS_READY_TIMEOUT", "180"))
@@ -186,16 +187,6 @@ def port_owners(port: int) -> List[Dict[str, Any]]:
     return out
 
 
-class _Helper:
-    """A helper process a step started (harness.procs owns it); ``stop`` kills its group."""
-
-    def __init__(self, proc: ManagedProcess, name: str):
-        self.proc, self.name, self.pid = proc, name, proc.pid
-
-    def stop(self) -> None:
-        self.proc.kill()
-
-
 class Supervisor:
     """Runs one RunPlan. It is the Runtime that fault steps act through (harness.steps) and
     the Clock their triggers read. Use ``run_scenario`` unless you build plans yourself."""
@@ -209,7 +200,7 @@ class Supervisor:
         self.run_dir = self.dir
         self.observe_dir = self.dir / "observed"   # observed processes' events (harness.observer)
         self.ranks: List[RankProcess] = []   # every row: ranks, agents, parents, workers
-        self.helpers: List[_Helper] = []
+        self.services = Services(self.dir)   # helpers and services (harness.services)
         self.fds: List[int] = []
         self.capture = Capture()
         self.launcher = plan.launcher if plan.launcher is not None and launcher is None \
@@ -243,22 +234,32 @@ class Supervisor:
         return [sys.executable, "-m", module, *args]
 
     def start_helper(self, name: str, argv: Sequence[str], *, host: Optional[str] = None,
-                     ready_line: Optional[bytes] = b"ready") -> _Helper:
-        host = host or self._master_host()
-        with interrupts.shield():   # a process that exists is a process that is tracked
-            proc = ManagedProcess(argv, name=name, record=self.rundir.pids,
-                                  env=process_env(extra={}), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, prefix=self.prefix(host))
-            helper = _Helper(proc, name)
-            self.helpers.append(helper)
-        if ready_line is not None:
-            assert proc.popen.stdout is not None
-            line = proc.popen.stdout.readline()
-            if line.strip() != ready_line.strip():
-                err = proc.popen.stderr.read().decode(errors="replace") \
-                    if proc.popen.stderr else ""
-                raise StepError(f"{name} did not start: {err[-800:]}")
-        return helper
+                     ready_line: Optional[bytes] = b"ready") -> Service:
+        ready = None if ready_line is None else ReadyLine(ready_line.decode().strip())
+        n = sum(1 for _ in self.services)
+        return self.start_service(ServiceSpec(f"{name}#{n + 1}", list(argv), host or "",
+                                              ready=ready, timeout=READY_TIMEOUT))
+
+    def start_service(self, spec: ServiceSpec) -> Service:
+        host = spec.host or self._master_host()
+
+        def spawn(argv: Sequence[str], out: Any, err: Any) -> ManagedProcess:
+            return ManagedProcess(argv, name=spec.name, record=self.rundir.pids,
+                                  env=process_env(extra={}), cwd=str(self.dir), stdout=out,
+                                  stderr=err, prefix=self.prefix(host))
+
+        try:
+            with interrupts.shield():   # a process that exists is a process that is tracked
+                svc = self.services.start(spec, spawn)
+            return svc.wait_ready()
+        except ServiceError as e:
+            raise StepError(str(e)) from None
+
+    def service(self, name: str) -> Service:
+        try:
+            return self.services.get(name)
+        except ServiceError as e:
+            raise StepError(str(e)) from None
 
     def run_helper(self, name: str, argv: Sequence[str], *, host: Optional[str] = None,
                    timeout: float = READY_TIMEOUT) -> subprocess.CompletedProcess[str]:
@@ -535,9 +536,8 @@ class Supervisor:
         kill_observed(self.rundir.pids)
         if self._native_pool is not None:   # early py-spy dumps: quick once the ranks are gone
             self._native_pool.shutdown(wait=True)
-        for h in self.helpers:
-            h.stop()
         self.scheduler.teardown(self.now())
+        self.services.stop_all()
         close_fds(self.fds)
         self.capture.close()
 
@@ -570,7 +570,7 @@ def run_scenario(scn: Scenario, keep: Optional[Path] = None) -> RunObservation:
                                + "; ".join(topology.missing()))
         if plan.netns:
             topo = topology.Topology(plan.run_id, [h.name for h in plan.hosts],
-                                     link=plan.link or None)
+                                     link=plan.link or None, ip=plan.ip)
             with interrupts.shield():   # made whole or torn down whole
                 topo.__enter__()
         sup = Supervisor(plan, rundir, topo)
@@ -616,7 +616,7 @@ def _cleanup(sup: Optional[Supervisor], topo: Any, lease: Optional[PortLease], r
             keep.mkdir(parents=True, exist_ok=True)
             shutil.copytree(rundir.path, keep, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("filestore", "readonly", "owner.json",
-                                                          "pids.jsonl"))
+                                                          "pids.jsonl", "*.sock"))
             if isinstance(failure, Exception):
                 (keep / "harness-error.txt").write_text(f"{failure}\n")
         except OSError as e:

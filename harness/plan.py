@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from . import interpreters
-from .protocol import InitSpec, Variation, WorkerSpec
+from .protocol import InitSpec, Variation, WorkerSpec, url_host
 from .schema import Scenario, fill_init_url, init_url_parts
 from .steps import RUN, Step
 from .triggers import Trigger
@@ -80,6 +80,7 @@ class HostPlan:
     addr: str                        # the host's address on the run's private link
     ifname: str                      # its link interface ("lo" for a host without a link)
     netns: str = ""                  # its network namespace ("" when the run has none)
+    addr6: str = ""                  # its IPv6 address (ip: 6 or dual), else ""
 
 
 @dataclass
@@ -134,6 +135,7 @@ class RunPlan:
     link: bool = False               # hosts are joined by a bridge (multi-host, or a fault asks)
     run_id: str = ""
     url_port: Optional[int] = None   # init_url's {port2}: a second reserved port
+    ip: str = "4"                    # the hosts' address families (4, 6, dual)
     take_port: Optional[Callable[[], int]] = field(default=None, repr=False, compare=False)
     launcher: Any = field(default=None, repr=False, compare=False)   # the scenario's launcher
     program: Dict[str, Any] = field(default_factory=lambda: {"worker": True})
@@ -308,11 +310,6 @@ def needs_port2(scn: Scenario) -> bool:
     return "reinit new_port" in steps
 
 
-def url_host(addr: str) -> str:
-    """An address as a URL's host: an IPv6 literal in brackets."""
-    return f"[{addr}]" if ":" in addr else addr
-
-
 def file_store_path(run_dir: str) -> str:
     return str(Path(run_dir) / "filestore" / "pg")
 
@@ -329,8 +326,8 @@ def init_spec(scn: Scenario, addr: str, port: int, rank: int, world: int, run_di
                         world if "world_size" in args else None)
     if scn.init == "env":
         return InitSpec("env")
-    if scn.init == "tcp":
-        return InitSpec("tcp", f"tcp://{addr}:{port}", rank, world)
+    if scn.init == "tcp":   # an IPv6 literal in brackets, as in any URL (RFC 3986)
+        return InitSpec("tcp", f"tcp://{url_host(addr)}:{port}", rank, world)
     return InitSpec("file", f"file://{file_store_path(run_dir)}", rank, world)
 
 
@@ -364,11 +361,12 @@ def plan_hosts(scn: Scenario, run_id: str, netns: bool, link: bool) -> List[Host
     """Hosts with the addresses the topology will give them (its constructor is pure)."""
     names = scn.host_names()
     if not netns:
-        return [HostPlan(n, "127.0.0.1", "lo") for n in names]
+        lo = "::1" if scn.ip == "6" else "127.0.0.1"
+        return [HostPlan(n, lo, "lo", addr6="" if scn.ip == "4" else "::1") for n in names]
     from .topology import Topology
 
-    topo = Topology(run_id, names, link=link or None)
-    return [HostPlan(h.name, h.addr, h.ifname, h.netns) for h in topo.hosts.values()]
+    topo = Topology(run_id, names, link=link or None, ip=scn.ip)
+    return [HostPlan(h.name, h.addr, h.ifname, h.netns, h.addr6) for h in topo.hosts.values()]
 
 
 def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
@@ -386,6 +384,8 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
     hosts = plan_hosts(scn, run_id, use_ns, link)
     master = next(h for h in hosts if h.name == (scn.master_host or hosts[0].name))
     addr = master.addr if link else scn.master_addr
+    if not link and scn.ip == "6" and "master_addr" not in scn.model_fields_set:
+        addr = "::1"
     port = take_port()
     # a second reserved port: init_url's {port2}, reinit new_port
     port2 = take_port() if needs_port2(scn) else None
@@ -395,7 +395,7 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
         destroy=scn.workload.destroy, master_addr=addr, master_port=port,
         run_dir=run_dir, ranks=[], take_port=take_port, hosts=hosts, netns=use_ns,
         link=link, run_id=run_id, launcher=scn.launcher, program=scn.program_dict(),
-        url_port=port2,
+        url_port=port2, ip=scn.ip,
     )
     scn.launcher.plan(plan, scn)
     if not use_ns:

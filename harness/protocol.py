@@ -310,6 +310,11 @@ def check_trigger_phase(phase: str) -> str:
     return phase
 
 
+def url_host(addr: str) -> str:
+    """An address as the host part of a URL: an IPv6 literal in brackets (RFC 3986)."""
+    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
+
+
 @dataclass
 class InitSpec:
     """How a rank calls ``init_process_group``."""

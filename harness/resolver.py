@@ -42,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 __all__ = [
     "ENV_USERNS",
@@ -103,10 +103,11 @@ def machine_hostname() -> Optional[str]:
     return name if len(name) <= 253 and _NAME_RE.match(name) else None
 
 
-def hosts_text(entries: Mapping[str, str] = {},  # noqa: B006 - read only
+def hosts_text(entries: Mapping[str, Union[str, Sequence[str]]] = {},  # noqa: B006 - read only
                hostname: Optional[str] = None) -> str:
     """The view's hosts file: the loopback lines, ``hostname`` on 127.0.0.1, then ``entries``
-    (name -> IP address; an entry replaces every line of a name the view already maps).
+    (name -> IP address, or a list of them, one line each in that order; an entry replaces
+    every line of a name the view already maps).
 
     One name a line: glibc's reverse lookup returns the first line's name and no aliases, so
     ``127.0.0.1`` reads back as ``localhost``, as on a stock machine."""
@@ -116,11 +117,14 @@ def hosts_text(entries: Mapping[str, str] = {},  # noqa: B006 - read only
     for name, addr in entries.items():
         if not isinstance(name, str) or len(name) > 253 or not _NAME_RE.match(name):
             raise ValueError(f"not a host name for /etc/hosts: {name!r}")
-        try:
-            ip = str(ipaddress.ip_address(addr))
-        except ValueError:
-            raise ValueError(f"{name!r} must map to an IP address, got {addr!r}") from None
-        pairs = [(a, n) for a, n in pairs if n.lower() != name.lower()] + [(ip, name)]
+        ips = []
+        for one in ([addr] if isinstance(addr, str) else list(addr)):
+            try:
+                ips.append(str(ipaddress.ip_address(one)))
+            except ValueError:
+                raise ValueError(f"{name!r} must map to an IP address, got {one!r}") from None
+        pairs = [(a, n) for a, n in pairs if n.lower() != name.lower()] + \
+            [(ip, name) for ip in ips]
     return HEADER + "".join(f"{a}\t{n}\n" for a, n in pairs)
 
 

@@ -538,6 +538,10 @@ class Scenario(Strict):
     ranks_per_node: Optional[int] = Field(None, ge=1, le=MAX_WORLD, description="with nodes")
     master_host: Optional[str] = Field(None, max_length=MAX_NAME, description="host of rank 0's "
                                        "store; default: the first host")
+    ip: Literal["4", "6", "dual"] = Field(
+        "4", description="address families of the hosts: 4, 6 (IPv6 only: unique local "
+        "addresses inside the run's namespaces; MASTER_ADDR an IPv6 literal) or dual (both; "
+        "MASTER_ADDR the IPv4 one). A single host with 6: MASTER_ADDR ::1")
     isolate: Literal["auto", "always", "never"] = Field(
         "auto", description="run a single-host scenario in a private network namespace (private "
         "ports, a filter rule on lo touches nothing else): auto = when the harness can")
@@ -595,6 +599,12 @@ class Scenario(Strict):
             raise located("init_args", "init_args goes with init_url (init: tcp and file pass "
                           "both, env none)")
         return self
+
+    @field_validator("ip", mode="before",
+                     json_schema_input_type=Union[Literal[4, 6], Literal["4", "6", "dual"]])
+    @classmethod
+    def _ip_word(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
     @field_validator("master_addr")
     @classmethod

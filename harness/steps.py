@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional, Protocol, Sequence
 
 from .observe import StepRecord
+from .services import Service, ServiceSpec
 from .triggers import Clock, Trigger
 
 RUN = "run"   # the "fault" of the run's own set-up steps (a directory, the resolver view)
@@ -51,9 +52,10 @@ class RankControl(Protocol):
 class Helper(Protocol):
     """A helper process a step started (a port holder, a one-shot job); owned by the run."""
 
-    pid: int
+    @property
+    def pid(self) -> int: ...
 
-    def stop(self) -> None: ...
+    def stop(self) -> object: ...
 
 
 class Runtime(Protocol):
@@ -76,7 +78,15 @@ class Runtime(Protocol):
     def start_helper(self, name: str, argv: Sequence[str], *, host: Optional[str] = None,
                      ready_line: Optional[bytes] = b"ready") -> Helper:
         """Start ``argv`` (a harness helper program) on ``host``, inside the run's lifetime,
-        and wait for ``ready_line`` on its stdout (None: do not wait)."""
+        and wait for ``ready_line`` on its stdout (None: do not wait). A service whose
+        readiness is that line."""
+
+    def start_service(self, spec: ServiceSpec) -> Service:
+        """Start a service (harness.services) on ``spec.host``, owned by the run (recorded,
+        stopped with the run, swept after a killed one), and wait until it answers."""
+
+    def service(self, name: str) -> Service:
+        """A service this run started, by name (a StepError if there is none)."""
 
     def run_helper(self, name: str, argv: Sequence[str], *, host: Optional[str] = None,
                    timeout: float = 180.0) -> Any:

@@ -20,8 +20,11 @@ Layout
   ``eth0`` inside its own namespace and ``p<i>`` in the switch namespace, enslaved to the bridge.
   Hosts get ``.1``, ``.2``, ... of one /24 picked from ``subnet`` by a hash of the run id (each
   run's network is private anyway). IPv6 address generation is off on every link
-  (``addrgenmode none``), so the links carry IPv4 only and gloo cannot pick a link-local v6
-  address. ``lo`` is up in every namespace.
+  (``addrgenmode none``), so gloo cannot pick a link-local v6 address. ``ip`` picks the
+  families: ``"4"`` (default) IPv4 only; ``"6"`` IPv6 only: hosts get ``::1``, ``::2``... of a
+  unique local /64 of the run (``fd74:6878:<crc of the run id>::/64``, RFC 4193: never routed)
+  and no IPv4 address on the link; ``"dual"`` both. ``lo`` is up in every namespace (``::1``
+  included). Faults match the families the hosts have (``ip``/``ip6`` in nftables).
 * Each host namespace gets one nftables table ``inet thx`` (the prefix without its dash) with
   base chains ``input`` and ``output`` (filter hooks, priority 0, policy accept); every fault
   rule goes there, inside the host's namespace.
@@ -93,6 +96,8 @@ STATE_DIR = Path("/run/thx")
 NETNS_RUN_DIR = Path("/run/netns")
 NETNS_ETC_DIR = Path("/etc/netns")
 LOOPBACK_ADDR = "127.0.0.1"
+IP_FAMILIES = ("4", "6", "dual")
+ULA_PREFIX = "fd74:6878"    # "thx": the harness's unique local addresses, fd74:6878:<run>::/64
 LINK_IFNAME = "eth0"
 BRIDGE_IFNAME = "br0"
 MAX_HOSTS = 253
@@ -149,7 +154,10 @@ class HostNet:
     name: str  # scenario host name, e.g. "a"
     netns: str  # namespace name, e.g. "thx-<runid>-a"
     ifname: str  # the host's link interface inside its namespace: "eth0", or "lo" alone
-    addr: str  # IPv4 address of the host on the private link; "127.0.0.1" alone
+    addr: str  # the address ranks use: IPv4 on the private link ("127.0.0.1" alone); with
+    #            ip "6" the IPv6 one ("::1" alone)
+    addr4: str = ""  # its IPv4 address ("" with ip "6")
+    addr6: str = ""  # its IPv6 (ULA) address ("" with ip "4")
 
 
 @dataclass(frozen=True)
@@ -348,7 +356,10 @@ class Topology:
         subnet: str = "10.213.0.0/16",
         link: Optional[bool] = None,
         prefix: str = PREFIX,
+        ip: str = "4",
     ) -> None:
+        if ip not in IP_FAMILIES:
+            raise ValueError(f"ip must be one of {IP_FAMILIES}, got {ip!r}")
         if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
             raise ValueError(
                 f"prefix must be 1-8 lower-case letters/digits and a '-', got {prefix!r}"
@@ -391,16 +402,26 @@ class Topology:
         self.network: ipaddress.IPv4Network = blocks[pick]
         # the pool's next block: addresses of spare links, a subnet no link of the run routes
         self.spare_network: ipaddress.IPv4Network = blocks[(pick + 1) % len(blocks)]
+        # a unique local /64 (RFC 4193, fd00::/8) of the run: never routed, never outside
+        crc = zlib.crc32(run_id.encode())
+        self.network6 = ipaddress.IPv6Network(
+            f"{ULA_PREFIX}:{crc >> 16:04x}:{crc & 0xFFFF:04x}::/64")
+        self.ip = ip
         self._hosts: Dict[str, HostNet] = {}
         self._ports: Dict[str, str] = {}  # host -> switch-side veth name
         for index, name in enumerate(names):
             if self.link:
-                addr, ifname = str(self.network.network_address + index + 1), LINK_IFNAME
+                addr4 = str(self.network.network_address + index + 1)
+                addr6 = str(self.network6.network_address + index + 1)
+                ifname = LINK_IFNAME
                 self._ports[name] = f"p{index}"
             else:
-                addr, ifname = LOOPBACK_ADDR, "lo"
+                addr4, addr6, ifname = LOOPBACK_ADDR, "::1", "lo"
+            addr4 = "" if ip == "6" else addr4
+            addr6 = "" if ip == "4" else addr6
             self._hosts[name] = HostNet(
-                name=name, netns=f"{prefix}{run_id}-{name}", ifname=ifname, addr=addr
+                name=name, netns=f"{prefix}{run_id}-{name}", ifname=ifname,
+                addr=addr6 if ip == "6" else addr4, addr4=addr4, addr6=addr6,
             )
         self._entered = False
         self._closed = False
@@ -527,18 +548,13 @@ class Topology:
                     ]
                 )
                 _run(["ip", "-n", host.netns, "link", "set", LINK_IFNAME, "addrgenmode", "none"])
-                _run(
-                    [
-                        "ip",
-                        "-n",
-                        host.netns,
-                        "addr",
-                        "add",
-                        f"{host.addr}/{self.network.prefixlen}",
-                        "dev",
-                        LINK_IFNAME,
-                    ]
-                )
+                if host.addr4:
+                    _run(["ip", "-n", host.netns, "addr", "add",
+                          f"{host.addr4}/{self.network.prefixlen}", "dev", LINK_IFNAME])
+                if host.addr6:   # nodad: usable at once (no seconds of "tentative")
+                    _run(["ip", "-n", host.netns, "-6", "addr", "add",
+                          f"{host.addr6}/{self.network6.prefixlen}", "dev", LINK_IFNAME,
+                          "nodad"])
                 _run(["ip", "-n", host.netns, "link", "set", LINK_IFNAME, "up"])
         table = (
             f"table inet {self.table} {{\n"
@@ -685,10 +701,10 @@ class Topology:
         if peer in self._hosts:
             return self._hosts[peer].addr
         try:
-            return str(ipaddress.IPv4Address(peer))
+            return str(ipaddress.ip_address(peer))
         except ValueError:
             raise ValueError(
-                f"peer must be a host of this topology or an IPv4 address, got {peer!r}"
+                f"peer must be a host of this topology or an IP address, got {peer!r}"
             ) from None
 
     def filter_rule(
@@ -724,7 +740,9 @@ class Topology:
             raise ValueError(f"proto must be 'tcp' or 'udp', got {proto!r}")
         parts: List[str] = []
         if peer is not None:
-            parts.append(f"ip {'saddr' if direction == 'in' else 'daddr'} {self._peer_addr(peer)}")
+            paddr = self._peer_addr(peer)
+            family = "ip6" if ":" in paddr else "ip"
+            parts.append(f"{family} {'saddr' if direction == 'in' else 'daddr'} {paddr}")
         match, is_except = _port_match(proto, ports)
         parts.append(match)
         if is_except if new_only is None else new_only:
@@ -737,6 +755,51 @@ class Topology:
             parts.append("reject with icmpx type port-unreachable")
         chain = "input" if direction == "in" else "output"
         return self._add_rules("fw", {host: [(chain, " ".join(parts))]})
+
+    def redirect(
+        self,
+        host: str,
+        *,
+        ports: Ports,
+        in_port: int,
+        out_port: int,
+        mark: int,
+    ) -> str:
+        """Send the host's TCP connections to ``ports`` through a proxy listening in the host
+        (nftables ``redirect``, in ``nat`` chains of the host's own table); returns a handle for
+        :meth:`remove_rule`.
+
+        Connections arriving at the host (prerouting) go to ``in_port``, connections the host
+        opens (output, loopback ones included) to ``out_port``; the proxy finds where each was
+        going with ``SO_ORIGINAL_DST``. Connections of sockets carrying firewall mark ``mark``
+        (the proxy's own, on their way to the real destination) pass unchanged, as do
+        connections to the proxy's two ports. NAT acts on a connection's first packet only:
+        connections open before the rule keep their path.
+        """
+        self._require_up()
+        net = self.host(host)
+        for port in (in_port, out_port):
+            _check_port(port)
+        if isinstance(mark, bool) or not isinstance(mark, int) or not 0 < mark < 2**32:
+            raise ValueError(f"mark must be an integer in 1..2**32-1, got {mark!r}")
+        match, _ = _port_match("tcp", ports)
+        own = f"tcp dport != {_port_list([in_port, out_port])}"
+        self._nft(
+            net.netns,
+            f"add chain inet {self.table} nat_in "
+            "{ type nat hook prerouting priority -100; policy accept; }\n"
+            f"add chain inet {self.table} nat_out "
+            "{ type nat hook output priority -100; policy accept; }\n",
+        )
+        return self._add_rules(
+            "redir",
+            {
+                host: [
+                    ("nat_in", f"{match} {own} redirect to :{in_port}"),
+                    ("nat_out", f"meta mark != {mark:#x} {match} {own} redirect to :{out_port}"),
+                ]
+            },
+        )
 
     def remove_rule(self, host: str, handle: str) -> None:
         """Remove the rules behind a handle from :meth:`filter_rule` or :meth:`random_drop`."""
@@ -766,14 +829,19 @@ class Topology:
         for name in a + b:
             self.host(name)
 
-        def addrs(group: Sequence[str]) -> str:
-            return "{ " + ", ".join(self._hosts[n].addr for n in group) + " }"
+        def drops(group: Sequence[str]) -> List[Tuple[str, str]]:
+            out = []
+            for family, attr in (("ip", "addr4"), ("ip6", "addr6")):
+                found = [getattr(self._hosts[n], attr) for n in group]
+                if all(found):
+                    out.append(("input", f"{family} saddr {{ {', '.join(found)} }} drop"))
+            return out
 
         rules: Dict[str, List[Tuple[str, str]]] = {}
         for name in a:
-            rules[name] = [("input", f"ip saddr {addrs(b)} drop")]
+            rules[name] = drops(b)
         for name in b:
-            rules[name] = [("input", f"ip saddr {addrs(a)} drop")]
+            rules[name] = drops(a)
         return self._add_rules("cut", rules)
 
     def heal(self, handle: str) -> None:
@@ -914,36 +982,59 @@ class Topology:
 
     # ---- name resolution ------------------------------------------------------------------
 
-    def _etc_file(self, host: str, name: str, text: str) -> Path:
+    def _etc_file(self, host: str, name: str, text: str, in_place: bool = False) -> Path:
         self._require_up()
         directory = NETNS_ETC_DIR / self.host(host).netns
         directory.mkdir(mode=0o755, parents=True, exist_ok=True)
         path = directory / name
-        _write_text_atomically(path, text)
+        if in_place and path.exists():
+            # the same inode: processes that bind-mounted it (ip netns exec, the worker's
+            # resolver view) see the new text at their next lookup; glibc rereads the file
+            with open(path, "r+") as f:
+                f.write(text)
+                f.truncate()
+        else:
+            _write_text_atomically(path, text)
         return path
 
-    def set_hosts_file(self, host: str, entries: Mapping[str, str]) -> Path:
+    def set_hosts_file(
+        self,
+        host: str,
+        entries: Mapping[str, Union[str, Sequence[str]]],
+        *,
+        in_place: bool = False,
+    ) -> Path:
         """Change the host's ``/etc/hosts`` in its resolver view: the view's loopback lines and
-        the machine's host name, plus ``entries`` (name -> IP address or topology host name; an
-        entry replaces the view's lines of that name). Only processes started after this call
-        (through :meth:`exec_prefix`) see it.
+        the machine's host name, plus ``entries`` (name -> IP address or topology host name, or
+        a list of them, one line each in that order; an entry replaces the view's lines of that
+        name). Addresses must be loopback or the run's own (its IPv4 /24, its IPv6 /64).
+        Without ``in_place`` only processes started after this call (through
+        :meth:`exec_prefix`) see it; with it, running ones see it too.
         """
-        addrs: Dict[str, str] = {}
-        for name, target in entries.items():
+        addrs: Dict[str, List[str]] = {}
+        for name, targets in entries.items():
             if not isinstance(name, str) or not _HOSTNAME_RE.match(name):
                 raise ValueError(f"not a host name for /etc/hosts: {name!r}")
-            if target in self._hosts:
-                addrs[name] = self._hosts[target].addr
-            else:
+            addrs[name] = []
+            for target in [targets] if isinstance(targets, str) else list(targets):
+                if target in self._hosts:
+                    addrs[name].append(self._hosts[target].addr)
+                    continue
                 try:
-                    addrs[name] = str(ipaddress.ip_address(target))
+                    ip = ipaddress.ip_address(target)
                 except ValueError:
                     raise ValueError(
                         f"{name!r} must map to an IP address or a host of this "
                         f"topology, got {target!r}"
                     ) from None
+                if not (ip.is_loopback or ip in self.network or ip in self.network6):
+                    raise ValueError(
+                        f"{name!r} -> {ip}: a hosts entry must be loopback or an address of "
+                        f"this run ({self.network}, {self.network6})"
+                    )
+                addrs[name].append(str(ip))
         return self._etc_file(
-            host, "hosts", resolver.hosts_text(addrs, resolver.machine_hostname())
+            host, "hosts", resolver.hosts_text(addrs, resolver.machine_hostname()), in_place
         )
 
     def set_resolv_conf(self, host: str, lines: Sequence[str]) -> Path:

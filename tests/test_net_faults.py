@@ -279,7 +279,8 @@ def test_wrong_interface_named(counter_ports):
     ("{kind: bandwidth, host: b, rate: 100kbit, direction: both}",
      RateLimit(host="b", rate="100kbit", direction="both")),
     ("{kind: packet_loss, percent: 30}", Loss(host="a", percent=30.0, direction="both")),
-    ("{kind: latency, delay_ms: 100, host: b}", Delay(host="b", delay_ms=100.0, jitter_ms=0.0)),
+    ("{kind: latency, delay_ms: 100, host: b, engine: netem}",
+     Delay(host="b", delay_ms=100.0, jitter_ms=0.0)),
 ])
 def test_link_faults(counter_ports, fault, step):
     plan = plan_of(with_faults(fault), counter_ports)
@@ -372,15 +373,15 @@ real = pytest.mark.skipif(bool(_MISSING), reason="real network runs need: " + ";
 
 
 @real
-def test_latency_is_skipped_with_the_netem_reason_or_runs():
+def test_latency_runs_through_the_proxy_without_netem_and_netem_alone_is_skipped():
     from harness.faults.latency import NETEM
 
     why = NETEM.missing()
     if why is None:
-        pytest.skip("this kernel has netem: latency scenarios run here")
+        pytest.skip("this kernel has netem: latency scenarios run with it here")
     assert why.startswith("not supported on this kernel: the netem qdisc is missing")
-    assert "no user-space delay proxy" in why
-    scn = load(with_faults("{kind: latency, delay_ms: 100}"))
+    assert skip_reason(load(with_faults("{kind: latency, delay_ms: 100}")), TORCH_ENV) is None
+    scn = load(with_faults("{kind: latency, delay_ms: 100, engine: netem}"))
     assert skip_reason(scn, TORCH_ENV) == f"latency: {why}"
 
 

@@ -496,7 +496,8 @@ def test_hosts_file_and_resolv_conf_apply_inside_the_namespace_only(topology) ->
     hosts_before = Path("/etc/hosts").read_bytes()
     resolv_before = Path("/etc/resolv.conf").read_bytes()
     topo = topology(["a", "b"])
-    topo.set_hosts_file("a", {"master": "b", "other.example": "10.213.99.9"})
+    topo.set_hosts_file("a", {"master": "b",
+                              "other.example": str(topo.network.network_address + 99)})
     topo.set_resolv_conf("a", ["nameserver 10.213.0.53", "options timeout:1"])
     resolve = "import socket, sys; print(socket.gethostbyname(sys.argv[1]))"
     assert _in_ns(topo, "a", [PY, "-c", resolve, "master"]).strip() == topo.host("b").addr
@@ -509,6 +510,43 @@ def test_hosts_file_and_resolv_conf_apply_inside_the_namespace_only(topology) ->
     assert etc_dir.is_dir()
     topo.close()
     assert not etc_dir.exists()
+
+
+def test_a_name_with_several_addresses_keeps_their_order_and_only_the_runs_addresses(
+        topology) -> None:
+    topo = topology(["a", "b"])
+    dead = str(topo.network.network_address + 250)
+    topo.set_hosts_file("a", {"master.harness.test": [dead, "b"]})
+    lines = [ln for ln in _in_ns(topo, "a", ["cat", "/etc/hosts"]).splitlines()
+             if "master.harness.test" in ln]
+    assert [ln.split()[0] for ln in lines] == [dead, topo.host("b").addr]
+    for outside in ("10.1.2.3", "fd00::1", "192.168.0.1"):
+        with pytest.raises(ValueError, match="must be loopback or an address of this run"):
+            topo.set_hosts_file("a", {"x.harness.test": outside})
+
+
+def test_a_hosts_file_changed_in_place_is_seen_by_a_running_process(topology) -> None:
+    topo = topology(["a", "b"])
+    topo.set_hosts_file("a", {})
+    code = ("import socket, time\n"
+            "said = False\n"
+            "for _ in range(600):\n"
+            "    try:\n"
+            "        print(socket.gethostbyname('late.harness.test'), flush=True); break\n"
+            "    except OSError:\n"
+            "        if not said:\n"
+            "            print('miss', flush=True); said = True\n"
+            "        time.sleep(0.05)\n")
+    proc = subprocess.Popen(topo.exec_prefix("a") + [PY, "-c", code], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "miss"    # running, and the name is unknown
+        topo.set_hosts_file("a", {"late.harness.test": "b"}, in_place=True)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert out.strip() == topo.host("b").addr
 
 
 # ---- sweep -----------------------------------------------------------------------------------

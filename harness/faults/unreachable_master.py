@@ -20,7 +20,8 @@ class UnreachableMaster(Fault):
                              "address in the run's private /24")
 
     def apply(self, plan, scn):
-        net = ipaddress.ip_interface(f"{plan.hosts[0].addr}/24").network
+        first = plan.hosts[0].addr   # the run's /24, or its /64 with ip: 6
+        net = ipaddress.ip_interface(f"{first}/{64 if ':' in first else 24}").network
         addr = str(net.network_address + self.host_number)
         for r in plan.main_ranks(self.ranks):
             r.env["MASTER_ADDR"] = addr

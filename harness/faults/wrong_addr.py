@@ -5,6 +5,7 @@ from typing import List, Literal
 from pydantic import Field
 
 from ..limits import MAX_ADDR, MAX_WORLD, bare_address_problem
+from ..protocol import url_host
 from ..safety import refuse_address
 from . import REGISTRY, Fault
 
@@ -30,5 +31,5 @@ class WrongAddr(Fault):
         for r in plan.main_ranks(self.ranks):
             r.env["MASTER_ADDR"] = self.addr
             if r.init.method == "tcp":
-                r.init = r.init.with_url(f"tcp://{self.addr}:{r.env['MASTER_PORT']}")
+                r.init = r.init.with_url(f"tcp://{url_host(self.addr)}:{r.env['MASTER_PORT']}")
         plan.notes.append(f"wrong_addr: ranks {self.ranks} get MASTER_ADDR={self.addr}")

@@ -5,6 +5,7 @@ from typing import List, Literal, Optional
 from pydantic import Field
 
 from ..limits import MAX_WORLD
+from ..protocol import url_host
 from . import Fault
 
 
@@ -21,6 +22,6 @@ class WrongPort(Fault):
         for r in plan.main_ranks(self.ranks):
             r.env["MASTER_PORT"] = str(port)
             if r.init.method == "tcp":
-                r.init = r.init.with_url(f"tcp://{r.env['MASTER_ADDR']}:{port}")
+                r.init = r.init.with_url(f"tcp://{url_host(r.env['MASTER_ADDR'])}:{port}")
         plan.notes.append(f"wrong_port: ranks {self.ranks} dial port {port}, the master listens "
                           f"on {plan.master_port}")

@@ -1,0 +1,55 @@
+"""hostname_loopback: the Debian default that maps a machine's own host name to 127.0.1.1.
+
+Without GLOO_SOCKET_IFNAME gloo picks the address it advertises to its peers by resolving the
+host name; with this mapping it advertises a loopback address, and a peer on another host that
+dials it reaches itself (127.0.0.0/8 is local everywhere). Each host's hosts file maps the
+machine's host name to ``addr``; the chosen ranks have GLOO_SOCKET_IFNAME and
+NCCL_SOCKET_IFNAME removed (a user who never set them)."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any, List, Literal, Optional
+
+from pydantic import Field, field_validator
+
+from ..limits import MAX_WORLD
+from . import Fault
+from ._names import WriteHosts
+
+
+class HostnameLoopback(Fault):
+    kind: Literal["hostname_loopback"] = "hostname_loopback"
+    summary = "each host's own name resolves to 127.0.1.1 (Debian), GLOO_SOCKET_IFNAME unset"
+    HINTS = ("the host name on 127.0.1.1",)
+    needs_netns = True
+    addr: str = Field("127.0.1.1", description="a loopback address (Debian's 127.0.1.1)")
+    ranks: Optional[List[int]] = Field(None, max_length=MAX_WORLD,
+                                       description="ranks without GLOO_SOCKET_IFNAME (all)")
+
+    @field_validator("addr")
+    @classmethod
+    def _loopback(cls, v: str) -> str:
+        try:
+            ip = ipaddress.ip_address(v)
+        except ValueError:
+            raise ValueError(f"{v!r} is not an IP address") from None
+        if not ip.is_loopback:
+            raise ValueError(f"{v} is not a loopback address (127.0.0.0/8 or ::1)")
+        return str(ip)
+
+    def apply(self, plan: Any, scn: Any) -> None:
+        from ..resolver import machine_hostname
+
+        name = machine_hostname()
+        if name is None:
+            raise ValueError("this machine's host name cannot go in a hosts file")
+        for r in plan.main_ranks(self.ranks):
+            for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+                r.env.pop(var, None)
+                if var not in r.unset:
+                    r.unset.append(var)
+        plan.add_step(self, WriteHosts(hosts=[h.name for h in plan.hosts],
+                                       entries={name: [self.addr]}, target="hosts files"))
+        plan.notes.append(f"hostname_loopback: {name} -> {self.addr} in every host's hosts "
+                          "file; GLOO_SOCKET_IFNAME unset")

@@ -1,0 +1,21 @@
+"""limit_data: the fault proxy closes a connection once so many bytes went through it (a
+proxy or NAT that cuts flows, an MTU-sized stall ending in a close)."""
+
+from typing import Any, Dict, Literal
+
+from pydantic import Field
+
+from ._proxy import ProxyFault
+
+
+class LimitData(ProxyFault):
+    kind: Literal["limit_data"] = "limit_data"
+    summary = "the fault proxy closes a host's connections after so many bytes"
+    TOXIC = "limit_data"
+    bytes: int = Field(ge=0, le=2**40, description="bytes in `direction` before the close")
+
+    def params(self) -> Dict[str, Any]:
+        return {"bytes": self.bytes}
+
+    def shown(self) -> str:
+        return f"close after {self.bytes} bytes"
