@@ -259,11 +259,17 @@ def run_observed(spec: P.WorkerSpec) -> None:
     os._exit(0)
 
 
+def _spec_arg(args: List[str]) -> str:
+    """The spec among the arguments: the legacy launcher (torch.distributed.launch) puts
+    ``--local-rank=N`` before the script's own arguments."""
+    return next((a for a in args if not a.startswith("--local")), args[0] if args else "")
+
+
 def main() -> None:
     global _EV_FD
     observer = sys.modules.get("harness.observer")
     if observer is not None and observer.observed():   # under an agent or a parent
-        run_observed(P.WorkerSpec.from_json(sys.argv[1]))
+        run_observed(P.WorkerSpec.from_json(_spec_arg(sys.argv[1:])))
     # first, while single-threaded: the harness's resolver view (no DNS leaves the machine)
     try:
         resolver.enter_from_env()
@@ -271,7 +277,7 @@ def main() -> None:
         print(f"harness worker: cannot enter the resolver view: {e}", file=sys.stderr)
         os._exit(4)
     global _RAISE, _SLOW
-    spec = P.WorkerSpec.from_json(sys.argv[1])
+    spec = P.WorkerSpec.from_json(_spec_arg(sys.argv[1:]))
     _RAISE, _SLOW = spec.variation.raise_at, dict(spec.variation.slow_at)
     _EV_FD = int(os.environ.pop(P.EVENT_FD_ENV))
     stack_file = os.fdopen(int(os.environ.pop(P.STACK_FD_ENV)), "w")

@@ -285,3 +285,30 @@ def test_reinit_new_port_in_a_rank_workload_reserves_it_too(counter_ports):
 
 def test_no_second_port_without_a_use(counter_ports):
     assert plan(counter_ports, workload=["all_reduce", "reinit"]).rank("0").init.port2 is None
+
+
+# -- the legacy launcher ---------------------------------------------------------------------------
+
+def test_legacy_launch_runs_torch_distributed_launch_with_or_without_use_env(counter_ports):
+    p = plan(counter_ports, launcher={"kind": "launch"})
+    (agent,) = [r for r in p.ranks if r.role == "agent"]
+    assert agent.argv[:2] == ["-m", "torch.distributed.launch"]
+    assert "--use-env" not in agent.argv
+    p = plan(counter_ports, launcher={"kind": "launch", "use_env": True})
+    (agent,) = [r for r in p.ranks if r.role == "agent"]
+    assert "--use-env" in agent.argv
+    assert agent.argv.index("--use-env") < agent.argv.index("harness.worker")
+
+
+def test_torchrun_passes_no_use_env(counter_ports):
+    p = plan(counter_ports, launcher="torchrun")
+    (agent,) = [r for r in p.ranks if r.role == "agent"]
+    assert agent.argv[:2] == ["-m", "torch.distributed.run"] and "--use-env" not in agent.argv
+
+
+def test_the_worker_finds_its_spec_after_the_legacy_local_rank_argument():
+    from harness.worker import _spec_arg
+
+    assert _spec_arg(["--local-rank=1", "{}"]) == "{}"
+    assert _spec_arg(["--local_rank=0", "{}"]) == "{}"
+    assert _spec_arg(["{}"]) == "{}"

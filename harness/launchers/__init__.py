@@ -392,9 +392,9 @@ def launcher_kinds() -> Dict[str, type[LauncherSpec]]:
     """Every launcher kind by name."""
     from .direct import Direct
     from .spawn import Spawn
-    from .torchrun import Torchrun
+    from .torchrun import Launch, Torchrun
 
-    return {c.model_fields["kind"].default: c for c in (Direct, Torchrun, Spawn)}
+    return {c.model_fields["kind"].default: c for c in (Direct, Torchrun, Launch, Spawn)}
 
 
 def launcher_of(v: Any) -> Any:

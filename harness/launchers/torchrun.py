@@ -217,8 +217,8 @@ class Torchrun(LauncherSpec, AgentFlags):
         ports: Dict[str, int] = {}
         for i, (host, ranks) in enumerate(agents):
             over = self._override(host, job)
-            argv = ["-m", MODULE, *self.flags(plan, i, ranks, len(agents), over, ports),
-                    *_program(plan, scn)]
+            argv = ["-m", self.MODULE, *self.flags(plan, i, ranks, len(agents), over, ports),
+                    *self.launcher_flags(), *_program(plan, scn)]
             env = plan.link_env(dict(scn.env), host)
             if not self.share_store:
                 env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
@@ -232,6 +232,12 @@ class Torchrun(LauncherSpec, AgentFlags):
         plan.notes.append(f"torchrun{' ' + job if job else ''}: " + "; ".join(
             f"{r.label}: torchrun {' '.join(_shown(r.argv[2:]))}" for r in plan.ranks
             if r.role == P.ROLE_AGENT and r.job == job))
+
+    MODULE: ClassVar[str] = MODULE
+
+    def launcher_flags(self) -> List[str]:
+        """Flags of this launcher's own, after torchrun's (none for torchrun)."""
+        return []
 
     def flags(self, plan: Any, index: int, ranks: int, n_agents: int,
               over: Optional[AgentFlags] = None, ports: Optional[Dict[str, int]] = None
@@ -314,6 +320,27 @@ class Torchrun(LauncherSpec, AgentFlags):
     def describe(self) -> str:
         given = {k: getattr(self, k) for k in FLAGS if k in self.model_fields_set}
         return "torchrun " + " ".join(f"{k}={v}" for k, v in given.items())
+
+
+class Launch(Torchrun):
+    """``python -m torch.distributed.launch``, the legacy launcher (deprecated, still in every
+    torch 2.x): torchrun's agent, but each worker gets ``--local-rank=N`` on its command line
+    unless ``use_env`` (then only LOCAL_RANK in its environment, as torchrun does). Scripts
+    written for torch 1.x parse ``--local_rank`` and stop at the hyphen form."""
+
+    kind: Literal["launch"] = "launch"  # type: ignore[assignment]
+    summary = "python -m torch.distributed.launch (legacy): --local-rank=N to each worker " \
+        "unless use_env"
+    use_env: bool = Field(False, description="--use-env: LOCAL_RANK in the environment only, "
+                          "no --local-rank argument")
+    MODULE: ClassVar[str] = "torch.distributed.launch"
+
+    def launcher_flags(self) -> List[str]:
+        return ["--use-env"] if self.use_env else []
+
+    def describe(self) -> str:
+        return "launch" + (" --use-env" if self.use_env else "") + \
+            super().describe()[len("torchrun"):]
 
 
 def _host_of(endpoint: str) -> str:
