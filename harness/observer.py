@@ -14,7 +14,7 @@ harness cannot change their code, so every such process runs this module at inte
 * it opens its event file (``HARNESS_OBSERVE_EVENTS``, or ``<HARNESS_OBSERVE_DIR>/<pid>-<start>
   .events``) and says ``hello``: role, pid, parent pid, rank, local rank, restart attempt
   (``TORCHELASTIC_RESTART_COUNT``), what it was told (MASTER_ADDR/PORT, the agent store);
-* ``faulthandler`` writes all threads' stacks to ``<events>.stacks`` on SIGUSR1;
+* ``faulthandler`` writes all threads' stacks to ``<events>.stacks`` on protocol.STACK_SIGNAL;
 * it sets what its children will be (an agent's and a parent's are workers, a worker's are
   children) and hooks, without importing anything heavy, the modules when they are imported:
   ``torch.distributed`` (``init_process_group`` -> phase init and ``joined``, collectives ->
@@ -42,7 +42,6 @@ import atexit
 import faulthandler
 import functools
 import os
-import signal
 import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional
@@ -76,7 +75,7 @@ class _State:
         self.local = threading.local()
         self.hooks: Dict[str, List[Callable[[Any], None]]] = {}
         self.reaped: set = set()
-        self.stacks: Any = None       # kept open: faulthandler writes to it on SIGUSR1
+        self.stacks: Any = None       # kept open: faulthandler writes to it on STACK_SIGNAL
         self.go_fd = -1               # where a held process reads the start line
 
 
@@ -657,7 +656,7 @@ def _start(role: str, forked: bool = False) -> None:
         _S.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         stacks = open(path[: -len(".events")] + ".stacks" if path.endswith(".events")
                       else path + ".stacks", "a")
-        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+        faulthandler.register(P.STACK_SIGNAL, file=stacks, all_threads=True)
         _S.stacks = stacks
     except OSError as e:
         sys.stderr.write(f"harness observer: cannot write events to {path}: {e}\n")
