@@ -31,7 +31,7 @@ import signal as _signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional, Tuple
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -40,10 +40,11 @@ from .. import protocol as P
 from ..observe import RankObservation, SignalSent
 from ..procs import ForeignProcess, ManagedProcess
 from ..rows import RowSet
+from ..triggers import Trigger
 
-if TYPE_CHECKING:
-    from ..plan import RankPlan
-    from ..triggers import Trigger
+# A planned process is a harness.plan.RankPlan; this room does not import the plan (the plan
+# and the schema import the launchers), so it is typed by its name only.
+RankPlan = Any
 
 Problem = Tuple[Tuple[Any, ...], str]   # (location inside the launcher, message)
 PKG_ROOT = str(Path(__file__).resolve().parent.parent.parent)
