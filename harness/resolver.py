@@ -244,6 +244,29 @@ def _want_userns() -> bool:
     return os.geteuid() != 0 or os.environ.get(ENV_USERNS, "") == "1"
 
 
+def _private_mounts(userns: bool) -> ctypes.CDLL:
+    """A private mount namespace for this process (in a user namespace of its own when
+    ``userns``, its uid and gid mapped to themselves); nothing mounted in it propagates to
+    the machine. Returns libc for the mounts to come."""
+    libc = _libc()
+    uid, gid = os.geteuid(), os.getegid()
+    flags = CLONE_NEWNS | (CLONE_NEWUSER if userns else 0)
+    if libc.unshare(flags) != 0:
+        raise ViewError(_err("unshare(" + ("CLONE_NEWUSER|" if userns else "") + "CLONE_NEWNS)")
+                        + "; " + (userns_hint() if userns else "a mount namespace needs "
+                                  "CAP_SYS_ADMIN"))
+    if userns:
+        try:
+            Path("/proc/self/setgroups").write_text("deny")
+            Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1\n")
+            Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1\n")
+        except OSError as e:
+            raise ViewError(f"could not map uid {uid}/gid {gid} in the user namespace: {e}") \
+                from None
+    _mount(libc, None, "/", MS_REC | MS_PRIVATE)   # nothing below propagates to the machine
+    return libc
+
+
 def enter(view: os.PathLike, userns: Optional[bool] = None) -> None:
     """Make this process (and what it starts later) see the view's files; see the module doc.
 
@@ -262,22 +285,7 @@ def enter(view: os.PathLike, userns: Optional[bool] = None) -> None:
     if _threads() > 1:
         raise ViewError(f"the resolver view must be entered while single-threaded (before "
                         f"import torch); this process has {_threads()} threads")
-    libc = _libc()
-    uid, gid = os.geteuid(), os.getegid()
-    flags = CLONE_NEWNS | (CLONE_NEWUSER if userns else 0)
-    if libc.unshare(flags) != 0:
-        raise ViewError(_err("unshare(" + ("CLONE_NEWUSER|" if userns else "") + "CLONE_NEWNS)")
-                        + "; " + (userns_hint() if userns else "a mount namespace needs "
-                                  "CAP_SYS_ADMIN"))
-    if userns:
-        try:
-            Path("/proc/self/setgroups").write_text("deny")
-            Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1\n")
-            Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1\n")
-        except OSError as e:
-            raise ViewError(f"could not map uid {uid}/gid {gid} in the user namespace: {e}") \
-                from None
-    _mount(libc, None, "/", MS_REC | MS_PRIVATE)   # nothing below propagates to the machine
+    libc = _private_mounts(userns)
     for name in FILES:
         target = f"/etc/{name}"
         if name == "resolv.conf" and not os.path.exists(target):
@@ -301,20 +309,7 @@ def enter_read_only(paths: Sequence[str]) -> None:
     in a private mount namespace of its own, as a read-only NFS export or a ``ro`` volume is:
     writes fail with EROFS. Nothing of the machine's mounts changes; the namespace ends with
     the process. Single-threaded callers only (the worker, before torch)."""
-    libc = _libc()
-    userns = os.geteuid() != 0
-    uid, gid = os.geteuid(), os.getegid()
-    if libc.unshare(CLONE_NEWNS | (CLONE_NEWUSER if userns else 0)) != 0:
-        raise ViewError(_err("unshare for a read-only mount") + "; " + (
-            userns_hint() if userns else "a mount namespace needs CAP_SYS_ADMIN"))
-    if userns:
-        try:
-            Path("/proc/self/setgroups").write_text("deny")
-            Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1\n")
-            Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1\n")
-        except OSError as e:
-            raise ViewError(f"could not map uid {uid} in the user namespace: {e}") from None
-    _mount(libc, None, "/", MS_REC | MS_PRIVATE)
+    libc = _private_mounts(os.geteuid() != 0)
     for path in paths:
         _mount(libc, path, path, MS_BIND)
         _mount(libc, None, path, MS_BIND | MS_REMOUNT | MS_RDONLY)
