@@ -570,7 +570,8 @@ def run_scenario(scn: Scenario, keep: Optional[Path] = None) -> RunObservation:
                                + "; ".join(topology.missing()))
         if plan.netns:
             topo = topology.Topology(plan.run_id, [h.name for h in plan.hosts],
-                                     link=plan.link or None, ip=plan.ip)
+                                     link=plan.link or None, ip=plan.ip,
+                                     service_hosts=plan.service_hosts())
             with interrupts.shield():   # made whole or torn down whole
                 topo.__enter__()
         sup = Supervisor(plan, rundir, topo)

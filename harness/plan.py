@@ -139,6 +139,11 @@ class RunPlan:
     take_port: Optional[Callable[[], int]] = field(default=None, repr=False, compare=False)
     launcher: Any = field(default=None, repr=False, compare=False)   # the scenario's launcher
     program: Dict[str, Any] = field(default_factory=lambda: {"worker": True})
+    dns: Any = None                  # harness.services.dns.DnsPlan (a dns: block), else None
+
+    def service_hosts(self) -> List[str]:
+        """Hosts of the run's services (no ranks): the name server's."""
+        return [self.dns.host] if self.dns is not None else []
 
     def rank(self, label: Any) -> RankPlan:
         """A process the launcher starts, by label: a rank ("1"), an agent ("agent:node0")..."""
@@ -380,7 +385,7 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
     run_id = run_id or Path(run_dir).name.replace("run-", "").replace("-", "_")
     multi = scn.hosts is not None and len(scn.hosts) > 1
     use_ns = scn.needs_namespaces() or (netns and scn.isolate == "auto")
-    link = multi or any(f.needs_link for f in faults)
+    link = multi or scn.dns is not None or any(f.needs_link for f in faults)
     hosts = plan_hosts(scn, run_id, use_ns, link)
     master = next(h for h in hosts if h.name == (scn.master_host or hosts[0].name))
     addr = master.addr if link else scn.master_addr
@@ -401,6 +406,10 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
     if not use_ns:
         plan.add_step(RUN, WriteResolverView(path=resolver_view(run_dir, hosts[0]),
                                                     target="resolver view"))
+    if scn.dns is not None:   # the run's name server, before any fault edits it
+        from .services.dns import plan_dns
+
+        plan_dns(plan, scn)
     if scn.init == "file":
         plan.add_step(RUN, MakeDir(path=str(Path(file_store_path(run_dir)).parent),
                                       target="file store"))

@@ -47,6 +47,12 @@ def skip_reason(scn: Scenario, env: Dict[str, Any]) -> Optional[str]:
         why = RESOLVER_VIEW.missing()
         if why:
             return why
+    if scn.dns is not None:
+        from .services.dns import DNSMASQ
+
+        why = DNSMASQ.missing()
+        if why:
+            return f"dns: {why}"
     for py in scn.interpreters():
         why, _ = interpreters.probe(interpreters.resolve(py))
         if why:
@@ -84,6 +90,9 @@ def all_requirements() -> List[Requirement]:
 
     seen: Dict[str, Requirement] = {NAMESPACES.name: NAMESPACES,
                                     RESOLVER_VIEW.name: RESOLVER_VIEW}
+    from .services.dns import DNSMASQ
+
+    seen.setdefault(DNSMASQ.name, DNSMASQ)
     for _, cls in REGISTRY.items():
         for req in cls.REQUIRES:
             seen.setdefault(req.name, req)

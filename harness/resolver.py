@@ -58,6 +58,7 @@ __all__ = [
     "nsswitch_text",
     "parse_hosts",
     "resolv_conf_text",
+    "dns_resolv_conf_lines",
     "write_view",
 ]
 
@@ -156,9 +157,11 @@ def loopback_names(text: Optional[str] = None) -> Dict[str, List[str]]:
     return out
 
 
-def nsswitch_text(machine: Optional[str] = None) -> str:
+def nsswitch_text(machine: Optional[str] = None, dns: bool = False) -> str:
     """The machine's nsswitch.conf (``machine``: its text; default: read it) with the ``hosts``
-    line replaced by ``hosts: files``; every other database is left as the machine has it."""
+    line replaced by ``hosts: files`` (``dns``: ``hosts: files dns``, for a run with its own
+    name server, whose resolv.conf names only that server); every other database is left as
+    the machine has it."""
     if machine is None:
         try:
             machine = Path("/etc/nsswitch.conf").read_text()
@@ -168,6 +171,9 @@ def nsswitch_text(machine: Optional[str] = None) -> str:
     # name then failed with EBUSY): the note goes on a line of its own
     hosts = ["# torchdist-harness: host names come from the hosts file only, never from DNS",
              "hosts:          files"]
+    if dns:
+        hosts = ["# torchdist-harness: host names from the hosts file, then the run's own name "
+                 "server", "hosts:          files dns"]
     lines: List[str] = []
     seen = False
     for line in machine.splitlines():
@@ -189,6 +195,17 @@ def resolv_conf_text(lines: Sequence[str] = RESOLV_CONF) -> str:
         if "\n" in line:
             raise ValueError(f"a resolv.conf line must not contain a newline: {line!r}")
     return "".join(f"{line}\n" for line in lines)
+
+
+def dns_resolv_conf_lines(server: str, domain: Optional[str] = None, timeout: int = 5,
+                          attempts: int = 2) -> List[str]:
+    """resolv.conf of a host that resolves through the run's own name server (one address of
+    the run, never the machine's): glibc's timeout and attempts unless told otherwise."""
+    ipaddress.ip_address(server)
+    lines = [f"nameserver {server}"]
+    if domain:
+        lines.append(f"search {domain}")
+    return lines + [f"options timeout:{int(timeout)} attempts:{int(attempts)}"]
 
 
 def _write(path: Path, text: str) -> None:

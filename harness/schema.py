@@ -487,6 +487,50 @@ class Host(Strict):
                                   "venv, another torch); default: the harness's own")
 
 
+DNS_NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,62})(\.[a-z0-9]([a-z0-9-]{0,62}))*$"
+
+
+class Dns(Strict):
+    """The run's own name server (``dns:``): dnsmasq on a host of its own, with no upstream;
+    every scenario host resolves through it (harness.services.dns)."""
+
+    domain: Optional[str] = Field(
+        None, pattern=DNS_NAME_RE, max_length=MAX_ADDR,
+        description="search domain written into every host's resolv.conf; a record without a "
+        "dot is this name under it")
+    records: Dict[Annotated[str, Field(pattern=DNS_NAME_RE, max_length=MAX_ADDR)],
+                  Union[Annotated[str, Field(max_length=MAX_ADDR)],
+                        Annotated[List[Annotated[str, Field(max_length=MAX_ADDR)]],
+                                  Field(min_length=1, max_length=8)]]] = Field(
+        default_factory=dict, max_length=MAX_HOSTS,
+        description="name -> a host of the scenario (its addresses: A and/or AAAA by ip; "
+        "HOST/4 only its A, HOST/6 only its AAAA), 'dead' (an address of the run where no host is), a loopback address, or a list of "
+        "them in order")
+    master: Optional[str] = Field(
+        None, pattern=DNS_NAME_RE, max_length=MAX_ADDR,
+        description="MASTER_ADDR of every rank: a name the ranks ask the server (a short name "
+        "goes through the search domain)")
+    ptr: bool = Field(True, description="PTR records for every record's addresses")
+    timeout: int = Field(5, ge=1, le=30, description="resolv.conf options timeout: (glibc's "
+                         "default 5)")
+    attempts: int = Field(2, ge=1, le=5, description="resolv.conf options attempts: (glibc's "
+                          "default 2)")
+    host: str = Field("dns", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,15}$",
+                      description="the name of the server's own host (no ranks on it)")
+
+    def fqdn(self, name: str) -> str:
+        """A record's full name (a short one under the domain)."""
+        return name if "." in name or not self.domain else f"{name}.{self.domain}"
+
+    @model_validator(mode="after")
+    def _short_names(self) -> Dns:
+        short = [n for n in self.records if "." not in n]
+        if short and not self.domain:
+            raise located("records", f"{short[0]!r} is a short name: give domain: (the search "
+                          "domain it lives under) or write the full name")
+        return self
+
+
 class Scenario(Strict):
     _source: Optional[str] = PrivateAttr(None)     # the file it was loaded from (the loader)
 
@@ -566,6 +610,9 @@ class Scenario(Strict):
     faults: List[Annotated[Fault, BeforeValidator(fault_of)]] = Field(
         default_factory=list, max_length=MAX_FAULTS,
         description="faults, each a mapping with its kind and the kind's parameters")
+    dns: Optional[Dns] = Field(
+        None, description="a real name server in the topology (dnsmasq, no upstream) that "
+        "every host resolves with: records, search domain, the master's name (README: DNS)")
     expect: List[Expect] = Field(
         default_factory=lambda: [Expect()], max_length=MAX_EXPECT_BLOCKS,
         description="one block, or a list of torch-scoped blocks (the first whose 'torch' range "
@@ -697,6 +744,33 @@ class Scenario(Strict):
         names = [part.rsplit(":", 1)[-1].strip().lower() for part in self.backend.split(",")]
         return [n for n in dict.fromkeys(names) if n]
 
+    @model_validator(mode="after")
+    def _dns_records(self) -> Scenario:
+        if self.dns is None:
+            return self
+        import ipaddress
+
+        names = self.host_names()
+        if self.dns.host in names:
+            raise located("dns", f"host {self.dns.host!r} is the name server's own host: name "
+                          "yours otherwise, or give dns: host: another name")
+        for rec, targets in self.dns.records.items():
+            for t in [targets] if isinstance(targets, str) else targets:
+                host, _, fam = t.partition("/")
+                if (host in names and fam in ("", "4", "6")) or t == "dead":
+                    continue
+                try:
+                    ip = ipaddress.ip_address(t)
+                except ValueError:
+                    raise located("dns", f"record {rec!r}: {t!r} is not a host of the scenario "
+                                  f"({', '.join(names)}; HOST/4 or HOST/6 for one family), 'dead' or an IP "
+                                  "address") from None
+                if not ip.is_loopback:
+                    raise located("dns", f"record {rec!r}: {t} is outside the run: a record "
+                                  "may only be a host of the scenario, 'dead' (an address of "
+                                  "the run's own network) or loopback")
+        return self
+
     def host_names(self) -> List[str]:
         return [h.name for h in self.hosts] if self.hosts else ["local"]
 
@@ -704,7 +778,8 @@ class Scenario(Strict):
         """The run must have network namespaces: several hosts, a fault or the launcher that
         says so (a literal port), or ``isolate: always``."""
         multi = self.hosts is not None and len(self.hosts) > 1
-        return multi or self.isolate == "always" or any(f.needs_netns for f in self.faults) \
+        return multi or self.isolate == "always" or self.dns is not None \
+            or any(f.needs_netns for f in self.faults) \
             or self.launcher.needs_netns(self)
 
     # -- what each rank runs ---------------------------------------------------------------------

@@ -357,6 +357,7 @@ class Topology:
         link: Optional[bool] = None,
         prefix: str = PREFIX,
         ip: str = "4",
+        service_hosts: Sequence[str] = (),
     ) -> None:
         if ip not in IP_FAMILIES:
             raise ValueError(f"ip must be one of {IP_FAMILIES}, got {ip!r}")
@@ -379,6 +380,15 @@ class Topology:
                     f"host name must be 1-16 characters of [A-Za-z0-9_-] starting "
                     f"with a letter or digit, got {name!r}"
                 )
+        # hosts of the run's services (the name server): linked, with the LAST addresses of
+        # the run's networks (.254, ::fe downwards), so that the scenario hosts' addresses and
+        # the numbers right after them stay what they are without a service
+        services = list(service_hosts)
+        if services and link is False:
+            raise ValueError("service hosts need a link")
+        if services:
+            link = True
+        names = names + services
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate host names: {dupes}")
@@ -409,10 +419,12 @@ class Topology:
         self.ip = ip
         self._hosts: Dict[str, HostNet] = {}
         self._ports: Dict[str, str] = {}  # host -> switch-side veth name
+        first_service = len(names) - len(services)
         for index, name in enumerate(names):
             if self.link:
-                addr4 = str(self.network.network_address + index + 1)
-                addr6 = str(self.network6.network_address + index + 1)
+                n = index + 1 if index < first_service else 254 - (index - first_service)
+                addr4 = str(self.network.network_address + n)
+                addr6 = str(self.network6.network_address + n)
                 ifname = LINK_IFNAME
                 self._ports[name] = f"p{index}"
             else:
@@ -1042,6 +1054,45 @@ class Topology:
         ``["nameserver 10.213.0.99"]``). glibc does not read it there (nsswitch says
         ``hosts: files``); programs with their own resolver do."""
         return self._etc_file(host, "resolv.conf", resolver.resolv_conf_text(lines))
+
+
+    def set_nsswitch(self, host: str, text: str) -> Path:
+        """Change the host's ``/etc/nsswitch.conf`` in its resolver view (e.g.
+        ``resolver.nsswitch_text(dns=True)`` for a run with its own name server)."""
+        return self._etc_file(host, "nsswitch.conf", text)
+
+    def socket(self, host: str, family: int, kind: int) -> Any:
+        """A socket made inside the host's network namespace (it stays there for its life):
+        the supervisor's way to ask a service of the run on its own address. Made in a
+        short-lived thread that enters the namespace (setns affects one thread only)."""
+        import ctypes
+        import socket as _socket
+        import threading
+
+        self._require_up()
+        path = NETNS_RUN_DIR / self.host(host).netns
+        made: List[Any] = []
+
+        def make() -> None:
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    if libc.setns(fd, 0x40000000) != 0:   # CLONE_NEWNET
+                        made.append(OSError(ctypes.get_errno(), f"setns {path}"))
+                        return
+                finally:
+                    os.close(fd)
+                made.append(_socket.socket(family, kind))
+            except OSError as exc:
+                made.append(exc)
+
+        t = threading.Thread(target=make, name=f"netns-socket-{host}")
+        t.start()
+        t.join()
+        if isinstance(made[0], BaseException):
+            raise TopologyError(f"cannot make a socket in {path}: {made[0]}")
+        return made[0]
 
 
 # --------------------------------------------------------------------------------------------
