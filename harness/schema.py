@@ -504,8 +504,8 @@ class Dns(Strict):
                                   Field(min_length=1, max_length=8)]]] = Field(
         default_factory=dict, max_length=MAX_HOSTS,
         description="name -> a host of the scenario (its addresses: A and/or AAAA by ip; "
-        "HOST/4 only its A, HOST/6 only its AAAA), 'dead' (an address of the run where no host is), a loopback address, or a list of "
-        "them in order")
+        "HOST/4 only its A, HOST/6 only its AAAA), 'dead' (an address of the run where no "
+        "host is), a loopback address, or a list of them in order")
     master: Optional[str] = Field(
         None, pattern=DNS_NAME_RE, max_length=MAX_ADDR,
         description="MASTER_ADDR of every rank: a name the ranks ask the server (a short name "
@@ -763,8 +763,8 @@ class Scenario(Strict):
                     ip = ipaddress.ip_address(t)
                 except ValueError:
                     raise located("dns", f"record {rec!r}: {t!r} is not a host of the scenario "
-                                  f"({', '.join(names)}; HOST/4 or HOST/6 for one family), 'dead' or an IP "
-                                  "address") from None
+                                  f"({', '.join(names)}; HOST/4 or HOST/6 for one "
+                                  "family), 'dead' or an IP address") from None
                 if not ip.is_loopback:
                     raise located("dns", f"record {rec!r}: {t} is outside the run: a record "
                                   "may only be a host of the scenario, 'dead' (an address of "

@@ -228,7 +228,10 @@ class DnsUp(Step):
             svc = rt.start_service(ServiceSpec(RESPONDER, argv, dns.host, ready=Answers(),
                                                control=control))
             info["responder_pid"] = svc.pid
-        argv = [_which("dnsmasq") or "dnsmasq", f"--conf-file={conf}"]
+        # not a harness program: it gets its death signal from the exec wrapper, so that a
+        # SIGKILLed supervisor takes it along (the next run's sweep is the second net)
+        argv = rt.python("harness.procs", "--exec", "--", _which("dnsmasq") or "dnsmasq",
+                         f"--conf-file={conf}")
         probe = ipaddress.ip_address(dns.addr).reverse_pointer
         svc = rt.start_service(ServiceSpec(SERVICE, argv, dns.host, ready=DnsAnswers(
             rt.net, dns.clients[0], dns.addr, probe)))
