@@ -482,6 +482,8 @@ class Supervisor:
         wall = self.now()
         rules = {h.name: self._rules(h.name) for h in self.plan.hosts} \
             if self.topo is not None else {}
+        counters = {h.name: self._counters(h.name) for h in self.plan.hosts} \
+            if self.topo is not None else {}
         problems = self.scheduler.teardown(wall)
         if problems:
             raise HarnessError("; ".join(problems))
@@ -490,7 +492,7 @@ class Supervisor:
                               ranks=[r.obs for r in self.ranks], wall=round(wall, 3),
                               run_dir=str(self.dir), t0=self.t0,
                               step_log=list(self.scheduler.log), port_owners=owners,
-                              rules=rules)
+                              rules=rules, counters=counters)
 
     def _port_owners(self) -> List[Dict[str, Any]]:
         """Who holds MASTER_PORT, seen from the master host (inside its namespace if any:
@@ -506,6 +508,12 @@ class Supervisor:
             return list(json.loads(p.stdout.strip().splitlines()[-1]))
         except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
             return []
+
+    def _counters(self, host: str) -> Dict[str, int]:
+        try:
+            return dict(self.topo.counters(host))
+        except Exception:  # noqa: BLE001 - evidence only: never fail the run for it
+            return {}
 
     def _rules(self, host: str) -> str:
         try:

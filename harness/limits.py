@@ -8,7 +8,7 @@ ids, evidence paths). The schema, the faults and the triggers all take their typ
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Optional, Union
+from typing import Annotated, Any, Optional, Tuple, Union
 
 from pydantic import AfterValidator, BeforeValidator, Field, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
@@ -90,8 +90,9 @@ def bare_address_problem(addr: str) -> Optional[str]:
     return None
 
 
-def located(field: str, msg: str) -> PydanticCustomError:
-    """A model-level error that the loader locates at ``field`` (pydantic gives it no loc)."""
+def located(field: Union[str, Tuple[Union[str, int], ...]], msg: str) -> PydanticCustomError:
+    """A model-level error that the loader locates at ``field`` (pydantic gives it no loc): a
+    field's name, or its path (``("hosts", 1, "knows")``)."""
     return PydanticCustomError("located", "{msg}", {"field": field, "msg": msg})
 
 

@@ -584,7 +584,8 @@ def _pydantic_problems(file: str, lines: Union[Lines, Dict[Path_, int]], e: Vali
             break
         loc = tuple(err["loc"])
         if err["type"] == "located":   # a check across fields that names its field
-            loc = loc + (err["ctx"]["field"],)
+            where = err["ctx"]["field"]
+            loc = loc + (tuple(where) if isinstance(where, (list, tuple)) else (where,))
         yloc = _yaml_loc(data, prefix + loc, index)
         out.append(Problem(file, _line_of(lines, yloc), _field(yloc), _message(err)))
     return out

@@ -93,3 +93,8 @@ def _view_missing() -> Optional[str]:
 RESOLVER_VIEW = Probe("resolver view", ok="ranks in the machine's network namespace resolve "
                       "with the harness's view (no DNS leaves the machine)", check=_view_missing,
                       cached=False)   # harness.resolver.missing caches its own try
+
+
+# hosts with names of their own (UTS namespaces pinned and entered by the topology)
+HOST_NAMES = (Tool("unshare", package="util-linux", why="hosts with names of their own"),
+              Tool("nsenter", package="util-linux", why="hosts with names of their own"))

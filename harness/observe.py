@@ -114,13 +114,16 @@ class RunObservation:
     step_log: List[StepRecord] = field(default_factory=list)   # what the faults did, when
     port_owners: List[Dict[str, Any]] = field(default_factory=list)  # who held MASTER_PORT
     rules: Dict[str, str] = field(default_factory=dict)          # nft rules per host at the end
+    counters: Dict[str, Dict[str, int]] = field(default_factory=dict)   # per host: its kernel's
+    #                                            TCP counters at the end (listen overflows...)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"plan": self.plan, "torch_version": self.torch_version,
                 "ranks": [r.to_dict() for r in self.ranks], "wall": self.wall,
                 "run_dir": self.run_dir, "t0": self.t0,
                 "step_log": [s.to_dict() for s in self.step_log],
-                "port_owners": self.port_owners, "rules": self.rules}
+                "port_owners": self.port_owners, "rules": self.rules,
+                "counters": self.counters}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> RunObservation:
@@ -129,4 +132,6 @@ class RunObservation:
                    wall=float(d.get("wall", 0.0)), run_dir=str(d.get("run_dir", "")),
                    t0=float(d.get("t0", 0.0)),
                    step_log=[StepRecord(**s) for s in d.get("step_log", [])],
-                   port_owners=list(d.get("port_owners", [])), rules=dict(d.get("rules", {})))
+                   port_owners=list(d.get("port_owners", [])), rules=dict(d.get("rules", {})),
+                   counters={str(h): {str(k): int(v) for k, v in c.items()}
+                             for h, c in (d.get("counters") or {}).items()})

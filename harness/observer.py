@@ -42,6 +42,7 @@ import atexit
 import faulthandler
 import functools
 import os
+import socket
 import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional
@@ -721,7 +722,7 @@ def _hold(fd: int) -> None:
         emit(P.RESULT, status=P.EXCEPTION, phase="import", exc=_exc_dict(e))
         _S.result_sent = True
         os._exit(1)
-    emit(P.READY, torch=version, pid=os.getpid())
+    emit(P.READY, torch=version, pid=os.getpid(), hostname=socket.gethostname())
     line = b""
     try:
         with os.fdopen(fd, "rb", buffering=0) as go:

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional, Tuple
 
 from . import interpreters
+from .hostspec import HostNames, host_names
 from .protocol import InitSpec, Variation, WorkerSpec, url_host
 from .schema import Scenario, fill_init_url, init_url_parts
 from .steps import RUN, Step
@@ -81,6 +82,8 @@ class HostPlan:
     ifname: str                      # its link interface ("lo" for a host without a link)
     netns: str = ""                  # its network namespace ("" when the run has none)
     addr6: str = ""                  # its IPv6 address (ip: 6 or dual), else ""
+    machine: HostNames = field(default_factory=HostNames)   # its name, hosts file, sysctl,
+    #                                  MTU (harness.hostspec); faults may change it in the plan
 
 
 @dataclass
@@ -112,6 +115,35 @@ class WriteResolverView(Step):
 
     def describe(self) -> str:
         return f"write the ranks' resolver view to {self.path}"
+
+
+@dataclass
+class ShapeHosts(Step):
+    """The run's own preparation of hosts that are whole machines (harness.hostspec): each
+    one's host name (a UTS namespace), hosts file, kernel settings and MTU, before any process
+    starts on it. It reads the plan's hosts when it fires, so that faults could change them."""
+
+    UNDO_AT_TEARDOWN: ClassVar[bool] = False   # it all goes with the namespaces
+
+    def do(self, rt: Any) -> Optional[Dict[str, Any]]:
+        done: Dict[str, Any] = {}
+        for h in rt.plan.hosts:
+            m = h.machine
+            if m.is_plain():
+                continue
+            if m.hostname:
+                rt.net.set_hostname(h.name, m.hostname)
+            if m.entries:
+                rt.net.set_hosts_file(h.name, m.entries)
+            for key, value in m.sysctl.items():
+                rt.net.set_sysctl(h.name, key, value)
+            if m.mtu is not None:
+                rt.net.set_mtu(h.name, m.mtu)
+            done[h.name] = m.describe()
+        return done
+
+    def describe(self) -> str:
+        return "hosts as machines: names, hosts files, kernel settings"
 
 
 @dataclass
@@ -299,7 +331,8 @@ class RunPlan:
             mode="json", exclude_defaults=True)} if self.launcher is not None \
             else {"kind": "direct"}
         d["ranks"] = [r.to_dict() for r in self.ranks]
-        d["hosts"] = [asdict(h) for h in self.hosts]
+        d["hosts"] = [{k: v for k, v in asdict(h).items()
+                       if k != "machine" or not h.machine.is_plain()} for h in self.hosts]
         d["steps"] = [s.to_dict() for s in self.steps]
         return d
 
@@ -371,7 +404,13 @@ def plan_hosts(scn: Scenario, run_id: str, netns: bool, link: bool) -> List[Host
     from .topology import Topology
 
     topo = Topology(run_id, names, link=link or None, ip=scn.ip)
-    return [HostPlan(h.name, h.addr, h.ifname, h.netns, h.addr6) for h in topo.hosts.values()]
+    addresses = {h.name: [a for a in (h.addr4, h.addr6) if a] for h in topo.hosts.values()}
+    dead = (lambda: str(topo.network6.network_address + len(names) + 1)) if scn.ip == "6" \
+        else (lambda: str(topo.network.network_address + len(names) + 1))
+    machines = host_names(scn, addresses, dead) if scn.hosts else {}
+    return [HostPlan(h.name, h.addr, h.ifname, h.netns, h.addr6,
+                     machine=machines.get(h.name) or HostNames())
+            for h in topo.hosts.values()]
 
 
 def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
@@ -418,6 +457,11 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
             fault.apply(plan, scn)
         except PlanRefusal as e:
             raise PlanRefusal(f"{fault.kind}: {e}", ("faults", i, "kind")) from None
+    if use_ns and any(not h.machine.is_plain() for h in hosts):
+        # first of all: every process of the run (services included) starts on a whole host
+        shape = plan.add_step(RUN, ShapeHosts(target="hosts"))
+        plan.steps.insert(0, plan.steps.pop())
+        assert shape is plan.steps[0]
     for rp in plan.ranks:   # ranks a fault added too: no rank resolves outside a view
         if not rp.resolver_view:
             host = next((h for h in hosts if h.name == rp.host), hosts[0])

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import interpreters
 from .machine import (  # noqa: F401 - the requirement types, for fault modules and doctor
+    HOST_NAMES,
     NAMESPACES,
     RESOLVER_VIEW,
     Probe,
@@ -53,6 +54,11 @@ def skip_reason(scn: Scenario, env: Dict[str, Any]) -> Optional[str]:
         why = DNSMASQ.missing()
         if why:
             return f"dns: {why}"
+    if scn.hostnames == "own" or any(h.hostname for h in scn.hosts or []):
+        for tool in HOST_NAMES:
+            why = tool.missing()
+            if why:
+                return why
     for py in scn.interpreters():
         why, _ = interpreters.probe(interpreters.resolve(py))
         if why:
@@ -93,6 +99,8 @@ def all_requirements() -> List[Requirement]:
     from .services.dns import DNSMASQ
 
     seen.setdefault(DNSMASQ.name, DNSMASQ)
+    for tool in HOST_NAMES:
+        seen[tool.name] = tool
     for _, cls in REGISTRY.items():
         for req in cls.REQUIRES:
             seen.setdefault(req.name, req)

@@ -85,6 +85,8 @@ RESERVED_MARKS = {
 }
 MARK_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*", re.ASCII)
 NAME_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"   # a scenario's name (a pattern for pydantic)
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"       # one label of a host name
+HOSTNAME_RE = rf"^{_LABEL}(\.{_LABEL})*$"
 CASE_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=-]*", re.ASCII)
 
 
@@ -485,6 +487,61 @@ class Host(Strict):
     python: Optional[str] = Field(None, min_length=1, max_length=MAX_TEXT,
                                   description="the interpreter of this host's ranks (another "
                                   "venv, another torch); default: the harness's own")
+    # -- the host as a whole machine (a UTS namespace, its own files, its kernel settings) --
+    hostname: Optional[str] = Field(
+        None, pattern=HOSTNAME_RE, max_length=63,
+        description="the host's own name (gethostname(), socket.getfqdn(), torchrun's "
+        "rendezvous): a UTS namespace of its own; default: the machine's name, shared by every "
+        "host (or the host's own name with hostnames: own)")
+    resolves_self: Optional[str] = Field(
+        None, max_length=MAX_ADDR,
+        description="what the host's own name resolves to in its own hosts file: 'link' (its "
+        "address on the run's link; the default), 'none' (not at all) or a loopback address "
+        "(Debian's 127.0.1.1 line)")
+    knows: Union[Literal["all", "none"], List[str]] = Field(
+        "all", max_length=MAX_HOSTS, description="which other hosts' names its hosts file "
+        "lists: all, none, or a list of host names (only hosts with their own name count)")
+    names: Dict[Annotated[str, Field(pattern=HOSTNAME_RE, max_length=MAX_ADDR)],
+                Union[str, List[str]]] = Field(
+        default_factory=dict, max_length=64,
+        description="more lines of its hosts file: a name -> a host of the scenario (its "
+        "address), an address of the run or a loopback address, or a list of them in order; "
+        "[] makes the name unknown on this host")
+    sysctl: Dict[str, Union[int, str]] = Field(
+        default_factory=dict, max_length=32,
+        description="kernel settings of the host's own network namespace, e.g. "
+        "net.core.somaxconn: 8, net.ipv4.tcp_syn_retries: 1 (only keys a network namespace "
+        "owns; harness.hostspec.SYSCTL_KEYS lists them)")
+    mtu: Optional[int] = Field(None, ge=68, le=65535,
+                               description="the MTU of the host's link interface")
+
+    @field_validator("sysctl")
+    @classmethod
+    def _sysctl(cls, v: Dict[str, Any]) -> Dict[str, str]:
+        from .hostspec import sysctl_problem
+
+        out = {}
+        for key, value in v.items():
+            why = sysctl_problem(key, value)
+            if why:
+                raise ValueError(why)
+            out[key] = str(value)
+        return out
+
+    @field_validator("resolves_self")
+    @classmethod
+    def _self(cls, v: Optional[str]) -> Optional[str]:
+        from .hostspec import resolves_self_problem
+
+        why = None if v is None else resolves_self_problem(v)
+        if why:
+            raise ValueError(why)
+        return v
+
+    def is_whole_machine(self) -> bool:
+        """It asks for more than a network namespace's link: a name, files or settings."""
+        return bool(self.hostname or self.resolves_self or self.names or self.sysctl
+                    or self.mtu is not None or self.knows != "all")
 
 
 DNS_NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,62})(\.[a-z0-9]([a-z0-9-]{0,62}))*$"
@@ -580,6 +637,10 @@ class Scenario(Strict):
     nodes: Optional[int] = Field(None, ge=1, le=MAX_HOSTS,
                                  description="shorthand for hosts: node0..")
     ranks_per_node: Optional[int] = Field(None, ge=1, le=MAX_WORLD, description="with nodes")
+    hostnames: Literal["machine", "own"] = Field(
+        "machine", description="the hosts' names: machine (every host shares the machine's "
+        "name, as network namespaces alone do) or own (each host is named after itself, in "
+        "a UTS namespace of its own, and the hosts know each other's names)")
     master_host: Optional[str] = Field(None, max_length=MAX_NAME, description="host of rank 0's "
                                        "store; default: the first host")
     ip: Literal["4", "6", "dual"] = Field(
@@ -674,6 +735,26 @@ class Scenario(Strict):
             self.hosts = [Host(name=f"node{i}", ranks=per) for i in range(n)]
         if self.hosts is not None:
             names = [h.name for h in self.hosts]
+            for i, h in enumerate(self.hosts):
+                known = [] if isinstance(h.knows, str) else h.knows
+                for other in known:
+                    if other not in names:
+                        raise located(("hosts", i, "knows"), f"{other!r} is not one of "
+                                      f"the hosts {names}")
+            from .hostspec import names_entry_problem
+
+            for j, h in enumerate(self.hosts):
+                for entry, targets in h.names.items():
+                    for t in [targets] if isinstance(targets, str) else targets:
+                        why = names_entry_problem(t, names)
+                        if why:
+                            raise located(("hosts", j, "names", entry), why)
+            own = [h.hostname or (h.name if self.hostnames == "own" else None)
+                   for h in self.hosts]
+            dupes = sorted({n for n in own if n and own.count(n) > 1})
+            if dupes:
+                raise located("hosts", f"two hosts with the host name {dupes[0]!r}: give each "
+                              "its own")
             if len(set(names)) != len(names):
                 raise located("hosts", f"host names must be unique: {names}")
             total = sum(h.ranks for h in self.hosts)
@@ -778,7 +859,8 @@ class Scenario(Strict):
         """The run must have network namespaces: several hosts, a fault or the launcher that
         says so (a literal port), or ``isolate: always``."""
         multi = self.hosts is not None and len(self.hosts) > 1
-        return multi or self.isolate == "always" or self.dns is not None \
+        whole = self.hostnames == "own" or any(h.is_whole_machine() for h in self.hosts or [])
+        return multi or whole or self.isolate == "always" or self.dns is not None \
             or any(f.needs_netns for f in self.faults) \
             or self.launcher.needs_netns(self)
 

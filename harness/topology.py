@@ -61,6 +61,8 @@ processes that should see the change.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import ipaddress
 import json
 import os
@@ -93,6 +95,8 @@ __all__ = [
 
 PREFIX = "thx-"
 STATE_DIR = Path("/run/thx")
+UTS_DIR = STATE_DIR / "uts"    # hosts' own UTS namespaces, pinned: <dir>/<host's netns name>
+MNT_DETACH = 2
 NETNS_RUN_DIR = Path("/run/netns")
 NETNS_ETC_DIR = Path("/etc/netns")
 LOOPBACK_ADDR = "127.0.0.1"
@@ -257,6 +261,20 @@ def _delete_netns(netns: str) -> None:
     _kill_netns_processes(netns)
     _run(["ip", "netns", "delete", netns], ok_if_gone=True)
     shutil.rmtree(NETNS_ETC_DIR / netns, ignore_errors=True)
+    _unpin(UTS_DIR / netns)
+
+
+def _unpin(path: Path) -> None:
+    """Unmount a pinned namespace file (lazily: a process may still hold it) and remove it."""
+    if not path.exists():
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    if libc.umount2(str(path).encode(), MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOENT):   # EINVAL: nothing mounted there
+            raise OSError(err, f"umount {path}: {os.strerror(err)}")
+    path.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -441,6 +459,9 @@ class Topology:
         self._state_written = False
         self._rules: Dict[str, List[_Rule]] = {}
         self._counter = 0
+        self._names: Dict[str, Dict[str, List[str]]] = {}   # host -> its hosts file's entries
+        self._hostnames: Dict[str, str] = {}                 # host -> its own name
+        self._uts: List[Path] = []                           # pinned UTS namespaces
 
     # ---- names ----------------------------------------------------------------------------
 
@@ -465,8 +486,11 @@ class Topology:
 
     def exec_prefix(self, host: str) -> List[str]:
         """Argv prefix that runs a command inside the host's namespace (``ip`` as absolute path
-        when found)."""
-        return [_tool("ip") or "ip", "netns", "exec", self.host(host).netns]
+        when found), and in its UTS namespace when it has a name of its own."""
+        ns = [_tool("ip") or "ip", "netns", "exec", self.host(host).netns]
+        if host in self._hostnames:
+            return [_tool("nsenter") or "nsenter", f"--uts={self.uts_file(host)}", *ns]
+        return ns
 
     # ---- life cycle -----------------------------------------------------------------------
 
@@ -614,6 +638,11 @@ class Topology:
                     attempt(["ip", "-n", host.netns, "link", "delete", LINK_IFNAME])
         if self.switch_netns and self.switch_netns in made:
             attempt(["ip", "-n", self.switch_netns, "link", "delete", BRIDGE_IFNAME])
+        for path in self._uts:
+            try:
+                _unpin(path)
+            except OSError as exc:
+                problems.append(f"could not remove the UTS namespace {path}: {exc}")
         for netns in reversed(self._made):
             try:
                 _delete_netns(netns)
@@ -1016,15 +1045,25 @@ class Topology:
         *,
         in_place: bool = False,
     ) -> Path:
-        """Change the host's ``/etc/hosts`` in its resolver view: the view's loopback lines and
-        the machine's host name, plus ``entries`` (name -> IP address or topology host name, or
-        a list of them, one line each in that order; an entry replaces the view's lines of that
-        name). Addresses must be loopback or the run's own (its IPv4 /24, its IPv6 /64).
-        Without ``in_place`` only processes started after this call (through
+        """Change the host's ``/etc/hosts`` in its resolver view. The file is the view's
+        loopback lines, the host's own name (the machine's on 127.0.0.1 for a host without a
+        name of its own, as today's machines have it), then every entry set so far on this host
+        (the host's machine model, name faults): ``entries`` (name -> IP address or topology
+        host name, or a list of them, one line each in that order; ``[]``: the name is
+        unknown; the key ``harness.hostspec.MACHINE``: the machine's host name) replace what
+        was set for those names. Addresses must be loopback or the run's own (its IPv4 /24,
+        its IPv6 /64). Without ``in_place`` only processes started after this call (through
         :meth:`exec_prefix`) see it; with it, running ones see it too.
         """
+        from .hostspec import MACHINE
+
+        self.host(host)
         addrs: Dict[str, List[str]] = {}
         for name, targets in entries.items():
+            if name == MACHINE:
+                name = resolver.machine_hostname() or ""
+                if not name:
+                    raise ValueError("this machine's host name cannot go in a hosts file")
             if not isinstance(name, str) or not _HOSTNAME_RE.match(name):
                 raise ValueError(f"not a host name for /etc/hosts: {name!r}")
             addrs[name] = []
@@ -1045,9 +1084,79 @@ class Topology:
                         f"this run ({self.network}, {self.network6})"
                     )
                 addrs[name].append(str(ip))
+        table = self._names.setdefault(host, {})
+        for name, values in addrs.items():
+            for old in [n for n in table if n.lower() == name.lower()]:
+                del table[old]
+            table[name] = values
+        own = self._hostnames.get(host)
         return self._etc_file(
-            host, "hosts", resolver.hosts_text(addrs, resolver.machine_hostname()), in_place
+            host, "hosts",
+            resolver.hosts_text(table, None if own else resolver.machine_hostname()), in_place
         )
+
+    # ---- the host as a machine: its name, its kernel settings, its link ----------------------
+
+    def uts_file(self, host: str) -> Path:
+        """Where the host's own UTS namespace is pinned (a bind mount, as ``ip netns`` pins a
+        network namespace), whether it has one or not."""
+        return UTS_DIR / self.host(host).netns
+
+    def set_hostname(self, host: str, name: str) -> None:
+        """Give the host a name of its own: a UTS namespace pinned at :meth:`uts_file`, named
+        ``name``; every process started through :meth:`exec_prefix` afterwards is in it (and
+        sees ``name`` from gethostname()). The machine's own name does not change."""
+        self._require_up()
+        if not isinstance(name, str) or not _HOSTNAME_RE.match(name) or len(name) > 64:
+            raise ValueError(f"not a host name: {name!r}")
+        if host in self._hostnames:
+            raise TopologyError(f"host {host!r} already has the name {self._hostnames[host]!r}")
+        path = self.uts_file(host)
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        path.touch(mode=0o644)
+        self._uts.append(path)
+        _run(["unshare", f"--uts={path}", "hostname", name])
+        self._hostnames[host] = name
+
+    def hostname(self, host: str) -> Optional[str]:
+        """The host's own name; None when it shares the machine's."""
+        return self._hostnames.get(host)
+
+    def set_sysctl(self, host: str, key: str, value: str) -> None:
+        """Set a kernel setting of the host's own network namespace (a key of
+        ``harness.hostspec.SYSCTL_KEYS``; nothing else of the machine changes)."""
+        from .hostspec import sysctl_problem
+
+        self._require_up()
+        why = sysctl_problem(key, value)
+        if why:
+            raise ValueError(why)
+        path = "/proc/sys/" + key.replace(".", "/")
+        # /proc/sys/net shows the namespace of the process that opens it: written from inside
+        _run(["ip", "netns", "exec", self.host(host).netns, "sh", "-c",
+              'printf "%s\\n" "$1" > "$2"', "sysctl", str(value), path])
+
+    def sysctl(self, host: str, key: str) -> str:
+        """A kernel setting as the host's namespace has it."""
+        path = "/proc/sys/" + key.replace(".", "/")
+        return _run(["ip", "netns", "exec", self.host(host).netns, "cat", path]).stdout.strip()
+
+    def counters(self, host: str) -> Dict[str, int]:
+        """The host's kernel TCP counters that say what happened on its network: listen queue
+        overflows and drops, SYN retransmits, resets, failed connects (its namespace is new
+        with the run: the counts are the run's). Only the non-zero ones of COUNTERS."""
+        h = self.host(host)
+        text = _run(["ip", "netns", "exec", h.netns, "cat", "/proc/net/snmp",
+                     "/proc/net/netstat"]).stdout
+        return parse_counters(text)
+
+    def set_mtu(self, host: str, mtu: int) -> None:
+        """The MTU of the host's link interface (``eth0``, or ``lo`` for a host alone)."""
+        self._require_up()
+        if isinstance(mtu, bool) or not isinstance(mtu, int) or not 68 <= mtu <= 65535:
+            raise ValueError(f"an MTU is an integer in 68..65535, got {mtu!r}")
+        h = self.host(host)
+        _run(["ip", "-n", h.netns, "link", "set", h.ifname, "mtu", str(mtu)])
 
     def set_resolv_conf(self, host: str, lines: Sequence[str]) -> Path:
         """Change the host's ``/etc/resolv.conf`` in its resolver view (e.g.
@@ -1096,6 +1205,34 @@ class Topology:
 
 
 # --------------------------------------------------------------------------------------------
+# counters
+
+COUNTERS = (
+    "Tcp.ActiveOpens", "Tcp.PassiveOpens", "Tcp.AttemptFails", "Tcp.EstabResets",
+    "Tcp.RetransSegs", "Tcp.OutRsts", "TcpExt.ListenOverflows", "TcpExt.ListenDrops",
+    "TcpExt.TCPSynRetrans", "TcpExt.TCPAbortOnData", "TcpExt.TCPAbortOnTimeout",
+    "TcpExt.TCPTimeouts", "TcpExt.SyncookiesSent", "TcpExt.TCPReqQFullDrop",
+)
+
+
+def parse_counters(text: str) -> Dict[str, int]:
+    """``/proc/net/snmp`` and ``/proc/net/netstat`` (header line, value line per protocol) ->
+    the non-zero counters of :data:`COUNTERS`, as ``{"TcpExt.ListenOverflows": 3}``."""
+    out: Dict[str, int] = {}
+    lines = text.splitlines()
+    for head, values in zip(lines, lines[1:]):
+        h, v = head.split(), values.split()
+        if not h or not v or h[0] != v[0] or not h[0].endswith(":") or h == v:
+            continue
+        proto = h[0][:-1]
+        for name, value in zip(h[1:], v[1:]):
+            key = f"{proto}.{name}"
+            if key in COUNTERS and value.lstrip("-").isdigit() and int(value) != 0:
+                out[key] = int(value)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # leftovers and capabilities
 
 
@@ -1114,6 +1251,10 @@ def sweep(prefix: str = PREFIX) -> List[str]:
         etc_dirs = [p for p in NETNS_ETC_DIR.iterdir() if p.name.startswith(prefix)]
     except FileNotFoundError:
         etc_dirs = []
+    try:
+        uts_files = [p for p in UTS_DIR.iterdir() if p.name.startswith(prefix)]
+    except FileNotFoundError:
+        uts_files = []
     live: Set[str] = set()
     dead_files: List[Path] = []
     try:
@@ -1146,6 +1287,12 @@ def sweep(prefix: str = PREFIX) -> List[str]:
     for directory in etc_dirs:
         if directory.name not in live:
             shutil.rmtree(directory, ignore_errors=True)
+    for pinned in uts_files:
+        if pinned.name not in live:
+            try:
+                _unpin(pinned)
+            except OSError as exc:
+                failures.append(str(exc))
     for path in dead_files:
         try:
             path.unlink()

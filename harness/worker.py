@@ -22,6 +22,7 @@ import contextlib
 import faulthandler
 import os
 import platform
+import socket
 import sys
 import time
 from datetime import timedelta
@@ -245,7 +246,7 @@ def run_observed(spec: P.WorkerSpec) -> None:
         import torch
         import torch.distributed as dist
 
-        emit(P.READY, torch=torch.__version__, pid=os.getpid())
+        emit(P.READY, torch=torch.__version__, pid=os.getpid(), hostname=socket.gethostname())
         run_workload(spec, dist, torch)
     except BaseException as exc:  # noqa: B036 - the verdict needs every kind
         observer.result_exception(exc, phase=_PHASE)
@@ -295,7 +296,7 @@ def main() -> None:
             import torch._dynamo  # noqa: F401
             import torch.nn.parallel  # noqa: F401
         emit(P.READY, torch=torch.__version__, pid=os.getpid(), python=sys.executable,
-             python_version=platform.python_version())
+             python_version=platform.python_version(), hostname=socket.gethostname())
         line = sys.stdin.buffer.readline()
         if line != P.GO_LINE:  # the supervisor went away before the start line
             os._exit(3)

@@ -10,8 +10,9 @@ import textwrap
 import pytest
 
 from harness.faults._names import WriteHosts
+from harness.hostspec import MACHINE
 from harness.loader import ScenarioFileError, load_text
-from harness.plan import make_plan
+from harness.plan import ShapeHosts, make_plan
 from harness.resolver import machine_hostname
 from harness.steps import RUN
 from harness.topology import Topology
@@ -109,8 +110,20 @@ def test_master_name_needs_the_runs_namespaces():
 @pytest.mark.skipif(machine_hostname() is None, reason="this machine's name is not hosts-safe")
 def test_hostname_loopback_maps_the_machines_name_and_unsets_the_interface(counter_ports):
     p = plan_of(with_fault("{kind: hostname_loopback}"), counter_ports)
-    (step,) = steps(p)
-    assert step.entries == {machine_hostname(): ["127.0.1.1"]} and step.hosts == ["a", "b"]
+    assert steps(p) == []    # no mechanism of its own: the hosts' machine model says it
+    assert isinstance(p.steps[0], ShapeHosts)
+    for h in p.hosts:
+        assert h.machine.entries == {MACHINE: ["127.0.1.1"]} and not h.machine.hostname
     for r in p.ranks:
         assert "GLOO_SOCKET_IFNAME" not in r.env and "GLOO_SOCKET_IFNAME" in r.unset
         assert "NCCL_SOCKET_IFNAME" in r.unset
+
+
+def test_hostname_loopback_on_hosts_with_names_of_their_own_maps_each_hosts_name(
+        counter_ports):
+    p = plan_of(with_fault("{kind: hostname_loopback}", "hostnames: own\n"), counter_ports)
+    for h in p.hosts:
+        other = "b" if h.name == "a" else "a"
+        assert h.machine.hostname == h.name
+        assert h.machine.entries[h.name] == ["127.0.1.1"]          # its own name: Debian's line
+        assert h.machine.entries[other] == [TOPO.hosts[other].addr4]   # the other: its link

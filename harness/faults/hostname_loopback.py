@@ -4,7 +4,9 @@ Without GLOO_SOCKET_IFNAME gloo picks the address it advertises to its peers by 
 host name; with this mapping it advertises a loopback address, and a peer on another host that
 dials it reaches itself (127.0.0.0/8 is local everywhere). Each host's hosts file maps the
 machine's host name to ``addr``; the chosen ranks have GLOO_SOCKET_IFNAME and
-NCCL_SOCKET_IFNAME removed (a user who never set them)."""
+NCCL_SOCKET_IFNAME removed (a user who never set them). It is the host model's
+``resolves_self: 127.0.1.1`` on every host (harness.hostspec), for hosts with names of their own
+and for hosts that share the machine's."""
 
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ from pydantic import Field, field_validator
 
 from ..limits import MAX_WORLD
 from . import Fault
-from ._names import WriteHosts
 
 
 class HostnameLoopback(Fault):
@@ -39,17 +40,19 @@ class HostnameLoopback(Fault):
         return str(ip)
 
     def apply(self, plan: Any, scn: Any) -> None:
-        from ..resolver import machine_hostname
+        # one case of the host model (harness.hostspec): every host's own name (or the
+        # machine's, which plain hosts share) resolves to addr on that host
+        from ..hostspec import MACHINE
 
-        name = machine_hostname()
-        if name is None:
-            raise ValueError("this machine's host name cannot go in a hosts file")
         for r in plan.main_ranks(self.ranks):
             for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
                 r.env.pop(var, None)
                 if var not in r.unset:
                     r.unset.append(var)
-        plan.add_step(self, WriteHosts(hosts=[h.name for h in plan.hosts],
-                                       entries={name: [self.addr]}, target="hosts files"))
-        plan.notes.append(f"hostname_loopback: {name} -> {self.addr} in every host's hosts "
-                          "file; GLOO_SOCKET_IFNAME unset")
+        shown = []
+        for h in plan.hosts:
+            name = h.machine.hostname or MACHINE
+            h.machine.entries[name] = [self.addr]
+            shown.append(h.machine.hostname or "the machine's name")
+        plan.notes.append(f"hostname_loopback: {', '.join(dict.fromkeys(shown))} -> "
+                          f"{self.addr} in each host's hosts file; GLOO_SOCKET_IFNAME unset")
