@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .classify import Verdict, job_outcome, mro_names
 from .patterns import PATTERN_TIMEOUT, compile_message_pattern, search  # noqa: F401
@@ -76,8 +76,11 @@ def _check_rank(e: RankExpect, v: Verdict) -> List[Mismatch]:
     return out
 
 
-def check(exp: Expect, verdicts: Sequence[Verdict]) -> List[Mismatch]:
-    out: List[Mismatch] = []
+def check(exp: Expect, verdicts: Sequence[Verdict],
+          counters: Optional[Mapping[str, Mapping[str, int]]] = None) -> List[Mismatch]:
+    """The mismatches of one run; ``counters``: the run's kernel TCP counters per host (the
+    observation's), checked against ``exp.counters`` (None: not known, not checked)."""
+    out: List[Mismatch] = check_counters(exp, counters) if counters is not None else []
     if exp.job is not None:
         got = job_outcome(verdicts)
         if got not in exp.job:
@@ -92,6 +95,20 @@ def check(exp: Expect, verdicts: Sequence[Verdict]) -> List[Mismatch]:
         re_ = _rank_expect(exp, v.label)
         if re_ is not None:
             out += check_rank(re_, v)
+    return out
+
+
+def check_counters(exp: Expect, counters: Mapping[str, Mapping[str, int]]) -> List[Mismatch]:
+    from .hostspec import count_holds
+
+    out = []
+    for host, bounds in exp.counters.items():
+        for name, bound in bounds.items():
+            got = counters.get(host, {}).get(name, 0)
+            if not count_holds(bound, got):
+                seen = "none" if host not in counters else str(got)
+                out.append(Mismatch(f"host {host}", f"counter {name}", bound, seen,
+                                    exp.counters_line))
     return out
 
 
@@ -121,13 +138,16 @@ class RepeatedCheck:
                          sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def check_repeated(exp: Expect, runs: Sequence[Sequence[Verdict]]) -> RepeatedCheck:
+def check_repeated(exp: Expect, runs: Sequence[Sequence[Verdict]],
+                   counters: Optional[Sequence[Mapping[str, Mapping[str, int]]]] = None
+                   ) -> RepeatedCheck:
     """Check N runs of a case: each run against the expectation (frequency bounds aside), then
     the outcome frequencies against the bounds, then whether a rank varied where its
     expectation allows a single outcome (flaky)."""
     res = RepeatedCheck(runs=len(runs))
     for i, verdicts in enumerate(runs, start=1):
-        res.mismatches += [(i, m) for m in check(exp, verdicts)]
+        seen = counters[i - 1] if counters is not None and i <= len(counters) else None
+        res.mismatches += [(i, m) for m in check(exp, verdicts, seen)]
         for v in verdicts:
             c = res.counts.setdefault(v.label, {})
             c[v.outcome] = c.get(v.outcome, 0) + 1

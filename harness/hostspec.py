@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 __all__ = [
+    "COUNTERS",
     "DEAD",
     "MACHINE",
     "SYSCTL_KEYS",
@@ -75,6 +76,31 @@ SYSCTL_KEYS: Dict[str, Tuple[str, str]] = {
     "net.ipv6.conf.all.disable_ipv6": _BOOL,
     "net.ipv6.conf.default.disable_ipv6": _BOOL,
 }
+
+
+# The kernel's TCP counters a run's evidence keeps per host (its namespace is new with the run,
+# so a count is the run's): what happened on the wire that torch does not say.
+COUNTERS = (
+    "Tcp.ActiveOpens", "Tcp.PassiveOpens", "Tcp.AttemptFails", "Tcp.EstabResets",
+    "Tcp.RetransSegs", "Tcp.OutRsts", "TcpExt.ListenOverflows", "TcpExt.ListenDrops",
+    "TcpExt.TCPSynRetrans", "TcpExt.TCPAbortOnData", "TcpExt.TCPAbortOnTimeout",
+    "TcpExt.TCPTimeouts", "TcpExt.SyncookiesSent", "TcpExt.TCPReqQFullDrop",
+)
+_COUNT_BOUND = re.compile(r"^\s*(>=|<=|>|<|==)\s*([0-9]{1,12})\s*$")
+
+
+def count_bound_problem(text: Any) -> Optional[str]:
+    if not isinstance(text, str) or not _COUNT_BOUND.match(text):
+        return f"{str(text)[:40]!r}: write a bound on a count, e.g. '>= 1', '== 0', '< 5'"
+    return None
+
+
+def count_holds(text: str, count: int) -> bool:
+    m = _COUNT_BOUND.match(text)
+    assert m is not None
+    op, n = m.group(1), int(m.group(2))
+    return {">=": count >= n, "<=": count <= n, ">": count > n, "<": count < n,
+            "==": count == n}[op]
 
 
 def sysctl_problem(key: Any, value: Any) -> Optional[str]:

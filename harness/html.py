@@ -430,6 +430,11 @@ def case_html(i: int, c: Dict[str, Any]) -> str:
         if rules:
             out.append(f'<details><summary>nftables rules of host {esc(host)} at the end'
                        f'</summary><pre>{esc(rules)}</pre></details>')
+    counted = {h: n for h, n in (c.get("counters") or {}).items() if n}
+    if counted:
+        rows = [[esc(h), esc(k), esc(v)] for h, n in counted.items() for k, v in n.items()]
+        out.append("<h3>TCP counters of each host at the end (non-zero)</h3>" + _table(
+            ["host", "counter", "count"], rows))
     if c.get("evidence"):
         out.append(f'<p class="muted">evidence: <code>{esc(c["evidence"])}</code></p>')
     out.append("</section>")

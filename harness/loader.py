@@ -745,6 +745,8 @@ def validate_case(data: Dict[str, Any], file: str,
         block._line = lines.line_of(_yaml_loc(data, ("expect", j)))
         if block.job is not None:
             block._job_line = lines.line_of(_yaml_loc(data, ("expect", j, "job")))
+        if block.counters:
+            block._counters_line = lines.line_of(_yaml_loc(data, ("expect", j, "counters")))
         for key, rank_expect in block.ranks.items():
             yloc = _yaml_loc(data, ("expect", j, "ranks", key))
             rank_expect._line = lines.line_of(yloc)

@@ -383,13 +383,15 @@ class ScenarioItem(pytest.Item):
     def runtest(self) -> None:
         assert self.expectation is not None
         if len(self.runs) > 1:
-            self.repeated = check_repeated(self.expectation, [v for _, v in self.runs])
+            self.repeated = check_repeated(self.expectation, [v for _, v in self.runs],
+                                           [r.counters for r, _ in self.runs])
             if self.repeated.failed:
                 raise ScenarioMismatch(repeated_table([v for _, v in self.runs],
                                                       self.expectation, self.repeated,
                                                       source=self.shown_path()))
             return
-        mismatches = check(self.expectation, self.verdicts)
+        mismatches = check(self.expectation, self.verdicts,
+                           self.run.counters if self.run is not None else None)
         if mismatches:
             raise ScenarioMismatch(failure_table(self.verdicts, self.expectation, mismatches,
                                                  source=self.shown_path()))

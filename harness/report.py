@@ -16,7 +16,7 @@ Layout of a report (``"format": 2``)::
      "cases": [{"id", "file", "scenario", "case", "name", "test_id", "about", "marks", "faults",
                 "notes", "backend", "world_size", "status", "reason", "failure", "mismatches",
                 "job", "expectation", "torch_version", "duration", "wall", "deadline",
-                "timeout", "evidence", "port_owners", "rules", "ranks": [...],
+                "timeout", "evidence", "port_owners", "rules", "counters", "ranks": [...],
                 "timeline": {...}}]}
 
 See docs/reports-and-cli.md for every field.
@@ -268,6 +268,7 @@ def case_record(*, nodeid: str, file: str, name: str, scenario: Any = None,
         "evidence": evidence,
         "port_owners": run.port_owners if run is not None else [],
         "rules": run.rules if run is not None else {},
+        "counters": run.counters if run is not None else {},
         "ranks": [rank_record(v, by_label.get(v.label), run.t0 if run is not None else 0.0)
                   for v in verdicts],
         "timeline": timeline(run) if run is not None else None,
@@ -382,8 +383,11 @@ def item_record(item: Any) -> Dict[str, Any]:
     runs = list(getattr(item, "runs", []) or [])
     if len(runs) > 1 and expectation is not None:
         return repeated_record(item, runs, expectation,
-                               check_repeated(expectation, [v for _, v in runs]))
-    mismatches = check(expectation, verdicts) if expectation is not None and verdicts else []
+                               check_repeated(expectation, [v for _, v in runs],
+                                              [getattr(r, "counters", {}) for r, _ in runs]))
+    run = getattr(item, "run", None)
+    mismatches = check(expectation, verdicts, getattr(run, "counters", None)) \
+        if expectation is not None and verdicts else []
     nodeid = item.nodeid
     return case_record(
         nodeid=nodeid, file=nodeid.split("::", 1)[0], name=item.name,

@@ -271,6 +271,7 @@ class Expect(Strict):
 
     _line: Optional[int] = PrivateAttr(None)       # where the block starts (set by the loader)
     _job_line: Optional[int] = PrivateAttr(None)   # where its job: is
+    _counters_line: Optional[int] = PrivateAttr(None)   # where its counters: is
 
     @property
     def line(self) -> Optional[int]:
@@ -279,6 +280,10 @@ class Expect(Strict):
     @property
     def job_line(self) -> Optional[int]:
         return self._job_line
+
+    @property
+    def counters_line(self) -> Optional[int]:
+        return self._counters_line or self._line
 
     torch: Optional[str] = Field(
         None, max_length=MAX_SHORT,
@@ -291,8 +296,29 @@ class Expect(Strict):
         description="per rank (key: rank number, a label such as 'job2:0', or '*' for every rank "
         "not listed); a value may be an outcome or a list of outcomes as shorthand")
 
+    counters: Dict[str, Dict[str, str]] = Field(
+        default_factory=dict, max_length=MAX_HOSTS,
+        description="per host: bounds on its kernel's TCP counters at the end of the run "
+        "(what happened on the wire: e.g. node0: {TcpExt.ListenOverflows: '>= 1'}); the "
+        "counters are those of harness.hostspec.COUNTERS")
+
     _job = field_validator("job", mode="before", json_schema_input_type=Optional[
         Union[Outcome, List[Outcome]]])(_as_outcome_set)
+
+    @field_validator("counters")
+    @classmethod
+    def _counters(cls, v: Dict[str, Dict[str, str]]) -> Dict[str, Dict[str, str]]:
+        from .hostspec import COUNTERS, count_bound_problem
+
+        for host, bounds in v.items():
+            for name, bound in bounds.items():
+                if name not in COUNTERS:
+                    raise ValueError(f"{host}: {name[:60]!r} is not a counter the harness keeps;"
+                                     f" one of: {', '.join(COUNTERS)}")
+                why = count_bound_problem(bound)
+                if why:
+                    raise ValueError(f"{host}: {name}: {why}")
+        return v
 
     @field_validator("torch")
     @classmethod
@@ -800,6 +826,18 @@ class Scenario(Strict):
         """Every interpreter the scenario names (as written)."""
         named = list(self.python.values()) + [h.python for h in self.hosts or [] if h.python]
         return list(dict.fromkeys(named))
+
+    @model_validator(mode="after")
+    def _counter_hosts(self) -> Scenario:
+        names = self.host_names()
+        for i, block in enumerate(self.expect):
+            for host in block.counters:
+                if host not in names:
+                    where = ("expect", i, "counters") if len(self.expect) > 1 else \
+                        ("expect", "counters")
+                    raise located(where, f"{host!r} is not a host of this scenario "
+                                  f"({', '.join(names)})")
+        return self
 
     @model_validator(mode="after")
     def _gloo_only(self) -> Scenario:

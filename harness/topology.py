@@ -1144,7 +1144,7 @@ class Topology:
     def counters(self, host: str) -> Dict[str, int]:
         """The host's kernel TCP counters that say what happened on its network: listen queue
         overflows and drops, SYN retransmits, resets, failed connects (its namespace is new
-        with the run: the counts are the run's). Only the non-zero ones of COUNTERS."""
+        with the run: the counts are the run's). Only the non-zero ones."""
         h = self.host(host)
         text = _run(["ip", "netns", "exec", h.netns, "cat", "/proc/net/snmp",
                      "/proc/net/netstat"]).stdout
@@ -1207,17 +1207,12 @@ class Topology:
 # --------------------------------------------------------------------------------------------
 # counters
 
-COUNTERS = (
-    "Tcp.ActiveOpens", "Tcp.PassiveOpens", "Tcp.AttemptFails", "Tcp.EstabResets",
-    "Tcp.RetransSegs", "Tcp.OutRsts", "TcpExt.ListenOverflows", "TcpExt.ListenDrops",
-    "TcpExt.TCPSynRetrans", "TcpExt.TCPAbortOnData", "TcpExt.TCPAbortOnTimeout",
-    "TcpExt.TCPTimeouts", "TcpExt.SyncookiesSent", "TcpExt.TCPReqQFullDrop",
-)
-
-
 def parse_counters(text: str) -> Dict[str, int]:
     """``/proc/net/snmp`` and ``/proc/net/netstat`` (header line, value line per protocol) ->
-    the non-zero counters of :data:`COUNTERS`, as ``{"TcpExt.ListenOverflows": 3}``."""
+    the non-zero counters of ``harness.hostspec.COUNTERS``: ``{"TcpExt.ListenOverflows": 3}``."""
+    from .hostspec import COUNTERS
+
+
     out: Dict[str, int] = {}
     lines = text.splitlines()
     for head, values in zip(lines, lines[1:]):

@@ -23,6 +23,7 @@ from harness.topology import (
     NETNS_ETC_DIR,
     PREFIX,
     STATE_DIR,
+    UTS_DIR,
     Topology,
     TopologyError,
     capabilities,
@@ -556,6 +557,7 @@ import subprocess, sys, time
 from harness.topology import Topology
 topo = Topology(sys.argv[1], ["a", "b"]).__enter__()
 topo.set_hosts_file("a", {"master": "b"})
+topo.set_hostname("a", "alpha")
 rank = subprocess.Popen(topo.exec_prefix("a") + ["sleep", "120"])
 print(rank.pid, flush=True)
 time.sleep(120)
@@ -588,11 +590,13 @@ def test_sweep_removes_a_dead_runs_leftovers_and_spares_a_live_run(topology) -> 
         owner.wait(timeout=5)
     assert len(_ours(dead_id)) == 3  # still there after the owner died
     assert (STATE_DIR / f"thx-{dead_id}.json").exists()
+    assert (UTS_DIR / f"thx-{dead_id}-a").exists()   # host a's own name, pinned
     removed = sweep()
     assert set(dead_ns) <= set(removed)
     assert _ours(dead_id) == []
     assert not (STATE_DIR / f"thx-{dead_id}.json").exists()
     assert not (NETNS_ETC_DIR / f"thx-{dead_id}-a").exists()
+    assert not (UTS_DIR / f"thx-{dead_id}-a").exists()
     assert (
         not Path(f"/proc/{rank_pid}").exists()
         or Path(f"/proc/{rank_pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
@@ -609,3 +613,75 @@ def test_capabilities_report_tools_and_privileges() -> None:
     assert caps["root"] and caps["cap_net_admin"] and caps["cap_sys_admin"]
     assert all(caps[tool] and Path(caps[tool]).is_file() for tool in ("ip", "nft", "tc"))
     assert missing() == []
+
+
+# ---- a host as a whole machine -----------------------------------------------------------------
+
+
+def _in(topo: Topology, host: str, *argv: str) -> str:
+    return subprocess.run(topo.exec_prefix(host) + list(argv), capture_output=True, text=True,
+                          timeout=30, check=True).stdout.strip()
+
+
+def test_a_host_with_a_name_of_its_own_is_seen_so_by_its_processes_only(topology) -> None:
+    import socket
+
+    topo = topology(["a", "b"])
+    topo.set_hostname("a", "alpha")
+    assert _in(topo, "a", "hostname") == "alpha"
+    assert _in(topo, "a", PY, "-c", "import socket; print(socket.gethostname())") == "alpha"
+    assert _in(topo, "b", "hostname") == socket.gethostname()   # b shares the machine's
+    assert socket.gethostname() != "alpha"                        # the machine is untouched
+    assert topo.uts_file("a").exists() and not topo.uts_file("b").exists()
+    with pytest.raises(TopologyError, match="already has the name"):
+        topo.set_hostname("a", "again")
+    pinned = topo.uts_file("a")
+    topo.close()
+    assert not pinned.exists()
+
+
+def test_a_hosts_file_keeps_what_each_change_set_and_names_the_own_host(topology) -> None:
+    from harness.hostspec import MACHINE
+    from harness.resolver import machine_hostname, parse_hosts
+
+    topo = topology(["a", "b"])
+    topo.set_hostname("a", "alpha")
+    a, b = topo.host("a"), topo.host("b")
+    topo.set_hosts_file("a", {"alpha": [a.addr], "beta": "b"})
+    topo.set_hosts_file("a", {"store": "b"})                      # merges, does not replace
+    names = parse_hosts((NETNS_ETC_DIR / a.netns / "hosts").read_text())
+    assert names["alpha"] == [a.addr] and names["beta"] == [b.addr]
+    assert names["store"] == [b.addr]
+    assert (machine_hostname() or "").lower() not in names        # a is not the machine
+    topo.set_hosts_file("a", {"beta": []})                        # [] makes a name unknown
+    assert "beta" not in parse_hosts((NETNS_ETC_DIR / a.netns / "hosts").read_text())
+    topo.set_hosts_file("b", {MACHINE: ["127.0.1.1"]})            # b shares the machine's name
+    if machine_hostname():
+        names_b = parse_hosts((NETNS_ETC_DIR / b.netns / "hosts").read_text())
+        assert names_b[machine_hostname().lower()] == ["127.0.1.1"]   # type: ignore[union-attr]
+
+
+def test_sysctl_and_mtu_change_the_hosts_namespace_only(topology) -> None:
+    topo = topology(["a", "b"])
+    root = Path("/proc/sys/net/core/somaxconn").read_text().strip()
+    topo.set_sysctl("a", "net.core.somaxconn", "7")
+    topo.set_sysctl("a", "net.ipv4.ip_local_port_range", "40000 40100")
+    assert topo.sysctl("a", "net.core.somaxconn") == "7"
+    assert topo.sysctl("a", "net.ipv4.ip_local_port_range").split() == ["40000", "40100"]
+    assert topo.sysctl("b", "net.core.somaxconn") != "7" or root == "7"
+    assert Path("/proc/sys/net/core/somaxconn").read_text().strip() == root
+    with pytest.raises(ValueError, match="not a kernel setting"):
+        topo.set_sysctl("a", "kernel.hostname", "x")
+    with pytest.raises(ValueError, match="an integer"):
+        topo.set_sysctl("a", "net.core.somaxconn", "1; reboot")
+    topo.set_mtu("b", 1280)
+    assert "mtu 1280" in _in(topo, "b", "ip", "link", "show", "eth0")
+    assert "mtu 1280" not in _in(topo, "a", "ip", "link", "show", "eth0")
+
+
+def test_counters_count_a_hosts_own_connections() -> None:
+    from harness.topology import parse_counters
+
+    text = ("Tcp: RtoMin ActiveOpens OutRsts\nTcp: 200 3 0\n"
+            "TcpExt: ListenOverflows Other\nTcpExt: 12 9\n")
+    assert parse_counters(text) == {"Tcp.ActiveOpens": 3, "TcpExt.ListenOverflows": 12}
