@@ -56,7 +56,17 @@ Every host namespace gets the harness's resolver view (:mod:`harness.resolver`) 
 ``nsswitch.conf`` (``hosts: files``: no DNS) and ``resolv.conf`` (``nameserver 127.0.0.1``).
 ``ip netns exec`` bind-mounts them over ``/etc`` when a process starts, so change them
 (:meth:`Topology.set_hosts_file`, :meth:`Topology.set_resolv_conf`) before starting the
-processes that should see the change.
+processes that should see the change. A host's hosts-file entries accumulate (each change
+replaces the lines of the names it gives).
+
+A host as a whole machine
+-------------------------
+:meth:`Topology.set_hostname` gives a host a name of its own: a UTS namespace pinned at
+``/run/thx/uts/<namespace>`` (a bind mount, as ``ip netns`` pins network namespaces) that
+:meth:`Topology.exec_prefix` enters with ``nsenter --uts`` in front of ``ip netns exec``;
+teardown and :func:`sweep` unmount and remove pins. :meth:`Topology.set_sysctl` writes a key
+of the host's own network namespace (``harness.hostspec.SYSCTL_KEYS``), :meth:`set_mtu` its
+link's MTU, :meth:`counters` reads its kernel's TCP counters.
 """
 
 from __future__ import annotations
