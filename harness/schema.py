@@ -893,6 +893,13 @@ class Scenario(Strict):
     def host_names(self) -> List[str]:
         return [h.name for h in self.hosts] if self.hosts else ["local"]
 
+    def hosts_file_names(self) -> List[str]:
+        """Names the run's own hosts files give on some host (its hosts' own names, their
+        names: entries): each resolves only to an address of the run or to loopback."""
+        out = [h.hostname or h.name for h in self.hosts or []
+               if h.hostname or self.hostnames == "own"]
+        return out + [n for h in self.hosts or [] for n in h.names]
+
     def needs_namespaces(self) -> bool:
         """The run must have network namespaces: several hosts, a fault or the launcher that
         says so (a literal port), or ``isolate: always``."""

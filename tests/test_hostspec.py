@@ -162,3 +162,13 @@ def test_host_names_is_pure_over_addresses():
     assert got["a"].entries == {"a": ["10.0.0.1"], "b": ["10.0.0.2", "fd00::2"],
                                 "n": ["10.0.0.2", "fd00::2", "10.0.0.9"]}
     assert DEAD == "dead"
+
+
+def test_master_addr_may_be_a_name_the_runs_own_hosts_files_give():
+    scn = load("name: s\nabout: w\nhostnames: own\nhosts: [{name: a}, {name: b, names: "
+               "{store: a}}]\nenv: {MASTER_ADDR: store}\n")
+    assert scn.env["MASTER_ADDR"] == "store"
+    load("name: s\nabout: w\nhostnames: own\nhosts: [{name: a}, {name: b}]\n"
+         "env: {MASTER_ADDR: a}\n")
+    with pytest.raises(ScenarioFileError, match="does not map to loopback"):
+        load("name: s\nabout: w\nhosts: [{name: a}, {name: b}]\nenv: {MASTER_ADDR: a}\n")
