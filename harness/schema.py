@@ -566,7 +566,8 @@ class Dns(Strict):
     master: Optional[str] = Field(
         None, pattern=DNS_NAME_RE, max_length=MAX_ADDR,
         description="MASTER_ADDR of every rank: a name the ranks ask the server (a short name "
-        "goes through the search domain)")
+        "goes through the search domain); null (the default): the master host's address, also "
+        "in a case that overrides a file's dns: with master: null")
     ptr: bool = Field(True, description="PTR records for every record's addresses")
     timeout: int = Field(5, ge=1, le=30, description="resolv.conf options timeout: (glibc's "
                          "default 5)")
