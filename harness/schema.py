@@ -592,8 +592,11 @@ class Dns(Strict):
     master: Optional[str] = Field(
         None, pattern=DNS_NAME_RE, max_length=MAX_ADDR,
         description="MASTER_ADDR of every rank: a name the ranks ask the server (a short name "
-        "goes through the search domain)")
-    ptr: bool = Field(True, description="PTR records for every record's addresses")
+        "goes through the search domain); null (the default): the master host's address, also "
+        "in a case that overrides a file's dns: with master: null")
+    ptr: bool = Field(True, description="PTR records for every record's addresses; false: "
+                      "none (every reverse lookup of the run is NXDOMAIN; the names are then "
+                      "answered by the harness's responder behind dnsmasq)")
     timeout: int = Field(5, ge=1, le=30, description="resolv.conf options timeout: (glibc's "
                          "default 5)")
     attempts: int = Field(2, ge=1, le=5, description="resolv.conf options attempts: (glibc's "

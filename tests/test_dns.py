@@ -109,6 +109,47 @@ def test_a_faulted_name_is_forwarded_to_the_responder_and_nothing_else_is():
     assert step.trigger.at == 2 and step.undo_trigger is not None
 
 
+def test_ptr_false_leaves_no_hosts_line_every_name_goes_to_the_responder():
+    plan = _plan("dns: {domain: c.test, records: {m: node0, n: node1}, ptr: false}\n"
+                 "faults: [{kind: dns_name, name: m, answer: nxdomain, heal_after: 3}]\n")
+    assert plan.dns.records == {} and set(plan.dns.forwarded) == {"m.c.test", "n.c.test"}
+    conf = plan.dns.config()
+    assert conf.count("server=") == 2 and "local=/c.test/" in conf
+    step = plan.steps[-1]
+    assert (step.name, step.mode, step.live) == ("m.c.test", "nxdomain",
+                                                [plan.host("node0").addr])
+
+
+@real
+def test_ptr_false_answers_names_but_no_reverse_lookup(tmp_path):
+    """Watched: with hosts-file records dnsmasq 2.90 answers PTR even with filter-rr=PTR; with
+    ptr: false the same names resolve and their addresses do not."""
+    import ipaddress
+
+    run_id = f"dp{os.getpid()}"
+    plan = _plan("dns: {domain: c.test, records: {m: node0, n: node1}, ptr: false}\n"
+                 "faults: [{kind: dns_name, name: m, answer: nxdomain}]\n",
+                 run_dir=str(tmp_path), run_id=run_id)
+    with topology.Topology(run_id, [h.name for h in plan.hosts], link=True, ip="dual",
+                           service_hosts=plan.service_hosts()) as topo:
+        rt = _Rt(topo, tmp_path, None)
+        try:
+            for step in plan.steps:
+                if step.trigger.describe() == "at set-up":
+                    step.do(rt)
+            srv, n1 = plan.dns.addr, plan.host("node1")
+            assert ask(topo, "node0", srv, "n.c.test", "A").values("A") == [n1.addr]
+            ptr = ask(topo, "node0", srv, ipaddress.ip_address(n1.addr).reverse_pointer, "PTR")
+            assert ptr.rcode == "NXDOMAIN" and ptr.values("PTR") == []
+            assert ask(topo, "node0", srv, "m.c.test").rcode == "NXDOMAIN"
+            plan.steps[-1].undo(rt)     # healed: the responder answers the live address
+            assert ask(topo, "node0", srv, "m.c.test").values("A") == \
+                [plan.host("node0").addr]
+        finally:
+            problems = rt.services.stop_all()
+        assert problems == []
+
+
 def test_the_resolver_view_of_a_dns_run_asks_files_then_the_runs_server():
     text = resolver.nsswitch_text("passwd: files\nhosts: files mdns4 dns\n", dns=True)
     assert "hosts:          files dns\n" in text and "mdns" not in text

@@ -52,7 +52,8 @@ DRIVER = textwrap.dedent("""\
             obs, verdicts = observed.to_dict(), classify_run(observed)
             out.append({"id": scn.test_id, "job": job_outcome(verdicts),
                         "ranks": [v.outcome for v in verdicts],
-                        "port": obs["plan"]["master_port"], "netns": obs["plan"]["netns"]})
+                        "port": obs["plan"]["master_port"], "netns": obs["plan"]["netns"],
+                        "dns": str(obs["plan"].get("dns") or "")})
     print(json.dumps(out))
     """)
 
@@ -114,6 +115,17 @@ NAMESPACES = {   # the harness's own network namespaces (root)
     "two_hosts": scenario("two_hosts", "nodes: 2", OK),
 }
 USERNS = {k: MACHINE[k] for k in ("localhost_localdomain_tcp", "ip6_localhost")}
+# the run's own name server: MASTER_ADDR is a name only it knows, so an ok job means the ranks
+# asked it; the late one is NXDOMAIN for its first 2 s
+DNS_BLOCK = ("dns: {domain: cluster.test, records: {master: node0, node0: node0, node1: node1},"
+             " master: master}")
+WITH_DNS = {
+    "dns_short_name": scenario("dns_short_name", "nodes: 2", DNS_BLOCK, OK),
+    "dns_late_record": scenario(
+        "dns_late_record", "nodes: 2", DNS_BLOCK,
+        "faults: [{kind: dns_name, name: master, answer: nxdomain, heal_after: 2}]",
+        OK).replace("timeout: 5", "timeout: 10"),
+}
 
 
 # -- the trace ---------------------------------------------------------------------------------
@@ -297,3 +309,36 @@ def test_runs_of_a_user_without_root_send_no_dns_query(shared_tmp, nobody_python
                             python=cmd[-1], env=env)
     check(runs, text, cases)
     assert unshares(text) == ["CLONE_NEWNS|CLONE_NEWUSER"]
+
+
+def test_runs_with_a_dns_block_query_only_the_runs_own_name_server(tmp_path):
+    """dns: every port-53 call of the run (the ranks' lookups, the supervisor's readiness
+    query) goes to the run's dns host; the jobs are ok only if the ranks' queries reached it
+    (MASTER_ADDR is a name no hosts file has)."""
+    from harness.services.dns import DNSMASQ
+
+    gaps = topology.missing()
+    if gaps:
+        pytest.skip("network namespaces: " + "; ".join(gaps))
+    why = DNSMASQ.missing()
+    if why:
+        pytest.skip(why)
+    runs, text = run_traced(tmp_path, WITH_DNS, env=_environment())
+    assert [r["id"] for r in runs] == list(WITH_DNS)
+    assert [r["job"] for r in runs] == ["ok", "ok"], runs
+    servers = set()
+    for r in runs:
+        m = re.search(r"addrs=\[([^\]]*)\]", r["dns"])
+        assert m, r["dns"]
+        servers |= set(re.findall(r"'([^']+)'", m.group(1)))
+    assert servers and all(ipaddress.ip_address(a).is_private for a in servers), servers
+    queries = port_53(text)
+    addrs = [ADDR.search(q) for q in queries]
+    elsewhere = [q for q, m in zip(queries, addrs) if not m or (m.group(1) or m.group(2))
+                 not in servers]
+    assert not elsewhere, "port 53 other than the run's name server:\n" + \
+        "\n".join(elsewhere[:20])
+    # glibc connect()s its UDP socket to the server (the supervisor's readiness query uses
+    # sendto): 2 runs x 2 ranks looked master up at least once each
+    glibc = [q for q in queries if re.match(r"^\d+\s+connect\(", q)]
+    assert len(glibc) >= 4, "\n".join(queries)

@@ -4,7 +4,8 @@ that exists only N s after the start line is ``answer: nxdomain, heal_after: N``
 ``servfail`` (SERVFAIL), ``silent`` (no answer at all: each lookup costs glibc's timeout x
 attempts), ``dead_first`` (an address of the run where no host is, before the live ones).
 The last three go through the harness's responder (dnsmasq forwards the name to it, on the
-server's own loopback). dns_server: the whole server frozen (SIGSTOP) or its port dropped.
+server's own loopback), and so does ``nxdomain`` with ``ptr: false`` (every name is the
+responder's there). dns_server: the whole server frozen (SIGSTOP) or its port dropped.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ class DnsName(Fault, When):
     def apply(self, plan: Any, scn: Any) -> None:
         dns = plan.dns
         fqdn = scn.dns.fqdn(self.name)
-        live = dns.records[fqdn]
-        if self.answer == "nxdomain":
+        live = dns.records.get(fqdn) or dns.forwarded[fqdn]
+        if self.answer == "nxdomain" and fqdn in dns.records:
             step: Any = RecordFile(dns=dns, name=fqdn, trigger=self.trigger(),
                                    target=f"host {dns.host}")
         else:

@@ -15,7 +15,9 @@ the run like any service (harness.services), for a scenario with a ``dns:`` bloc
   all are), so a late record is a file a step writes. ``cache-size=0`` and ``no-negcache``:
   nothing is remembered between queries. dnsmasq answers A, AAAA and PTR (PTR from the
   hosts-file lines) for records, NXDOMAIN for other names in the search domain and the run's
-  reverse zones (``local=``), REFUSED for any other name ("no upstream").
+  reverse zones (``local=``), REFUSED for any other name ("no upstream"). ``ptr: false``:
+  no hosts-file lines at all (they always make a PTR); every name is answered by the
+  responder, A and AAAA only, so every PTR lookup is NXDOMAIN.
 * Faulted names (harness.faults.dns_name: SERVFAIL, no answer, a dead address first) are
   forwarded by dnsmasq to the harness's responder (harness.services.dns_responder) on the
   server's own loopback (``server=/NAME/127.0.0.1#PORT``): the ranks still ask dnsmasq only.
@@ -132,6 +134,13 @@ def plan_dns(plan: Any, scn: Any) -> DnsPlan:
             dead = dead6 if plan.ip == "6" else dead4
             out += target_addresses(t, plan, topo, dead)
         dns.records[spec.fqdn(rec)] = out
+    if not spec.ptr:
+        # a hosts-file line always gives dnsmasq a PTR too (filter-rr=PTR does not remove it:
+        # tried on 2.90), so every name goes to the responder, which answers A/AAAA only; the
+        # reverse zones stay local= (NXDOMAIN)
+        dns.forwarded.update(dns.records)
+        dns.records.clear()
+        dns.responder_port = plan.new_port()
     plan.dns = dns
     if spec.master:
         from ..protocol import url_host
@@ -294,7 +303,7 @@ class ResponderMode(Step):
                                        "addrs": self.live})
 
     def describe(self) -> str:
-        what = {"servfail": "SERVFAIL", "silent": "no answer",
+        what = {"servfail": "SERVFAIL", "silent": "no answer", "nxdomain": "NXDOMAIN",
                 "answer": "answers " + ", ".join(self.addrs)}[self.mode]
         return f"dns: {self.name} -> {what}"
 
