@@ -446,7 +446,7 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
         plan.add_step(RUN, WriteResolverView(path=resolver_view(run_dir, hosts[0]),
                                                     target="resolver view"))
     if scn.dns is not None:   # the run's name server, before any fault edits it
-        from .services.dns import plan_dns
+        from .faults._dns import plan_dns
 
         plan_dns(plan, scn)
     if scn.init == "file":

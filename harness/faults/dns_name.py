@@ -16,9 +16,10 @@ from pydantic import Field
 
 from ..limits import MAX_ADDR
 from ..machine import NAMESPACES, Requirement
-from ..services.dns import DNSMASQ, RecordFile, ResponderMode, ServerFault
+from ..services.dns import DNSMASQ
 from ..triggers import When
 from . import Fault
+from ._dns import RecordFile, ResponderMode, ServerFault
 
 
 def _needs_dns(scn: Any, kind: str) -> List[Any]:

@@ -1,0 +1,310 @@
+"""The run's own name server, planned and faulted (its set-up and fault steps): Debian's
+dnsmasq on a host of its own in the topology, owned by the run like any service
+(harness.services.dns: the service itself), for a scenario with a ``dns:`` block.
+
+* Where: a namespace host named ``dns`` (``dns.host``) on the run's bridge, with the last
+  addresses of the run's networks (``.254`` / ``::fe``: :class:`harness.topology.Topology`'s
+  ``service_hosts``), no ranks. Every scenario host's resolver view then says ``hosts: files
+  dns`` and ``nameserver <that address>`` (+ ``search``, ``options timeout attempts``): the
+  only name server any rank can ask is the run's own, and it has no upstream.
+* What it runs: ``dnsmasq --conf-file=<run>/dns/dnsmasq.conf`` (that file only; nothing of
+  /etc is read: ``no-resolv``, ``no-hosts``, ``no-poll``), in the foreground, bound to its
+  namespace address, as root (``user=root``: the run directory is root's; it never writes
+  outside the run directory: pid file, log on stderr, no DHCP). Each record is one file in
+  ``<run>/dns/records/``, read by inotify (``hostsdir``): a file written or removed while the
+  run goes on is seen at the next query (measured on 2.90: added, changed and removed files
+  all are), so a late record is a file a step writes. ``cache-size=0`` and ``no-negcache``:
+  nothing is remembered between queries. dnsmasq answers A, AAAA and PTR (PTR from the
+  hosts-file lines) for records, NXDOMAIN for other names in the search domain and the run's
+  reverse zones (``local=``), REFUSED for any other name ("no upstream"). ``ptr: false``:
+  no hosts-file lines at all (they always make a PTR); every name is answered by the
+  responder, A and AAAA only, so every PTR lookup is NXDOMAIN.
+* Faulted names (harness.faults.dns_name: SERVFAIL, no answer, a dead address first) are
+  forwarded by dnsmasq to the harness's responder (harness.services.dns_responder) on the
+  server's own loopback (``server=/NAME/127.0.0.1#PORT``): the ranks still ask dnsmasq only.
+* Ready: the supervisor asks a real query from inside a scenario host's namespace (a socket
+  made there: :meth:`harness.topology.Topology.socket`) until an answer comes back; never a
+  sleep.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Dict, List, Optional
+
+from ..services.dns import DNSMASQ, RESPONDER, SERVICE, DnsAnswers, ask  # noqa: F401
+from ..steps import RUN, Step
+
+
+@dataclass
+class DnsPlan:
+    """The name server of a run (pure data; faults edit it while the plan is made)."""
+
+    host: str
+    addr: str                                   # what resolv.conf names (v4 unless ip: 6)
+    addrs: List[str]                            # every address it listens on
+    directory: str                              # <run>/dns
+    domain: Optional[str] = None
+    ptr: bool = True
+    timeout: int = 5
+    attempts: int = 2
+    records: Dict[str, List[str]] = field(default_factory=dict)      # fqdn -> addresses
+    forwarded: Dict[str, List[str]] = field(default_factory=dict)    # fqdn -> live addresses
+    responder_port: int = 0
+    reverse_zones: List[str] = field(default_factory=list)
+    clients: List[str] = field(default_factory=list)                 # scenario hosts
+    dead4: str = ""                             # an address of the run where no host is
+    dead6: str = ""
+
+    def config(self) -> str:
+        d = Path(self.directory)
+        lines = ["# torchdist-harness: the run's own name server; no upstream, no /etc",
+                 "no-resolv", "no-hosts", "no-poll", "keep-in-foreground", "bind-interfaces",
+                 "port=53", "user=root", "group=root", "cache-size=0", "no-negcache",
+                 "log-queries", "log-facility=-", f"pid-file={d / 'dnsmasq.pid'}",
+                 f"hostsdir={d / 'records'}"]
+        lines += [f"listen-address={a}" for a in self.addrs]
+        if self.domain:
+            lines.append(f"local=/{self.domain}/")
+        lines += [f"local=/{z}/" for z in self.reverse_zones]
+        lines += [f"server=/{n}/127.0.0.1#{self.responder_port}" for n in self.forwarded]
+        return "".join(f"{ln}\n" for ln in lines)
+
+    def record_text(self, name: str, addrs: List[str]) -> str:
+        short = name.split(".", 1)[0] if self.domain and name.endswith("." + self.domain) \
+            else ""
+        return "".join(f"{a} {name}{' ' + short if short else ''}\n" for a in addrs)
+
+    def record_path(self, name: str) -> Path:
+        return Path(self.directory) / "records" / name
+
+    def resolve(self, fqdn_or_short: str) -> str:
+        if "." not in fqdn_or_short and self.domain:
+            return f"{fqdn_or_short}.{self.domain}"
+        return fqdn_or_short
+
+
+def target_addresses(target: str, plan: Any, topo: Any, dead: str) -> List[str]:
+    """A record's target in addresses: a host (by the run's families; ``host/4`` or
+    ``host/6`` for one family, an IPv6 one even on an IPv4 run: it exists nowhere there),
+    ``dead``, or a loopback literal."""
+    if target == "dead":
+        return [dead]
+    name, _, fam = target.partition("/")
+    if name in topo.hosts:
+        h = topo.hosts[name]
+        if fam == "4":
+            return [h.addr4]
+        if fam == "6":
+            return [h.addr6]
+        return [a for a, on in ((h.addr4, plan.ip in ("4", "dual")),
+                                (h.addr6, plan.ip in ("6", "dual"))) if on]
+    return [str(ipaddress.ip_address(target))]
+
+
+def plan_dns(plan: Any, scn: Any) -> DnsPlan:
+    """The server's plan from the scenario's ``dns:`` block; adds its set-up step and points
+    the ranks at the master's name. Pure."""
+    from ..topology import Topology
+
+    spec = scn.dns
+    names = [h.name for h in plan.hosts]
+    topo = Topology(plan.run_id, names, link=True, ip="dual", service_hosts=[spec.host])
+    own = topo.hosts[spec.host]
+    addrs = [a for a, on in ((own.addr4, plan.ip in ("4", "dual")),
+                             (own.addr6, plan.ip in ("6", "dual"))) if on]
+    dead4 = str(topo.network.network_address + len(names) + 1)
+    dead6 = str(topo.network6.network_address + len(names) + 1)
+    dns = DnsPlan(host=spec.host, addr=addrs[0], addrs=addrs,
+                  directory=str(Path(plan.run_dir) / "dns"), domain=spec.domain,
+                  ptr=spec.ptr, timeout=spec.timeout, attempts=spec.attempts,
+                  clients=names, dead4=dead4, dead6=dead6,
+                  reverse_zones=[_zone(topo.network), _zone6(topo.network6)])
+    for rec, targets in spec.records.items():
+        out: List[str] = []
+        for t in [targets] if isinstance(targets, str) else targets:
+            dead = dead6 if plan.ip == "6" else dead4
+            out += target_addresses(t, plan, topo, dead)
+        dns.records[spec.fqdn(rec)] = out
+    if not spec.ptr:
+        # a hosts-file line always gives dnsmasq a PTR too (filter-rr=PTR does not remove it:
+        # tried on 2.90), so every name goes to the responder, which answers A/AAAA only; the
+        # reverse zones stay local= (NXDOMAIN)
+        dns.forwarded.update(dns.records)
+        dns.records.clear()
+        dns.responder_port = plan.new_port()
+    plan.dns = dns
+    if spec.master:
+        from ..protocol import url_host
+
+        for r in plan.ranks:
+            if "MASTER_ADDR" in r.env:
+                r.env["MASTER_ADDR"] = spec.master
+            if r.init.method == "tcp" and r.init.url:
+                r.init = r.init.with_url(f"tcp://{url_host(spec.master)}:{plan.master_port}")
+    plan.add_step(RUN, DnsUp(dns=dns, target=f"host {spec.host}"))
+    plan.notes.append(f"dns: dnsmasq on host {spec.host} ({', '.join(addrs)}), records "
+                      + "; ".join(f"{n} -> {', '.join(a)}" for n, a in dns.records.items())
+                      + (f"; MASTER_ADDR={spec.master}" if spec.master else ""))
+    return dns
+
+
+def _zone(net: ipaddress.IPv4Network) -> str:
+    return ".".join(reversed(str(net.network_address).split(".")[:3])) + ".in-addr.arpa"
+
+
+def _zone6(net: ipaddress.IPv6Network) -> str:
+    nibbles = net.network_address.exploded.replace(":", "")[:16]
+    return ".".join(reversed(nibbles)) + ".ip6.arpa"
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+@dataclass
+class DnsUp(Step):
+    """Set-up: write the server's config and records, start the responder (if a name is
+    forwarded to it) and dnsmasq as services, wait until dnsmasq answers a query asked from a
+    scenario host, then point every scenario host's resolver view at it."""
+
+    UNDO_AT_TEARDOWN: ClassVar[bool] = False   # stopped with the run; files go with it
+    dns: Optional[DnsPlan] = None
+
+    def do(self, rt: Any) -> Dict[str, Any]:
+        from .. import resolver
+        from ..machine import _which
+        from ..services import Answers, ServiceSpec
+
+        dns = self.dns
+        assert dns is not None
+        d = Path(dns.directory)
+        (d / "records").mkdir(parents=True, exist_ok=True)
+        for name, addrs in dns.records.items():
+            _write(dns.record_path(name), dns.record_text(name, addrs))
+        conf = d / "dnsmasq.conf"
+        conf.write_text(dns.config())
+        info: Dict[str, Any] = {}
+        if dns.forwarded:
+            control = str(rt.run_dir / "dns-responder.sock")
+            argv = rt.python("harness.services.dns_responder", "--control",
+                             "dns-responder.sock", "--port", str(dns.responder_port))
+            for n, addrs in dns.forwarded.items():
+                argv += ["--name", f"{n}=answer:{','.join(addrs)}"]
+            svc = rt.start_service(ServiceSpec(RESPONDER, argv, dns.host, ready=Answers(),
+                                               control=control))
+            info["responder_pid"] = svc.pid
+        # not a harness program: it gets its death signal from the exec wrapper, so that a
+        # SIGKILLed supervisor takes it along (the next run's sweep is the second net)
+        argv = rt.python("harness.procs", "--exec", "--", _which("dnsmasq") or "dnsmasq",
+                         f"--conf-file={conf}")
+        probe = ipaddress.ip_address(dns.addr).reverse_pointer
+        svc = rt.start_service(ServiceSpec(SERVICE, argv, dns.host, ready=DnsAnswers(
+            rt.net, dns.clients[0], dns.addr, probe)))
+        info.update(pid=svc.pid, ready_after=svc.ready_after)
+        lines = resolver.dns_resolv_conf_lines(dns.addr, dns.domain, dns.timeout, dns.attempts)
+        nss = resolver.nsswitch_text(dns=True)
+        for host in dns.clients:
+            rt.net.set_resolv_conf(host, lines)
+            rt.net.set_nsswitch(host, nss)
+        return info
+
+    def describe(self) -> str:
+        dns = self.dns
+        assert dns is not None
+        return (f"start dnsmasq on {dns.host} ({dns.addr}), {len(dns.records)} records"
+                + (f", {len(dns.forwarded)} names through the responder" if dns.forwarded
+                   else "") + "; hosts resolve through it")
+
+
+@dataclass
+class RecordFile(Step):
+    """A record's file in the server's records folder: removed by ``do`` (the name is then
+    NXDOMAIN), written back by ``undo`` (dnsmasq sees either at its next query)."""
+
+    UNDO_AT_TEARDOWN: ClassVar[bool] = False
+    dns: Optional[DnsPlan] = None
+    name: str = ""
+
+    def do(self, rt: Any) -> Dict[str, Any]:
+        assert self.dns is not None
+        self.dns.record_path(self.name).unlink(missing_ok=True)
+        return {"name": self.name, "answer": "NXDOMAIN"}
+
+    def undo(self, rt: Any) -> None:
+        assert self.dns is not None
+        _write(self.dns.record_path(self.name),
+               self.dns.record_text(self.name, self.dns.records[self.name]))
+
+    def describe(self) -> str:
+        return f"dns: {self.name} is NXDOMAIN (its record is gone)"
+
+
+@dataclass
+class ResponderMode(Step):
+    """The responder's answer for one forwarded name: ``mode`` (servfail, silent, answer
+    with ``addrs``) by ``do``, the live addresses again by ``undo``."""
+
+    UNDO_AT_TEARDOWN: ClassVar[bool] = False
+    name: str = ""
+    mode: str = "servfail"
+    addrs: List[str] = field(default_factory=list)
+    live: List[str] = field(default_factory=list)
+
+    def do(self, rt: Any) -> None:
+        rt.service(RESPONDER).request({"op": "set", "name": self.name, "mode": self.mode,
+                                       "addrs": self.addrs})
+
+    def undo(self, rt: Any) -> None:
+        rt.service(RESPONDER).request({"op": "set", "name": self.name, "mode": "answer",
+                                       "addrs": self.live})
+
+    def describe(self) -> str:
+        what = {"servfail": "SERVFAIL", "silent": "no answer", "nxdomain": "NXDOMAIN",
+                "answer": "answers " + ", ".join(self.addrs)}[self.mode]
+        return f"dns: {self.name} -> {what}"
+
+
+@dataclass
+class ServerFault(Step):
+    """The whole server stops answering: ``frozen`` (SIGSTOP to dnsmasq, SIGCONT to heal) or
+    ``dropped`` (an nftables drop of port 53 on its host, removed to heal)."""
+
+    mode: str = "frozen"
+    host: str = ""
+    handles: List[str] = field(default_factory=list)
+
+    def do(self, rt: Any) -> Dict[str, Any]:
+        import signal
+
+        if self.mode == "frozen":
+            svc = rt.service(SERVICE)
+            svc.proc.signal_group(signal.SIGSTOP)
+            return {"pid": svc.pid, "signal": "SIGSTOP"}
+        self.handles = [rt.net.filter_rule(self.host, action="drop", direction="in",
+                                           ports=[53], proto=p) for p in ("udp", "tcp")]
+        return {"rules": self.handles}
+
+    def undo(self, rt: Any) -> None:
+        import signal
+
+        if self.mode == "frozen":
+            rt.service(SERVICE).proc.signal_group(signal.SIGCONT)
+            return
+        for h in self.handles:
+            rt.net.remove_rule(self.host, h)
+        self.handles = []
+
+    def describe(self) -> str:
+        return "dns: the server is frozen (SIGSTOP)" if self.mode == "frozen" else \
+            "dns: port 53 of the server dropped"
+
+
+__all__ = ["DNSMASQ", "DnsAnswers", "DnsPlan", "DnsUp", "RecordFile", "ResponderMode",
+           "ServerFault", "ask", "plan_dns", "target_addresses"]
