@@ -258,8 +258,7 @@ def case_record(*, nodeid: str, file: str, name: str, scenario: Any = None,
                        {"label": m.label, "field": m.field, "expected": m.expected,
                         "observed": m.observed, "line": m.line} for m in mismatches],
         "job": job_outcome(verdicts) if verdicts else None,
-        "expectation": (expectation.model_dump(exclude_none=True)
-                        if hasattr(expectation, "model_dump") else expectation),
+        "expectation": _expectation_dict(expectation),
         "torch_version": run.torch_version if run is not None else None,
         "duration": None,
         "wall": run.wall if run is not None else None,
@@ -367,6 +366,15 @@ def read(path: Union[str, Path]) -> Dict[str, Any]:
 
 
 # -- the pytest side -----------------------------------------------------------------------------
+
+def _expectation_dict(expectation: Any) -> Any:
+    if not hasattr(expectation, "model_dump"):
+        return expectation
+    d = expectation.model_dump(exclude_none=True)
+    if not d.get("counters"):
+        d.pop("counters", None)
+    return d
+
 
 def _evidence_of(item: Any) -> Optional[str]:
     """The item's evidence directory (absolute), where the plugin kept it."""

@@ -84,7 +84,7 @@ def rank_obs(label: str = "0", *, reached: str = "exit", exc: Optional[Dict[str,
         {"ev": "phase", "t": T0 - 1.2, "phase": "start", "pid": pid},
         {"ev": "phase", "t": T0 - 1.1, "phase": "import"},
         {"ev": "ready", "t": T0 - 0.1, "torch": "2.13.0+cpu", "pid": pid,
-         "python": "/venv/bin/python", "python_version": "3.11.7"},
+         "python": "/venv/bin/python", "python_version": "3.11.7", "hostname": "vm"},
     ]
     if upto >= PHASES.index("init"):
         events.append({"ev": "released", "t": T0 + 0.01})
@@ -123,7 +123,7 @@ def run_obs(*ranks: Dict[str, Any]) -> Dict[str, Any]:
             "torch_version": "2.13.0+cpu", "ranks": list(ranks),
             "wall": max((r["ended_at"] or 0.0) for r in ranks) if ranks else 0.0,
             "run_dir": "/tmp/torchdist-harness/run-built", "t0": T0, "step_log": [],
-            "port_owners": [], "rules": {}}
+            "port_owners": [], "rules": {}, "counters": {}}
 
 
 def typed_rank(*args: Any, **kw: Any) -> RankObservation:
