@@ -28,7 +28,7 @@ import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import cgroups, interrupts
 from .capture import Capture
@@ -138,6 +138,12 @@ def start_failure(label: str, returncode: Optional[int], events: Sequence[Event]
     return f"rank {label} {how} before it was ready: {what}: {cause[:300]}"
 
 
+def _raised(events: Sequence[Event]) -> bool:
+    """The row's result says it raised (a timeout or an error): its sockets are worth a look
+    before it exits."""
+    return any(e.ev == RESULT and e.data.get("status") == EXCEPTION for e in events)
+
+
 def _py_spy() -> Optional[str]:
     return shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
 
@@ -209,6 +215,7 @@ class Supervisor:
         self.t0: Optional[float] = None
         self.scheduler = Scheduler(plan.steps, self, self)
         self._native: Optional[Dict[str, Tuple[Future, float]]] = None   # early py-spy dumps
+        self._sockets_taken: Set[str] = set()     # rows whose sockets are in their observation
         self._native_pool: Optional[ThreadPoolExecutor] = None
 
     # -- Runtime -------------------------------------------------------------------------------
@@ -441,6 +448,8 @@ class Supervisor:
                         and r.plan.release.due(now, self):
                     r.release(now)
                 r.read_events()
+                if r.label not in self._sockets_taken and _raised(r.obs.events):
+                    self._take_sockets([r])   # before it exits, if it has not yet
                 r.poll_end(self.now())
             self.launcher.poll(self)          # workers started by agents or parents
             self.scheduler.tick(now)
@@ -456,6 +465,7 @@ class Supervisor:
             time.sleep(POLL)
         live = [r for r in self.ranks if not r.ended]
         if live:
+            self._take_sockets(live)
             self._capture_stacks(live)
             for r in live:
                 r.obs.killed_at_deadline = True
@@ -493,6 +503,34 @@ class Supervisor:
                               run_dir=str(self.dir), t0=self.t0,
                               step_log=list(self.scheduler.log), port_owners=owners,
                               rules=rules, counters=counters)
+
+    def _take_sockets(self, rows: Sequence[RankProcess]) -> None:
+        """The TCP sockets of ``rows``, read from /proc (harness.sockets: no process is
+        entered, nothing waits), each remote end named when a process of the run holds it.
+        Evidence only: whatever goes wrong leaves the rows without sockets."""
+        from .sockets import children, snapshot
+
+        names: Dict[int, str] = {}
+        try:
+            for r in self.ranks:
+                if r.proc.pid is not None and r.proc.poll() is None:
+                    names[r.proc.pid] = f"{r.role} {r.label}" if r.role != "rank" \
+                        else f"rank {r.label}"
+            for pid in list(names):
+                for c in children(pid):
+                    names.setdefault(c, f"a child of {names[pid]} (pid {c})")
+            for svc in self.services:
+                try:
+                    names.setdefault(svc.pid, f"{svc.name} (pid {svc.pid}, the harness's)")
+                except Exception:  # noqa: BLE001 - not started
+                    continue
+            table = snapshot(names, t=round(self.now(), 3))
+        except Exception:  # noqa: BLE001 - evidence only: never fail the run for it
+            return
+        for r in rows:
+            self._sockets_taken.add(r.label)
+            if r.proc.pid in table:
+                r.obs.sockets = table[r.proc.pid]
 
     def _port_owners(self) -> List[Dict[str, Any]]:
         """Who holds MASTER_PORT, seen from the master host (inside its namespace if any:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from .protocol import READY, Event, result_of
+from .sockets import SocketRecord
 
 
 @dataclass
@@ -68,6 +69,8 @@ class RankObservation:
     node: Optional[str] = None           # a worker's agent or parent (its label)
     attempt: int = 0                     # a torchrun worker's restart attempt
     info: Dict[str, Any] = field(default_factory=dict)   # what an observed process said first
+    sockets: List[SocketRecord] = field(default_factory=list)   # its TCP sockets at the
+    #     deadline (before the kill) or when its result said it raised (harness.sockets)
 
     def result(self) -> Optional[Event]:
         return result_of(self.events)
@@ -83,7 +86,8 @@ class RankObservation:
                 "stdout_tail": self.stdout_tail, "stderr_tail": self.stderr_tail,
                 "native_stacks": self.native_stacks, "released_at": self.released_at,
                 "ended_at": self.ended_at, "notes": list(self.notes), "role": self.role,
-                "node": self.node, "attempt": self.attempt, "info": dict(self.info)}
+                "node": self.node, "attempt": self.attempt, "info": dict(self.info),
+                "sockets": [x.to_dict() for x in self.sockets]}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> RankObservation:
@@ -100,7 +104,8 @@ class RankObservation:
                    released_at=d.get("released_at"), ended_at=d.get("ended_at"),
                    notes=[str(n) for n in d.get("notes", [])],
                    role=str(d.get("role", "rank")), node=d.get("node"),
-                   attempt=int(d.get("attempt") or 0), info=dict(d.get("info") or {}))
+                   attempt=int(d.get("attempt") or 0), info=dict(d.get("info") or {}),
+                   sockets=[SocketRecord.from_dict(x) for x in d.get("sockets") or []])
 
 
 @dataclass
