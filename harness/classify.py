@@ -87,6 +87,8 @@ class Verdict:
     node: Optional[str] = None         # a worker's agent or parent
     restarts: Optional[int] = None     # an agent's restarts of its workers
     root_cause: Optional[int] = None   # an agent's ChildFailedError: the rank that failed first
+    cause: str = ""                    # the diagnosis, one line (harness.diagnose)
+    cause_evidence: List[str] = field(default_factory=list)   # the lines it rests on
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)

@@ -30,6 +30,7 @@ import pytest
 from . import evidence as evidence_mod
 from . import interrupts
 from .classify import Verdict, classify_run, job_outcome
+from .diagnose import explain_run
 from .discovery import is_scenario_file
 from .expect import RepeatedCheck, check, check_repeated, failure_table, repeated_table
 from .loader import ScenarioFileError, item_name, load_file
@@ -355,7 +356,7 @@ class ScenarioItem(pytest.Item):
         for i in range(1, n + 1):   # a repeated case keeps each run's evidence in run-<i>/
             where = self.evidence if n == 1 else self.evidence / f"run-{i}"
             run = run_scenario(self.scenario, keep=where)
-            verdicts = classify_run(run)
+            verdicts = explain_run(run, classify_run(run))
             write_evidence(where, run, verdicts)
             self.runs.append((run, verdicts))
         self.run, self.verdicts = self.runs[0]
