@@ -194,6 +194,46 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    """The diagnosis of a kept run: one line of cause per row and the evidence it rests on,
+    then the stacks of the hung rows, identical ones once ('ranks 1-7, same stack')."""
+    from .classify import classify_run
+    from .diagnose import explain_run
+    from .expect import innermost_frames, label_ranges, stack_groups
+    from .observe import RunObservation
+
+    d = Path(args.dir)
+    found = sorted(d.glob("**/observation.json")) if d.is_dir() else []
+    if not found:
+        raise UsageError(f"{d}: no observation.json in it (give a case's evidence folder)")
+    con = _console()
+    for path in found:
+        try:
+            run = RunObservation.from_dict(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError) as e:
+            raise UsageError(f"{path}: not an observation the harness wrote: {e}") from None
+        verdicts = explain_run(run, classify_run(run))
+        con.rule(_text(str(path.parent), "bold"))
+        for v in verdicts:
+            dur = "?" if v.duration is None else f"{v.duration:.2f} s"
+            con.print(_text(f"rank {v.label}: {v.outcome} at {dur} in {v.phase or '-'}"
+                            + (f" - {v.cause}" if v.cause else ""), "bold"))
+            for ln in v.cause_evidence:
+                con.print(_text(f"    {ln}", "dim"))
+        groups = stack_groups({v.label: v.stacks for v in verdicts if v.outcome == "hang"})
+        shown = set()
+        for v in verdicts:
+            group = groups.get(v.label)
+            if not group or group[0] in shown:
+                continue
+            shown.add(group[0])
+            who = f"ranks {label_ranges(group)}, same stack" if len(group) > 1 \
+                else f"rank {v.label}"
+            con.print(_text(f"stack ({who}), innermost frames:", "bold"))
+            con.print(_text("    " + innermost_frames(v.stacks).replace("\n", "\n    ")))
+    return 0
+
+
 def show_plan(scn: Any, plan: Dict[str, Any]) -> None:
     from rich.table import Table
 
@@ -812,6 +852,11 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--case", metavar="ID", help="only this case of a file with cases:")
     sh.add_argument("--json", action="store_true", help="the plan(s) as JSON")
     sh.set_defaults(func=cmd_show)
+
+    ex = sub.add_parser("explain", help="the diagnosis of a kept run: one line of cause per "
+                        "rank, its evidence, identical stacks grouped")
+    ex.add_argument("dir", help="a case's evidence folder (holding observation.json)")
+    ex.set_defaults(func=cmd_explain)
 
     d = sub.add_parser("diff", help="behaviour changes between two JSON reports",
                        description="Compare two session reports case by case and rank by rank. "

@@ -21,7 +21,7 @@ from .schema import Expect, RankExpect, bound_holds
 @dataclass
 class Mismatch:
     label: str            # rank label, or "job"
-    field: str            # outcome | exception | message | within | phase | rank
+    field: str            # outcome | exception | message | cause | within | phase | rank
     expected: str
     observed: str
     line: Optional[int] = None   # the line of the scenario file the expectation is written on
@@ -66,6 +66,13 @@ def _check_rank(e: RankExpect, v: Verdict) -> List[Mismatch]:
             if not found:
                 out.append(Mismatch(v.label, "message", f"/{e.message}/",
                                     v.message or "(none)"))
+    if e.cause is not None:
+        try:
+            found = search(e.cause, v.cause or "")
+        except TimeoutError:
+            found = False
+        if not found:
+            out.append(Mismatch(v.label, "cause", f"/{e.cause}/", v.cause or "(none)"))
     if e.within is not None:
         lo, hi = e.within
         if v.duration is None or not lo <= v.duration <= hi:
@@ -203,6 +210,31 @@ def innermost_frames(stacks: str, n: int = 4) -> str:
     return "\n".join(frames[:n])
 
 
+def label_ranges(labels: Sequence[str]) -> str:
+    """'1-7', '0, 2-3', 'agent:a, agent:b': runs of consecutive numeric labels joined."""
+    nums = sorted(int(x) for x in labels if x.isdigit())
+    parts: List[str] = []
+    i = 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        parts.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
+        i = j + 1
+    return ", ".join(parts + [x for x in labels if not x.isdigit()])
+
+
+def stack_groups(stacks: Mapping[str, str]) -> Dict[str, List[str]]:
+    """Rows whose main thread has the same frames, grouped: label -> the labels sharing its
+    stack, in order (the first of them shows it); a row without stacks is left out). An
+    8-rank hang behind one fault prints one stack, not seven."""
+    by_key: Dict[str, List[str]] = {}
+    for label, text in stacks.items():
+        if text.strip():
+            by_key.setdefault(innermost_frames(text, n=10 ** 6) or text, []).append(label)
+    return {x: labels for labels in by_key.values() for x in labels}
+
+
 def failure_table(verdicts: Sequence[Verdict], exp: Optional[Expect],
                   mismatches: Sequence[Mismatch], width: int = 160,
                   source: Optional[str] = None) -> str:
@@ -215,6 +247,7 @@ def failure_table(verdicts: Sequence[Verdict], exp: Optional[Expect],
     from rich.text import Text
 
     bad = {m.label for m in mismatches}
+    groups = stack_groups({v.label: v.stacks for v in verdicts if v.outcome == "hang"})
     t = Table(show_lines=True, expand=False)
     for col in ("rank", "expected", "observed", "duration", "phase", "host", "exception: message"):
         t.add_column(col, overflow="fold")
@@ -224,13 +257,20 @@ def failure_table(verdicts: Sequence[Verdict], exp: Optional[Expect],
         if e is not None and e.line is not None and v.label in bad:
             want.append(f"({_base(source)}:{e.line})" if source else f"(line {e.line})")
         exc = f"{v.exception}: {v.message}" if v.exception else v.reason
-        if v.outcome == "hang" and v.stacks:
-            exc += "\ninnermost frames:\n" + innermost_frames(v.stacks)
+        exc = _shorten(exc, 400)
+        if v.cause:
+            exc += f"\ncause: {v.cause}"
+        group = groups.get(v.label, [])
+        if v.outcome == "hang" and v.stacks and group and group[0] != v.label:
+            exc += f"\nsame stack as rank {group[0]}"
+        elif v.outcome == "hang" and v.stacks:
+            same = f" (ranks {label_ranges(group)}, same stack)" if len(group) > 1 else ""
+            exc += f"\ninnermost frames{same}:\n" + innermost_frames(v.stacks)
         mark = "✗ " if v.label in bad else ""
         dur = "?" if v.duration is None else f"{v.duration:.1f} s"
         host = v.host + (f" {v.addr}" if v.addr else "")
         cells = [mark + v.label, "\n".join(want) or "-", v.outcome, dur, v.phase, host,
-                 _shorten(exc, 600)]
+                 _shorten(exc, 1200)]
         t.add_row(*(Text(c) for c in cells))   # Text: gloo's "[file.cc:78]" is not markup
     buf = StringIO()
     Console(file=buf, width=width, no_color=True, highlight=False).print(t)

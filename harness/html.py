@@ -395,17 +395,28 @@ def case_html(i: int, c: Dict[str, Any]) -> str:
             rows.append([esc(r.get("label")), _outcome(r.get("outcome")), esc(r.get("phase")),
                          _dur(r.get("duration")), esc(r.get("host")) + (
                              f" {esc(r['addr'])}" if r.get("addr") else ""),
-                         esc(r.get("exception") or ""), msg + fam])
+                         esc(r.get("exception") or ""), msg + fam,
+                         esc(r.get("cause") or "") + "".join(
+                             f'<div class="fam">{esc(e)}</div>'
+                             for e in r.get("cause_evidence") or [])])
         out.append(_table(["rank", "outcome", "phase", "duration", "host", "exception",
-                           "message"], rows, "ranks"))
+                           "message", "cause (harness.diagnose)"], rows, "ranks"))
     svg = timeline_svg(c)
     if svg:
         out.append("<h3>Timeline</h3>" + legend_html() + f'<div class="chart">{svg}</div>')
+    from .expect import label_ranges, stack_groups
+
+    groups = stack_groups({str(r.get("label")): str(r.get("stacks") or "") for r in ranks})
     for r in ranks:
         label = esc(r.get("label"))
         hung = r.get("outcome") == "hang"
-        if r.get("stacks"):
-            out.append(f'<details{" open" if hung else ""}><summary>rank {label}: Python stacks '
+        group = groups.get(str(r.get("label")), [])
+        if r.get("stacks") and group and group[0] != str(r.get("label")):
+            out.append(f'<p>rank {label}: Python stacks: the same as rank {esc(group[0])}</p>')
+        elif r.get("stacks"):
+            who = f"ranks {esc(label_ranges(group))}, same stack" if len(group) > 1 \
+                else f"rank {label}"
+            out.append(f'<details{" open" if hung else ""}><summary>{who}: Python stacks '
                        f'(faulthandler, all threads)</summary><pre>{esc(r["stacks"])}</pre>'
                        '</details>')
         if r.get("native_stacks"):

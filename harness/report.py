@@ -155,6 +155,8 @@ def rank_record(verdict: Verdict, obs: Optional[RankObservation], t0: float) -> 
         "message": verdict.message,
         "family": message_family(verdict.message),
         "reason": verdict.reason,
+        "cause": verdict.cause,              # the diagnosis (harness.diagnose); "" when ok
+        "cause_evidence": list(verdict.cause_evidence),
         "returncode": verdict.returncode,
         "host": verdict.host,
         "addr": verdict.addr or (obs.addr if obs is not None else ""),

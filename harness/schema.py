@@ -174,6 +174,10 @@ class RankExpect(Strict):
     message: Optional[str] = Field(
         None, max_length=MAX_SHORT,
         description="regular expression searched (case-insensitive) in the exception message")
+    cause: Optional[str] = Field(
+        None, max_length=MAX_SHORT,
+        description="regular expression searched (case-insensitive) in the rank's diagnosis "
+        "(harness.diagnose: one line of cause, 'unknown: ...' when no rule explains it)")
     within: Optional[Tuple[Number, Number]] = Field(
         None, description="[min, max] seconds from the start line to the rank's end")
     phase: Optional[List[Annotated[str, AfterValidator(_phase_name)]]] = Field(
@@ -227,7 +231,7 @@ class RankExpect(Strict):
         """Declares a race: several outcomes or phases, or fields that vary between runs."""
         return len(self.outcome or ()) > 1 or len(self.phase or ()) > 1 or bool(self.varies)
 
-    @field_validator("message")
+    @field_validator("message", "cause")
     @classmethod
     def _regex(cls, v: Optional[str]) -> Optional[str]:
         # the engine and flags harness.expect matches with (the `regex` library)
@@ -250,6 +254,8 @@ class RankExpect(Strict):
             out.append(self.exception)
         if self.message:
             out.append(f"/{self.message}/")
+        if self.cause:
+            out.append(f"cause /{self.cause}/")
         if self.within:
             out.append(f"in {self.within[0]:g}..{self.within[1]:g} s")
         if self.phase:
