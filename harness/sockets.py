@@ -200,12 +200,12 @@ def _match_peers(per_pid: Dict[int, List[SocketRecord]], names: Mapping[int, str
                 listeners.setdefault(r.local_port, []).append((pid, r))
             else:
                 by_local.setdefault((r.local, r.remote), []).append((pid, r))
-    for pid, recs in per_pid.items():
+    for recs in per_pid.values():
         for r in recs:
             if r.state in ("LISTEN", "TIME_WAIT"):
                 continue
             found = [(p, o) for p, o in by_local.get((r.remote, r.local), [])
-                     if p != pid and _same_place(r, o)]
+                     if o is not r and _same_place(r, o)]
             if found:
                 r.peer_pid, r.peer_accepted = found[0][0], True
             else:

@@ -1,0 +1,190 @@
+"""Diagnosis (harness.diagnose): each rule on built observations; sockets parsed from /proc text;
+identical stacks grouped; the cause: expectation. The real runs that show the causes are in
+the catalog's scenarios (busy_port, net-store-port-blocked, ...: their expectations pin cause:)."""
+
+from __future__ import annotations
+
+import socket
+
+from harness.classify import classify_run
+from harness.diagnose import UNKNOWN, RankContext, diagnose, explain_run
+from harness.expect import check_rank, failure_table, label_ranges, stack_groups
+from harness.schema import RankExpect
+from harness.sockets import SocketRecord, parse_proc_net_tcp, snapshot
+
+IN_USE = ("The server socket has failed to listen on any local network address. port: 29500, "
+          "useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+CLIENT = ("The client socket has timed out after 5000ms while trying to connect to "
+          "(10.0.0.1, 29500).")
+JOINED = "Timed out after 6 seconds waiting for clients. 1/2 clients joined."
+
+
+def _run(obs, *ranks, **extra):
+    run = obs.run(*ranks)
+    run.plan.update({"master_port": 29500, "ranks": [
+        {"label": r.label, "env": {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+                                   "RANK": r.label}} for r in ranks]})
+    for k, v in extra.items():
+        setattr(run, k, v)
+    return run, explain_run(run, classify_run(run))
+
+
+def _squatted(obs, peer="port holder#1 (pid 77, the harness's)", accepted=True):
+    r0 = obs.rank("0", reached="init", end=0.01, exc=obs.exc("DistNetworkError", IN_USE))
+    r1 = obs.rank("1", reached="init", killed_at_deadline=True, end=12.0,
+                  stacks=obs.hung_stacks)
+    r1.sockets = [SocketRecord("ESTABLISHED", "127.0.0.1:40000", "127.0.0.1:29500",
+                               peer_pid=77, peer=peer, peer_accepted=accepted)]
+    return _run(obs, r0, r1, port_owners=[{"pid": 77, "status": "LISTEN",
+                                           "laddr": "0.0.0.0:29500", "cmdline": "squatter"}])
+
+
+def test_a_rank_connected_to_a_squatter_is_said_connected_to_a_non_store(obs):
+    _, (v0, v1) = _squatted(obs)
+    assert v1.cause.startswith("connected to a process that is not a torch store: port holder")
+    assert "accepting and never answering" in v1.cause
+    assert "rank 0 failed with EADDRINUSE at" in v1.cause
+    assert any("ESTABLISHED 127.0.0.1:40000 -> 127.0.0.1:29500" in e for e in v1.cause_evidence)
+
+
+def test_a_listener_that_never_accepts_is_said_so(obs):
+    _, (_, v1) = _squatted(obs, accepted=False)
+    assert "never accepting: the connection waits in its listen backlog" in v1.cause
+
+
+def test_a_rank_connected_to_rank_0_is_not_blamed_on_a_squatter(obs):
+    _, (_, v1) = _squatted(obs, peer="rank 0")
+    assert not v1.cause.startswith("connected to a process that is not a torch store")
+
+
+def test_the_store_host_with_eaddrinuse_names_the_port_holder(obs):
+    _, (v0, _) = _squatted(obs)
+    assert v0.cause == "could not start the store: port 29500 was already in use by pid 77 " \
+        "(squatter)"
+
+
+def test_a_client_of_a_store_that_never_started_says_why(obs):
+    r0 = obs.rank("0", reached="init", end=0.01, exc=obs.exc("DistNetworkError", IN_USE))
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    _, (_, v1) = _run(obs, r0, r1)
+    assert v1.cause.startswith("the store never started: rank 0 failed with EADDRINUSE")
+
+
+def test_a_dropped_syn_names_the_rule_that_dropped_it(obs):
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    rules = {"a": "table inet thx {\n chain input {\n  tcp dport 29500 drop\n }\n}"}
+    _, (v1,) = _run(obs, r1, rules=rules, counters={"b": {"TCPSynRetrans": 3}})
+    assert v1.cause == "its SYN to 10.0.0.1:29500 was never answered: dropped by the nft " \
+        "rule on host a: tcp dport 29500 drop"
+    assert "TCPSynRetrans: b 3" in v1.cause_evidence
+
+
+def test_a_syn_sent_socket_without_a_rule_is_still_unanswered(obs):
+    r1 = obs.rank("1", reached="init", killed_at_deadline=True, end=12.0)
+    r1.sockets = [SocketRecord("SYN_SENT", "10.0.0.2:40000", "10.0.0.9:29500", retransmits=4)]
+    _, (v1,) = _run(obs, r1)
+    assert v1.cause == "its SYN to 10.0.0.9:29500 was never answered"
+    assert "4 retransmissions" in v1.cause_evidence[0]
+
+
+def test_an_unresolved_name_is_taken_from_stderr(obs):
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    r1.stderr_tail = "[W socket.cpp:752] [c10d] The IPv6 network addresses of (nohost, " \
+        "29500) cannot be retrieved (gai error: -2 - Name or service not known).\n"
+    _, (v1,) = _run(obs, r1)
+    assert v1.cause.startswith("a name did not resolve")
+    assert "gai error: -2" in v1.cause_evidence[0]
+
+
+def test_the_store_host_says_which_rank_never_joined_and_why(obs):
+    r0 = obs.rank("0", reached="init", end=7.0, exc=obs.exc("DistStoreError", JOINED))
+    r1 = obs.rank("1", reached="init", end=17.0, exc=obs.exc("DistNetworkError", CLIENT))
+    r1.released_at = 9.0
+    _, (v0, _) = _run(obs, r0, r1)
+    assert v0.cause == "waited for 1 of 2 clients: rank 1 was started only at 9 s, after " \
+        "this rank gave up at 7 s"
+
+
+def test_a_rank_dialling_another_port_is_named(obs):
+    r0 = obs.rank("0", reached="init", end=7.0, exc=obs.exc("DistStoreError", JOINED))
+    r1 = obs.rank("1", reached="init", end=13.0, exc=obs.exc("DistNetworkError", CLIENT))
+    run, _ = _run(obs, r0, r1)
+    run.plan["ranks"][1]["env"]["MASTER_PORT"] = "29501"
+    v0 = explain_run(run, classify_run(run))[0]
+    assert v0.cause == "waited for 1 of 2 clients: rank 1 dialled port 29501, not 29500"
+
+
+def test_refused_connects_are_said_refused_and_retried(obs):
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    _, (v1,) = _run(obs, r1, counters={"local": {"AttemptFails": 12}})
+    assert v1.cause.startswith("nothing listened on 10.0.0.1:29500: connects were refused")
+
+
+def test_no_rule_gives_unknown_said_as_such(obs):
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    _, (v1,) = _run(obs, r1)
+    assert v1.cause == UNKNOWN
+    assert v1.cause_evidence[0].startswith("rank 1: DistNetworkError")
+
+
+def test_an_ok_rank_has_no_cause(obs):
+    run, (v,) = _run(obs, obs.rank("0"))
+    assert v.cause == "" and diagnose(RankContext(v, run.ranks[0], run, [v])) is None
+
+
+# -- sockets ------------------------------------------------------------------------------------
+
+PROC_TCP = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:7334 00000000:0000 0A 00000000:00000001 00:00000000 00000000     0        0 111
+   1: 0200000A:9C40 0900000A:7334 02 00000001:00000000 01:00000300 00000004     0        0 222
+"""
+
+
+def test_proc_net_tcp_is_parsed_into_states_addresses_and_retransmissions():
+    t = parse_proc_net_tcp(PROC_TCP)
+    assert (t[111].state, t[111].local, t[111].recv_queue) == ("LISTEN", "127.0.0.1:29492", 1)
+    assert (t[222].state, t[222].local, t[222].remote, t[222].retransmits) == \
+        ("SYN_SENT", "10.0.0.2:40000", "10.0.0.9:29492", 4)
+
+
+def test_a_snapshot_names_the_process_holding_the_remote_end():
+    import os
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    cli = socket.create_connection(srv.getsockname())
+    acc, _ = srv.accept()
+    try:
+        recs = snapshot({os.getpid(): "me"})[os.getpid()]
+        mine = [r for r in recs if r.local == "{}:{}".format(*cli.getsockname())]
+        assert len(mine) == 1 and mine[0].state == "ESTABLISHED"
+        assert mine[0].peer == "me" and mine[0].peer_accepted is True
+    finally:
+        for s in (acc, cli, srv):
+            s.close()
+
+
+# -- grouping and expectations ------------------------------------------------------------------
+
+def test_identical_stacks_are_grouped_and_labelled_as_ranges():
+    g = stack_groups({str(i): ("X" if i else "") + "File \"a.py\", line 1 in f" for i in range(8)})
+    assert g["1"] == ["1", "2", "3", "4", "5", "6", "7"] and g["0"] == ["0"]
+    assert label_ranges(["1", "2", "3", "5", "agent:a"]) == "1-3, 5, agent:a"
+
+
+def test_an_eight_rank_hang_prints_one_stack_in_the_failure_table(obs):
+    ranks = [obs.rank(str(i), reached="init", killed_at_deadline=True, end=12.0,
+                      stacks=obs.hung_stacks) for i in range(8)]
+    run, vs = _run(obs, *ranks)
+    text = failure_table(vs, None, [])
+    assert text.count("innermost frames") == 1
+    assert "ranks 0-7, same stack" in text and text.count("same stack as rank 0") == 7
+
+
+def test_a_cause_expectation_matches_the_diagnosis(obs):
+    _, (_, v1) = _squatted(obs)
+    assert check_rank(RankExpect.model_validate({"cause": "not a torch store"}), v1) == []
+    (m,) = check_rank(RankExpect.model_validate({"cause": "SYN .* never answered"}), v1)
+    assert (m.field, m.expected) == ("cause", "/SYN .* never answered/")
