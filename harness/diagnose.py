@@ -139,6 +139,10 @@ def syn_unanswered(c: RankContext) -> Optional[Cause]:
             return None
         target = (m.group(1).strip(), int(m.group(2)))
     rule = _dropping_rule(c.run.rules, target[1])
+    if rule is not None and re.search(r"\breject\b", rule[1]) and not syn:
+        return Cause(f"its connects to {target[0]}:{target[1]} were refused by the nft rule on "
+                     f"host {rule[0]} and retried until the client's timeout: {rule[1]}",
+                     [_exc_line(c.verdict), f"nft on {rule[0]}: {rule[1]}"])
     retrans = {h: n.get("TCPSynRetrans", 0) for h, n in c.run.counters.items()
                if n.get("TCPSynRetrans", 0)}
     if not syn and rule is None:
@@ -159,7 +163,7 @@ def _dropping_rule(rules: Dict[str, str], port: int) -> Optional[Tuple[str, str]
     for host, text in rules.items():
         for ln in text.splitlines():
             ln = ln.strip()
-            if not re.search(r"\bdrop\b", ln):
+            if not re.search(r"\b(?:drop|reject)\b", ln):
                 continue
             if re.search(rf"dport {port}\b", ln) or re.search(rf"\b{port}\b", ln):
                 return host, ln
@@ -208,6 +212,11 @@ def waiting_for_ranks(c: RankContext) -> Optional[Cause]:
                        f"rank gave up at {c.verdict.duration:g} s")
         elif other is not None and env.get("RANK") == mine.get("RANK"):
             why.append(f"rank {label} also claimed RANK={mine.get('RANK')}")
+        elif other is not None and other.outcome != "ok":
+            own = diagnose(RankContext(other, obs, c.run, c.verdicts),
+                           [r for r in RULES if r is not waiting_for_ranks])
+            if own is not None and own.text != UNKNOWN:
+                why.append(f"rank {label} never reached it: {own.text}")
     if not why:
         return None
     text = f"waited for {int(m.group(2)) - int(m.group(1))} of {m.group(2)} clients: " + \
@@ -231,6 +240,26 @@ def store_host_failed(c: RankContext) -> Optional[Cause]:
     return Cause(f"the store never started: rank {f.label} failed with EADDRINUSE at "
                  f"{f.duration:g} s; this rank retried until its timeout",
                  [_exc_line(c.verdict), _exc_line(f)])
+
+
+def no_store_there(c: RankContext) -> Optional[Cause]:
+    """A client that timed out connecting to a port where no store listened: not the run's
+    master port, or the store's host had already ended."""
+    m = CONNECT_TIMEOUT.search(c.verdict.message or "")
+    if m is None:
+        return None
+    port = int(m.group(2))
+    if c.master_port and port != c.master_port:
+        return Cause(f"dialled port {port}, where no store listened (the store's port is "
+                     f"{c.master_port}); connects were retried until the client's timeout",
+                     [_exc_line(c.verdict)])
+    host = next((v for v in c.verdicts if v.label == "0" and v.label != c.verdict.label), None)
+    if host is not None and host.outcome != "ok" and host.duration is not None and \
+            c.verdict.duration is not None and host.duration < c.verdict.duration:
+        return Cause(f"the store's host, rank 0, had ended ({host.outcome}) at "
+                     f"{host.duration:g} s; connects to port {port} were retried until the "
+                     "client's timeout", [_exc_line(c.verdict), _exc_line(host)])
+    return None
 
 
 def refused_and_retried(c: RankContext) -> Optional[Cause]:
@@ -259,6 +288,7 @@ RULES: List[Rule] = [
     name_unresolved,
     syn_unanswered,
     waiting_for_ranks,
+    no_store_there,
     refused_and_retried,
 ]
 
