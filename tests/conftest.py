@@ -113,7 +113,7 @@ def rank_obs(label: str = "0", *, reached: str = "exit", exc: Optional[Dict[str,
         "signals": list(signals), "stacks": stacks, "native_stacks": "", "stdout_tail": "",
         "stderr_tail": "",
         "released_at": 0.0, "ended_at": round(end + 0.04, 3), "notes": [],
-        "role": role, "node": node, "attempt": attempt, "info": {},
+        "role": role, "node": node, "attempt": attempt, "info": {}, "sockets": [],
     }
 
 
