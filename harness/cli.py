@@ -448,6 +448,8 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
         pargs += ["-x"]
     if args.repeat:
         pargs += ["--harness-repeat", str(args.repeat)]
+    if getattr(args, "start", None):
+        pargs += ["--harness-start", args.start]
     pargs += list(getattr(args, "pytest_args", None) or [])
     con = _console()
     progress = _progress_plugin(enabled=not args.no_progress and not args.verbose)
@@ -785,6 +787,8 @@ def build_parser() -> argparse.ArgumentParser:
                    ".harness/evidence under pytest's rootdir)")
     r.add_argument("-n", type=int, metavar="N", help="run N scenarios at a time (pytest-xdist)")
     r.add_argument("-x", action="store_true", help="stop at the first failing case")
+    r.add_argument("--start", choices=("fresh", "fork"), help="how ranks start, overriding "
+                   "the scenarios' start: (fork: from a per-host server that imported torch)")
     r.add_argument("--repeat", type=int, metavar="N", help="run every case N times: outcome "
                    "frequencies per rank, frequency bounds checked, flaky cases named")
     r.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output "

@@ -202,6 +202,7 @@ class Supervisor:
         self.ranks: List[RankProcess] = []   # every row: ranks, agents, parents, workers
         self.services = Services(self.dir)   # helpers and services (harness.services)
         self.fds: List[int] = []
+        self.owned: List[Any] = []   # what a launcher keeps for the run (fork servers): .close()
         self.capture = Capture()
         self.launcher = plan.launcher if plan.launcher is not None and launcher is None \
             else launcher_spec_of(launcher or "direct")
@@ -534,6 +535,8 @@ class Supervisor:
             r.close_go()
             r.proc.kill()
         kill_observed(self.rundir.pids)
+        for thing in self.owned:
+            thing.close()
         if self._native_pool is not None:   # early py-spy dumps: quick once the ranks are gone
             self._native_pool.shutdown(wait=True)
         self.scheduler.teardown(self.now())
