@@ -427,10 +427,11 @@ class Supervisor:
 
     def run(self) -> RunObservation:
         self.scheduler.setup()            # set-up steps: before any process of the run starts
-        owners = self._port_owners()
-        self.observe_dir.mkdir(exist_ok=True)
+        looking = self._port_owners_start()   # while the ranks import (none binds before
+        self.observe_dir.mkdir(exist_ok=True)  # the start line)
         self.launcher.start(self)
         self._wait_ready()
+        owners = self._port_owners_end(looking)
         self.t0 = time.monotonic()
         torch_version = next((str(e.data.get("torch")) for r in self.ranks
                               for e in [ready_event(r.obs.events)] if e is not None), "unknown")
@@ -493,20 +494,34 @@ class Supervisor:
                               step_log=list(self.scheduler.log), port_owners=owners,
                               rules=rules)
 
-    def _port_owners(self) -> List[Dict[str, Any]]:
+    def _port_owners_start(self) -> Any:
         """Who holds MASTER_PORT, seen from the master host (inside its namespace if any:
-        psutil only sees the network namespace it runs in)."""
+        psutil only sees the network namespace it runs in): asked now, in a child that the
+        ranks' start does not wait for (:meth:`_port_owners_end` reads it before the start
+        line; no rank binds a port before it)."""
         if self.topo is None:
             return port_owners(self.plan.master_port)
         code = ("import json,sys; from harness.launch import port_owners; "
                 f"print(json.dumps(port_owners({self.plan.master_port})))")
         try:
-            p = subprocess.run(self.prefix(self._master_host()) + [sys.executable, "-c", code],
-                               capture_output=True, text=True, timeout=60,
-                               env=process_env(), start_new_session=True)
-            return list(json.loads(p.stdout.strip().splitlines()[-1]))
+            with interrupts.shield():
+                return ManagedProcess(self.prefix(self._master_host()) +
+                                      [sys.executable, "-c", code], name="port owners",
+                                      record=self.rundir.pids, env=process_env(),
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        except OSError:
+            return []
+
+    def _port_owners_end(self, looking: Any) -> List[Dict[str, Any]]:
+        if not isinstance(looking, ManagedProcess):
+            return list(looking)
+        try:
+            out, _ = looking.popen.communicate(timeout=60)
+            return list(json.loads(out.decode().strip().splitlines()[-1]))
         except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
             return []
+        finally:
+            looking.kill()
 
     def _rules(self, host: str) -> str:
         try:
