@@ -384,6 +384,12 @@ def print_summary(rep: Dict[str, Any], con: Any, show_failures: bool = True) -> 
     bad = s.get("failed") or s.get("error") or s.get("collect_errors")
     con.print(_text(", ".join(parts) or "no scenario cases ran", "bold red" if bad else
                     "bold green"))
+    mem = [c["harness_memory"] for c in rep.get("cases", []) if c.get("harness_memory")]
+    if mem:
+        top = max(mem, key=lambda m: m.get("supervisor_mb", 0) + m.get("servers_mb", 0))
+        con.print(_text(f"harness memory: {top['per_rank_mb']:.1f} MiB per rank (supervisor "
+                        f"{top['supervisor_mb']:.0f} MiB + fork servers {top['servers_mb']:.0f}"
+                        f" MiB over {top['ranks']} ranks, the largest case)", "dim"))
     tb = rep.get("time") or {}
     if tb.get("ratio"):
         con.print(_text(f"time: {tb['duration']:.0f} s for {tb['inherent']:.0f} s of the "

@@ -432,6 +432,7 @@ class Supervisor:
         self.launcher.start(self)
         self._wait_ready()
         owners = self._port_owners_end(looking)
+        memory = self._own_memory()
         self.t0 = time.monotonic()
         torch_version = next((str(e.data.get("torch")) for r in self.ranks
                               for e in [ready_event(r.obs.events)] if e is not None), "unknown")
@@ -492,7 +493,25 @@ class Supervisor:
                               ranks=[r.obs for r in self.ranks], wall=round(wall, 3),
                               run_dir=str(self.dir), t0=self.t0,
                               step_log=list(self.scheduler.log), port_owners=owners,
-                              rules=rules)
+                              rules=rules, harness_memory=memory)
+
+    def _own_memory(self) -> Dict[str, Any]:
+        """The harness's own resident memory when every rank is ready: this supervisor and what
+        its launcher keeps for the run (fork servers; a forked rank's pages shared with its
+        server are counted once, in the server), in MiB, and per rank of the run."""
+        import psutil
+
+        def rss(pid: int) -> float:
+            try:
+                return float(psutil.Process(pid).memory_info().rss) / (1 << 20)
+            except psutil.Error:
+                return 0.0
+
+        sup = rss(os.getpid())
+        servers = sum(rss(int(o.pid)) for o in self.owned if getattr(o, "pid", None))
+        n = max(1, len(self.ranks))
+        return {"supervisor_mb": round(sup, 1), "servers_mb": round(servers, 1),
+                "ranks": len(self.ranks), "per_rank_mb": round((sup + servers) / n, 2)}
 
     def _port_owners_start(self) -> Any:
         """Who holds MASTER_PORT, seen from the master host (inside its namespace if any:

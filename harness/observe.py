@@ -114,13 +114,17 @@ class RunObservation:
     step_log: List[StepRecord] = field(default_factory=list)   # what the faults did, when
     port_owners: List[Dict[str, Any]] = field(default_factory=list)  # who held MASTER_PORT
     rules: Dict[str, str] = field(default_factory=dict)          # nft rules per host at the end
+    # the harness's own memory at the start line: supervisor and fork servers (RSS, MiB), and
+    # per rank of the run (harness.launch)
+    harness_memory: Dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"plan": self.plan, "torch_version": self.torch_version,
                 "ranks": [r.to_dict() for r in self.ranks], "wall": self.wall,
                 "run_dir": self.run_dir, "t0": self.t0,
                 "step_log": [s.to_dict() for s in self.step_log],
-                "port_owners": self.port_owners, "rules": self.rules}
+                "port_owners": self.port_owners, "rules": self.rules,
+                "harness_memory": self.harness_memory}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> RunObservation:
@@ -129,4 +133,5 @@ class RunObservation:
                    wall=float(d.get("wall", 0.0)), run_dir=str(d.get("run_dir", "")),
                    t0=float(d.get("t0", 0.0)),
                    step_log=[StepRecord(**s) for s in d.get("step_log", [])],
-                   port_owners=list(d.get("port_owners", [])), rules=dict(d.get("rules", {})))
+                   port_owners=list(d.get("port_owners", [])), rules=dict(d.get("rules", {})),
+                   harness_memory=dict(d.get("harness_memory", {})))

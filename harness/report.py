@@ -267,6 +267,7 @@ def case_record(*, nodeid: str, file: str, name: str, scenario: Any = None,
         "notes": list(plan.get("notes", [])),
         "start": plan.get("start", getattr(scenario, "start", None)),
         "started": _started(plan),
+        "harness_memory": run.harness_memory if run is not None else {},
         "status": None, "reason": "", "failure": "",
         "mismatches": [m if isinstance(m, dict) else
                        {"label": m.label, "field": m.field, "expected": m.expected,
