@@ -29,6 +29,7 @@ supervisor sees it (the interface of :class:`harness.procs.ManagedProcess` it us
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import select
@@ -65,13 +66,18 @@ def _child(sock: socket.socket, pidfds: Dict[int, int], req: Dict[str, Any],
         sock.close()
         for fd in pidfds:
             os.close(fd)
-        ev, st, out, err, stdin = fds
-        os.dup2(stdin, 0)
-        os.dup2(out, 1)
-        os.dup2(err, 2)
-        for fd in (stdin, out, err):
-            if fd > 2:
-                os.close(fd)
+        # the descriptors at the numbers a fresh rank has them: 0/1/2, and the event and
+        # stack channels at the supervisor's numbers (Popen's pass_fds keeps them). An
+        # open-files limit (RLIMIT_NOFILE bounds the numbers, not the count) then leaves a
+        # forked rank exactly the room a fresh one has.
+        ev, st = (int(n) for n in req["fd_numbers"])
+        park = max(ev, st, 2) + 1     # above every target: parking clobbers none
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, park) for fd in fds]
+        for fd in fds:
+            os.close(fd)
+        for src, dst in zip(high, (ev, st, 1, 2, 0)):
+            os.dup2(src, dst, inheritable=True)
+            os.close(src)
         os.chdir(req.get("cwd") or "/")
         env = dict(req["env"])
         os.environ.clear()

@@ -138,7 +138,8 @@ def fork_workers(sup: Any, server: Any, group: List[Any]) -> List[RankProcess]:
         go_r, go_w = os.pipe()
         close += [out_w, err_w, go_r]
         reqs.append({"label": rp.label, "env": process_env(rp), "cwd": "/",
-                     "spec": sup.plan.worker_spec(rp).to_json()})
+                     "spec": sup.plan.worker_spec(rp).to_json(),
+                     "fd_numbers": [ev_fd, st_fd]})   # where a fresh rank has them
         fds.append((ev_fd, st_fd, out_w, err_w, go_r))
         rows.append((rp, paths, os.fdopen(go_w, "wb", buffering=0)))
     try:
