@@ -362,28 +362,34 @@ class Supervisor:
                                        "py-spy cannot attach to a stopped process)")
             else:
                 spied.append(r)
-        pool = ThreadPoolExecutor(max_workers=max(1, len(spied)))
-        late = {r.label: (pool.submit(native_stacks, r.proc.pid), self.now()) for r in spied}
+        # the dump signal first: py-spy pauses a rank while it reads it, which would hold up
+        # the rank's own dump
         for r in live:
             try:
                 os.kill(r.proc.pid, STACK_SIGNAL)
                 os.kill(r.proc.pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+        pool = ThreadPoolExecutor(max_workers=max(1, len(spied)))
+        late = {r.label: (pool.submit(native_stacks, r.proc.pid), self.now()) for r in spied}
         # faulthandler writes from its signal handler at once; a dump is complete when the
-        # file stops growing (two looks 50 ms apart); a rank gets up to 3 s
+        # file stopped growing (three looks 10 ms apart: 20 ms without a byte); a rank gets up
+        # to 3 s
         sizes: Dict[str, int] = {}
+        stable: Dict[str, int] = {}
         limit = time.monotonic() + 3.0
         while time.monotonic() < limit:
             done = True
             for r in live:
                 size = r.stacks_path.stat().st_size if r.stacks_path.exists() else 0
-                if size == 0 or sizes.get(r.label) != size:
+                stable[r.label] = stable.get(r.label, 0) + 1 \
+                    if size and sizes.get(r.label) == size else 0
+                if stable[r.label] < 2:
                     done = False
                 sizes[r.label] = size
             if done:
                 break
-            time.sleep(0.05)
+            time.sleep(0.01)
         for r in live:
             r.obs.stacks = _read_stacks(r.stacks_path)
             taken = early.get(r.label) or late.get(r.label)
