@@ -261,3 +261,27 @@ def test_killed_supervisor_takes_the_fork_server_and_its_ranks_along(tmp_path):
         sup.stderr.close()
         for p in _gone(pids):
             os.kill(p, signal.SIGKILL)
+
+
+def test_a_forked_rank_meets_an_open_files_limit_where_a_fresh_one_does():
+    """RLIMIT_NOFILE bounds descriptor numbers: a forked rank has its descriptors at the
+    numbers a fresh one has, so a limit of 8 fails the same call of gloo's (the device's
+    socket, not epoll_create as with fewer numbers free)."""
+    text = """
+        name: open_files
+        about: rank 1 may have 8 files open
+        world_size: 2
+        timeout: 10
+        deadline: 60
+        start: {start}
+        workload: [barrier]
+        faults: [{{kind: open_files_limit, rank: 1, limit: 8}}]
+    """
+    seen = {}
+    for start in ("fresh", "fork"):
+        o, vs = run(text.format(start=start))
+        assert [r["start"] for r in o.plan["ranks"]] == [start, start]
+        r1 = next(r for r in o.ranks if r.label == "1")
+        seen[start] = (vs["1"].outcome, r1.notes, "device.cc" in (vs["1"].message or ""))
+    assert seen["fork"] == seen["fresh"]
+    assert seen["fork"][0] == "error" and seen["fork"][2]
