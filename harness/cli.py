@@ -384,6 +384,14 @@ def print_summary(rep: Dict[str, Any], con: Any, show_failures: bool = True) -> 
     bad = s.get("failed") or s.get("error") or s.get("collect_errors")
     con.print(_text(", ".join(parts) or "no scenario cases ran", "bold red" if bad else
                     "bold green"))
+    started = [c.get("started") or {} for c in rep.get("cases", [])
+               if c.get("start") == "fork"]
+    if started:
+        forked = sum(int(st.get("fork", 0)) for st in started)
+        fresh = sum(len(st.get("fresh_because", {})) for st in started)
+        con.print(_text(f"start: fork in {len(started)} case{'s' * (len(started) != 1)}: "
+                        f"{forked} ranks forked, {fresh} fresh with the reason in the report "
+                        "(started.fresh_because)", "dim"))
     mem = [c["harness_memory"] for c in rep.get("cases", []) if c.get("harness_memory")]
     if mem:
         top = max(mem, key=lambda m: m.get("supervisor_mb", 0) + m.get("servers_mb", 0))
