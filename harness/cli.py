@@ -129,7 +129,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         t.add_column(col, overflow="fold")
     for r in rows:
         t.add_row(_text(r["id"]), _text(" ".join(r["marks"])), _text(" ".join(r["faults"])),
-                  _text(r["backend"]), _text(str(r["world_size"])),
+                  _text(r["backend"] or "(default)"), _text(str(r["world_size"])),
                   _text("\n".join(r["expect"])))
     con.print(t)
     con.print(_text(f"{len(rows)} scenario cases in {len(files) - len(broken)} files"))
