@@ -24,7 +24,7 @@ from .. import interrupts
 from .. import protocol as P
 from ..procs import ManagedProcess
 from ..rows import RowSet
-from . import LauncherSpec, RankProcess, _tag, fork_plan, process_env
+from . import LauncherSpec, RankProcess, _tag, fork_plan, process_env, start_process
 
 
 class Direct(LauncherSpec):
@@ -82,7 +82,7 @@ def start_direct(sup: Any) -> List[RankProcess]:
             ddp = any(any(s.startswith("ddp") for s in sup.plan.worker_spec(r).steps)
                       for r in forked if r.host == rp.host)
             servers[rp.host] = _start_server(sup, rp, ddp, ForkServer)
-    out = [start_worker(sup, rp) for rp in ranks if rp.start != "fork"]
+    out = [start_process(sup, rp) for rp in ranks if rp.start != "fork"]
     for host, server in servers.items():
         group = [rp for rp in forked if rp.host == host]
         why = server.wait_ready(float(os.environ.get("HARNESS_READY_TIMEOUT", "180")))
@@ -90,7 +90,7 @@ def start_direct(sup: Any) -> List[RankProcess]:
             server.close()
             for rp in group:
                 rp.start, rp.start_note = "fresh", f"the fork server could not fork: {why}"
-                out.append(start_worker(sup, rp))
+                out.append(start_process(sup, rp))
             continue
         out += fork_workers(sup, server, group)
     order = {id(rp): i for i, rp in enumerate(sup.plan.ranks)}
