@@ -18,7 +18,7 @@ def _harness_children():
             cmd = " ".join(p.cmdline())
         except psutil.Error:
             continue
-        if "harness.worker" in cmd or "harness.portholder" in cmd:
+        if any(m in cmd for m in ("harness.worker", "harness.portholder", "harness.forkserver")):
             out.append(f"{p.pid} {cmd[:120]}")
     return out
 

@@ -5,7 +5,7 @@ deadline: ranks 1..N-1 hang in init_process_group, dialling the store, and are c
 deadline (py-spy's native stacks where installed and permitted, faulthandler's Python stacks).
 The latency is the run's wall time past its deadline (stack capture, kill, the last events,
 the step teardown) as the harness reports it; the stacks' size shows they were captured.
-Usage: python benchmarks/verdict_latency.py [N] [ROUNDS]
+Usage: python benchmarks/verdict_latency.py [N] [ROUNDS] [fresh|fork]
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from harness.loader import load_text
 DEADLINE = 10.0
 
 
-def scenario(n: int):
-    data = {"name": "latency", "about": "N-1 ranks hung in init at the deadline",
+def scenario(n: int, start: str = "fresh"):
+    data = {"start": start, "name": "latency", "about": "N-1 ranks hung in init at the deadline",
             "world_size": n, "timeout": 120, "deadline": DEADLINE, "workload": "init",
             "faults": [{"kind": "delayed_rank", "ranks": [0], "delay": 1000}]}
     (s,) = load_text(yaml.safe_dump(data), "latency.yaml")
@@ -34,10 +34,11 @@ def scenario(n: int):
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 8
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    start = sys.argv[3] if len(sys.argv) > 3 else "fresh"
     lat = []
     for i in range(rounds):
         t = time.monotonic()
-        obs = run_scenario(scenario(n))
+        obs = run_scenario(scenario(n, start))
         verdicts = classify_run(obs)
         hung = [v for v in verdicts if v.outcome == "hang"]
         stacks = sum(1 for r in obs.ranks if r.stacks)
@@ -48,7 +49,8 @@ def main() -> None:
               f"of {native}; deadline -> verdict {obs.wall - DEADLINE:.2f} s (whole run "
               f"{time.monotonic() - t:.1f} s)")
     print(f"py-spy: {'yes' if native_stacks_available() else 'not installed'}; "
-          f"median deadline -> verdict over {rounds} rounds, N={n}: {statistics.median(lat):.2f} s")
+          f"median deadline -> verdict over {rounds} rounds, N={n}, start {start}: "
+          f"{statistics.median(lat):.2f} s")
 
 
 if __name__ == "__main__":

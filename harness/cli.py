@@ -129,7 +129,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         t.add_column(col, overflow="fold")
     for r in rows:
         t.add_row(_text(r["id"]), _text(" ".join(r["marks"])), _text(" ".join(r["faults"])),
-                  _text(r["backend"]), _text(str(r["world_size"])),
+                  _text(r["backend"] or "(default)"), _text(str(r["world_size"])),
                   _text("\n".join(r["expect"])))
     con.print(t)
     con.print(_text(f"{len(rows)} scenario cases in {len(files) - len(broken)} files"))
@@ -424,6 +424,20 @@ def print_summary(rep: Dict[str, Any], con: Any, show_failures: bool = True) -> 
     bad = s.get("failed") or s.get("error") or s.get("collect_errors")
     con.print(_text(", ".join(parts) or "no scenario cases ran", "bold red" if bad else
                     "bold green"))
+    started = [c.get("started") or {} for c in rep.get("cases", [])
+               if c.get("start") == "fork"]
+    if started:
+        forked = sum(int(st.get("fork", 0)) for st in started)
+        fresh = sum(len(st.get("fresh_because", {})) for st in started)
+        con.print(_text(f"start: fork in {len(started)} case{'s' * (len(started) != 1)}: "
+                        f"{forked} ranks forked, {fresh} fresh with the reason in the report "
+                        "(started.fresh_because)", "dim"))
+    mem = [c["harness_memory"] for c in rep.get("cases", []) if c.get("harness_memory")]
+    if mem:
+        top = max(mem, key=lambda m: m.get("supervisor_mb", 0) + m.get("servers_mb", 0))
+        con.print(_text(f"harness memory: {top['per_rank_mb']:.1f} MiB per rank (supervisor "
+                        f"{top['supervisor_mb']:.0f} MiB + fork servers {top['servers_mb']:.0f}"
+                        f" MiB over {top['ranks']} ranks, the largest case)", "dim"))
     tb = rep.get("time") or {}
     if tb.get("ratio"):
         con.print(_text(f"time: {tb['duration']:.0f} s for {tb['inherent']:.0f} s of the "
@@ -473,7 +487,11 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
     from . import report as report_mod
 
     pargs: List[str] = [str(f) for f in files]
-    pargs += ["-p", "no:cacheprovider", "--capture=sys", "--harness-report", report_path]
+    # --assert=plain: scenario items assert nothing, and pytest would otherwise rewrite every
+    # module of every pytest11 plugin's distribution (~200 here, 1-2 s of CPU per process and
+    # per xdist worker, each time where bytecode is not written)
+    pargs += ["-p", "no:cacheprovider", "--assert=plain", "--capture=sys",
+              "--harness-report", report_path]
     if args.html:
         pargs += ["--harness-html", args.html]
     if args.keep:
@@ -488,6 +506,8 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
         pargs += ["-x"]
     if args.repeat:
         pargs += ["--harness-repeat", str(args.repeat)]
+    if getattr(args, "start", None):
+        pargs += ["--harness-start", args.start]
     pargs += list(getattr(args, "pytest_args", None) or [])
     con = _console()
     progress = _progress_plugin(enabled=not args.no_progress and not args.verbose)
@@ -825,6 +845,8 @@ def build_parser() -> argparse.ArgumentParser:
                    ".harness/evidence under pytest's rootdir)")
     r.add_argument("-n", type=int, metavar="N", help="run N scenarios at a time (pytest-xdist)")
     r.add_argument("-x", action="store_true", help="stop at the first failing case")
+    r.add_argument("--start", choices=("fresh", "fork"), help="how ranks start, overriding "
+                   "the scenarios' start: (fork: from a per-host server that imported torch)")
     r.add_argument("--repeat", type=int, metavar="N", help="run every case N times: outcome "
                    "frequencies per rank, frequency bounds checked, flaky cases named")
     r.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output "

@@ -208,6 +208,7 @@ class Supervisor:
         self.ranks: List[RankProcess] = []   # every row: ranks, agents, parents, workers
         self.services = Services(self.dir)   # helpers and services (harness.services)
         self.fds: List[int] = []
+        self.owned: List[Any] = []   # what a launcher keeps for the run (fork servers): .close()
         self.capture = Capture()
         self.launcher = plan.launcher if plan.launcher is not None and launcher is None \
             else launcher_spec_of(launcher or "direct")
@@ -368,28 +369,34 @@ class Supervisor:
                                        "py-spy cannot attach to a stopped process)")
             else:
                 spied.append(r)
-        pool = ThreadPoolExecutor(max_workers=max(1, len(spied)))
-        late = {r.label: (pool.submit(native_stacks, r.proc.pid), self.now()) for r in spied}
+        # the dump signal first: py-spy pauses a rank while it reads it, which would hold up
+        # the rank's own dump
         for r in live:
             try:
                 os.kill(r.proc.pid, STACK_SIGNAL)
                 os.kill(r.proc.pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+        pool = ThreadPoolExecutor(max_workers=max(1, len(spied)))
+        late = {r.label: (pool.submit(native_stacks, r.proc.pid), self.now()) for r in spied}
         # faulthandler writes from its signal handler at once; a dump is complete when the
-        # file stops growing (two looks 50 ms apart); a rank gets up to 3 s
+        # file stopped growing (three looks 10 ms apart: 20 ms without a byte); a rank gets up
+        # to 3 s
         sizes: Dict[str, int] = {}
+        stable: Dict[str, int] = {}
         limit = time.monotonic() + 3.0
         while time.monotonic() < limit:
             done = True
             for r in live:
                 size = r.stacks_path.stat().st_size if r.stacks_path.exists() else 0
-                if size == 0 or sizes.get(r.label) != size:
+                stable[r.label] = stable.get(r.label, 0) + 1 \
+                    if size and sizes.get(r.label) == size else 0
+                if stable[r.label] < 2:
                     done = False
                 sizes[r.label] = size
             if done:
                 break
-            time.sleep(0.05)
+            time.sleep(0.01)
         for r in live:
             r.obs.stacks = _read_stacks(r.stacks_path)
             taken = early.get(r.label) or late.get(r.label)
@@ -433,10 +440,12 @@ class Supervisor:
 
     def run(self) -> RunObservation:
         self.scheduler.setup()            # set-up steps: before any process of the run starts
-        owners = self._port_owners()
-        self.observe_dir.mkdir(exist_ok=True)
+        looking = self._port_owners_start()   # while the ranks import (none binds before
+        self.observe_dir.mkdir(exist_ok=True)  # the start line)
         self.launcher.start(self)
         self._wait_ready()
+        owners = self._port_owners_end(looking)
+        memory = self._own_memory()
         self.t0 = time.monotonic()
         torch_version = next((str(e.data.get("torch")) for r in self.ranks
                               for e in [ready_event(r.obs.events)] if e is not None), "unknown")
@@ -502,7 +511,7 @@ class Supervisor:
                               ranks=[r.obs for r in self.ranks], wall=round(wall, 3),
                               run_dir=str(self.dir), t0=self.t0,
                               step_log=list(self.scheduler.log), port_owners=owners,
-                              rules=rules, counters=counters)
+                              rules=rules, counters=counters, harness_memory=memory)
 
     def _take_sockets(self, rows: Sequence[RankProcess]) -> None:
         """The TCP sockets of ``rows``, read from /proc (harness.sockets: no process is
@@ -532,20 +541,52 @@ class Supervisor:
             if r.proc.pid in table:
                 r.obs.sockets = table[r.proc.pid]
 
-    def _port_owners(self) -> List[Dict[str, Any]]:
+    def _own_memory(self) -> Dict[str, Any]:
+        """The harness's own resident memory when every rank is ready: this supervisor and what
+        its launcher keeps for the run (fork servers; a forked rank's pages shared with its
+        server are counted once, in the server), in MiB, and per rank of the run."""
+        import psutil
+
+        def rss(pid: int) -> float:
+            try:
+                return float(psutil.Process(pid).memory_info().rss) / (1 << 20)
+            except psutil.Error:
+                return 0.0
+
+        sup = rss(os.getpid())
+        servers = sum(rss(int(o.pid)) for o in self.owned if getattr(o, "pid", None))
+        n = max(1, len(self.ranks))
+        return {"supervisor_mb": round(sup, 1), "servers_mb": round(servers, 1),
+                "ranks": len(self.ranks), "per_rank_mb": round((sup + servers) / n, 2)}
+
+    def _port_owners_start(self) -> Any:
         """Who holds MASTER_PORT, seen from the master host (inside its namespace if any:
-        psutil only sees the network namespace it runs in)."""
+        psutil only sees the network namespace it runs in): asked now, in a child that the
+        ranks' start does not wait for (:meth:`_port_owners_end` reads it before the start
+        line; no rank binds a port before it)."""
         if self.topo is None:
             return port_owners(self.plan.master_port)
         code = ("import json,sys; from harness.launch import port_owners; "
                 f"print(json.dumps(port_owners({self.plan.master_port})))")
         try:
-            p = subprocess.run(self.prefix(self._master_host()) + [sys.executable, "-c", code],
-                               capture_output=True, text=True, timeout=60,
-                               env=process_env(), start_new_session=True)
-            return list(json.loads(p.stdout.strip().splitlines()[-1]))
+            with interrupts.shield():
+                return ManagedProcess(self.prefix(self._master_host()) +
+                                      [sys.executable, "-c", code], name="port owners",
+                                      record=self.rundir.pids, env=process_env(),
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        except OSError:
+            return []
+
+    def _port_owners_end(self, looking: Any) -> List[Dict[str, Any]]:
+        if not isinstance(looking, ManagedProcess):
+            return list(looking)
+        try:
+            out, _ = looking.popen.communicate(timeout=60)
+            return list(json.loads(out.decode().strip().splitlines()[-1]))
         except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
             return []
+        finally:
+            looking.kill()
 
     def _counters(self, host: str) -> Dict[str, int]:
         try:
@@ -580,6 +621,8 @@ class Supervisor:
             r.close_go()
             r.proc.kill()
         kill_observed(self.rundir.pids)
+        for thing in self.owned:
+            thing.close()
         if self._native_pool is not None:   # early py-spy dumps: quick once the ranks are gone
             self._native_pool.shutdown(wait=True)
         self.scheduler.teardown(self.now())

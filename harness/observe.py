@@ -121,6 +121,9 @@ class RunObservation:
     rules: Dict[str, str] = field(default_factory=dict)          # nft rules per host at the end
     counters: Dict[str, Dict[str, int]] = field(default_factory=dict)   # per host: its kernel's
     #                                            TCP counters at the end (listen overflows...)
+    # the harness's own memory at the start line: supervisor and fork servers (RSS, MiB), and
+    # per rank of the run (harness.launch)
+    harness_memory: Dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"plan": self.plan, "torch_version": self.torch_version,
@@ -128,7 +131,8 @@ class RunObservation:
                 "run_dir": self.run_dir, "t0": self.t0,
                 "step_log": [s.to_dict() for s in self.step_log],
                 "port_owners": self.port_owners, "rules": self.rules,
-                "counters": self.counters}
+                "counters": self.counters,
+                "harness_memory": self.harness_memory}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> RunObservation:
@@ -139,4 +143,5 @@ class RunObservation:
                    step_log=[StepRecord(**s) for s in d.get("step_log", [])],
                    port_owners=list(d.get("port_owners", [])), rules=dict(d.get("rules", {})),
                    counters={str(h): {str(k): int(v) for k, v in c.items()}
-                             for h, c in (d.get("counters") or {}).items()})
+                             for h, c in (d.get("counters") or {}).items()},
+                   harness_memory=dict(d.get("harness_memory", {})))

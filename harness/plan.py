@@ -58,6 +58,10 @@ class RankPlan:
     observed: bool = False           # runs under harness.observer (not the worker's protocol)
     job: str = ""                    # "job2" for a second job's processes
     cwd: str = ""                    # where it runs ("" = /)
+    start: str = "fresh"             # fresh (its own interpreter) | fork (from a host's
+    #                                  warm server, harness.forkserver); the launcher decides
+    start_note: str = ""             # why it runs fresh where the run asked for fork
+    fresh_only: str = ""             # a fault's reason why this rank must start fresh
 
     def to_dict(self) -> Dict[str, Any]:
         d = {"label": self.label, "rank": self.rank, "env": dict(self.env),
@@ -65,7 +69,9 @@ class RankPlan:
              "release": self.release.to_dict(), "released": self.release.describe(),
              "resolver_view": self.resolver_view, "role": self.role,
              "argv": list(self.argv), "observed": self.observed, "job": self.job,
-             "cwd": self.cwd}
+             "cwd": self.cwd, "start": self.start}
+        if self.start_note:
+            d["start_note"] = self.start_note
         if not self.variation.is_plain():
             d["variation"] = asdict(self.variation)
         if self.python:
@@ -171,6 +177,8 @@ class RunPlan:
     take_port: Optional[Callable[[], int]] = field(default=None, repr=False, compare=False)
     launcher: Any = field(default=None, repr=False, compare=False)   # the scenario's launcher
     program: Dict[str, Any] = field(default_factory=lambda: {"worker": True})
+    start: str = "fresh"             # what the run asked for: fresh | fork (ranks say what
+    #                                  each got: RankPlan.start, start_note)
     dns: Any = None                  # harness.services.dns.DnsPlan (a dns: block), else None
 
     def service_hosts(self) -> List[str]:
@@ -205,6 +213,12 @@ class RunPlan:
                                      else self.workload),
                           destroy=self.destroy, init=rp.init,
                           variation=rp.variation)
+
+    def pin_fresh(self, ranks: List[RankPlan], why: str) -> None:
+        """A fault's word that these ranks must be fresh interpreters under ``start: fork``
+        (what it does to a rank would act differently on a forked one); ``why`` says so."""
+        for r in ranks:
+            r.fresh_only = r.fresh_only or why
 
     def main_ranks(self, selected: Optional[List[int]] = None) -> List[RankPlan]:
         """Ranks of the scenario's own job, optionally only those with the given numbers. Only
@@ -439,7 +453,7 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
         destroy=scn.workload.destroy, master_addr=addr, master_port=port,
         run_dir=run_dir, ranks=[], take_port=take_port, hosts=hosts, netns=use_ns,
         link=link, run_id=run_id, launcher=scn.launcher, program=scn.program_dict(),
-        url_port=port2, ip=scn.ip,
+        url_port=port2, ip=scn.ip, start=scn.start,
     )
     scn.launcher.plan(plan, scn)
     if not use_ns:
@@ -466,4 +480,5 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
         if not rp.resolver_view:
             host = next((h for h in hosts if h.name == rp.host), hosts[0])
             rp.resolver_view = resolver_view(run_dir, host)
+    scn.launcher.assign_start(plan, scn)   # fresh or forked, each process, with the reason
     return plan

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 import sys
 from typing import Any, Dict
@@ -38,8 +39,67 @@ print(json.dumps(out))
 """
 
 
+def _cache_key() -> str:
+    """What the probe's answer depends on: the interpreter, the torch it finds (its files' size
+    and time: a reinstall changes them), and the environment it reads. Finding torch does not
+    import it."""
+    import hashlib
+    import importlib.util
+
+    parts = [os.path.realpath(sys.executable), sys.version]
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    origin = spec.origin if spec is not None and spec.origin else ""
+    if not origin:
+        return ""   # no torch to key on: ask every time (its absence is cheap to learn)
+    torch_dir = os.path.dirname(origin)
+    for name in ("__init__.py", "version.py", "lib/libtorch_cpu.so", "lib/libtorch_cuda.so"):
+        try:
+            st = os.stat(os.path.join(torch_dir, name))
+            parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
+        except OSError:
+            parts.append(f"{name}:-")
+    for var in ("PYTHONPATH", "USE_LIBUV", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH"):
+        parts.append(f"{var}={os.environ.get(var, '')}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+def _cache_path(key: str) -> Any:
+    from .rundir import base_dir
+
+    return base_dir() / f"probe-{key}.json"
+
+
 @functools.cache
 def probe() -> Dict[str, Any]:
+    """The probe's answer: from the per-user cache when the interpreter, torch's files and the
+    variables it reads are unchanged (asking costs a torch import, ~1-3 s, in every pytest
+    worker), else asked and cached. A GPU count can change without those: the cache holds
+    only where no GPU was seen."""
+    key = _cache_key()
+    if key:
+        try:
+            cached: Dict[str, Any] = json.loads(_cache_path(key).read_text())
+            if isinstance(cached, dict) and cached.get("torch"):
+                return cached
+        except Exception:  # noqa: BLE001 - unreadable or no state folder: ask
+            pass
+    info = _ask()
+    if key and info.get("torch") not in (None, "none") and not info.get("gpus") \
+            and not info.get("error"):
+        try:
+            path = _cache_path(key)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(info))
+            tmp.replace(path)
+        except Exception:  # noqa: BLE001 - a cache that cannot be written is no cache
+            pass
+    return info
+
+
+def _ask() -> Dict[str, Any]:
     p = subprocess.run([sys.executable, "-c", _CODE], capture_output=True, text=True,
                        timeout=300)
     try:

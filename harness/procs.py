@@ -86,6 +86,11 @@ class PidRecord:
         with open(self.path, "a") as f:
             f.write(json.dumps({**identity(pid), "name": name}) + "\n")
 
+    def add_identity(self, ident: Mapping[str, Any], name: str = "") -> None:
+        """Record a process whose identity another process took (a fork server's child)."""
+        with open(self.path, "a") as f:
+            f.write(json.dumps({**ident, "name": name}) + "\n")
+
     def entries(self) -> List[Dict[str, Any]]:
         try:
             text = self.path.read_text()

@@ -69,6 +69,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "rank) to PATH; works under pytest-xdist")
     group.addoption("--harness-html", metavar="PATH", default=None,
                     help="write a self-contained HTML report (timelines, stacks) to PATH")
+    group.addoption("--harness-start", choices=("fresh", "fork"), default=None,
+                    help="how ranks start, overriding the scenarios' start: fresh (one "
+                    "interpreter per rank) or fork (forked from a per-host server that "
+                    "imported torch once; ranks that must be fresh say why in the report)")
     group.addoption("--harness-repeat", metavar="N", type=int, default=None,
                     help="run every scenario case N times (overrides the scenarios' repeat:): "
                     "each rank's outcome frequencies are reported and checked against the "
@@ -355,12 +359,17 @@ class ScenarioItem(pytest.Item):
         n = self.repeat()
         for i in range(1, n + 1):   # a repeated case keeps each run's evidence in run-<i>/
             where = self.evidence if n == 1 else self.evidence / f"run-{i}"
-            run = run_scenario(self.scenario, keep=where)
+            run = run_scenario(self.started(), keep=where)
             verdicts = explain_run(run, classify_run(run))
             write_evidence(where, run, verdicts)
             self.runs.append((run, verdicts))
         self.run, self.verdicts = self.runs[0]
         self.user_properties.append(("job", job_outcome(self.verdicts)))
+
+    def started(self) -> Scenario:
+        """The scenario with --harness-start's choice, if given."""
+        opt = self.config.getoption("harness_start", None)
+        return self.scenario.model_copy(update={"start": opt}) if opt else self.scenario
 
     def repeat(self) -> int:
         """How many times this case runs: --harness-repeat, else the scenario's repeat:."""

@@ -232,6 +232,18 @@ def _jsonable(x: Any) -> Any:
     return json.loads(json.dumps(x, default=str))
 
 
+def _started(plan: Dict[str, Any]) -> Dict[str, Any]:
+    """How the run's processes started: counts of fresh and forked, and each fresh one's
+    reason where the run asked for fork."""
+    ranks = plan.get("ranks", []) or []
+    out: Dict[str, Any] = {"fresh": sum(1 for r in ranks if r.get("start", "fresh") == "fresh"),
+                           "fork": sum(1 for r in ranks if r.get("start") == "fork")}
+    notes = {r["label"]: r["start_note"] for r in ranks if r.get("start_note")}
+    if notes:
+        out["fresh_because"] = notes
+    return out
+
+
 def case_record(*, nodeid: str, file: str, name: str, scenario: Any = None,
                 run: Optional[RunObservation] = None, verdicts: Sequence[Verdict] = (),
                 expectation: Any = None, mismatches: Sequence[Any] = (),
@@ -255,6 +267,9 @@ def case_record(*, nodeid: str, file: str, name: str, scenario: Any = None,
         "backend": getattr(scenario, "backend", None),
         "world_size": getattr(scenario, "world_size", None),
         "notes": list(plan.get("notes", [])),
+        "start": plan.get("start", getattr(scenario, "start", None)),
+        "started": _started(plan),
+        "harness_memory": run.harness_memory if run is not None else {},
         "status": None, "reason": "", "failure": "",
         "mismatches": [m if isinstance(m, dict) else
                        {"label": m.label, "field": m.field, "expected": m.expected,

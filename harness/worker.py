@@ -26,7 +26,7 @@ import socket
 import sys
 import time
 from datetime import timedelta
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, NoReturn, Optional
 
 from . import protocol as P
 from . import resolver
@@ -267,7 +267,6 @@ def _spec_arg(args: List[str]) -> str:
 
 
 def main() -> None:
-    global _EV_FD
     observer = sys.modules.get("harness.observer")
     if observer is not None and observer.observed():   # under an agent or a parent
         run_observed(P.WorkerSpec.from_json(_spec_arg(sys.argv[1:])))
@@ -277,12 +276,21 @@ def main() -> None:
     except resolver.ViewError as e:
         print(f"harness worker: cannot enter the resolver view: {e}", file=sys.stderr)
         os._exit(4)
-    global _RAISE, _SLOW
     spec = P.WorkerSpec.from_json(_spec_arg(sys.argv[1:]))
-    _RAISE, _SLOW = spec.variation.raise_at, dict(spec.variation.slow_at)
-    _EV_FD = int(os.environ.pop(P.EVENT_FD_ENV))
-    stack_file = os.fdopen(int(os.environ.pop(P.STACK_FD_ENV)), "w")
+    ev_fd = int(os.environ.pop(P.EVENT_FD_ENV))
+    stack_fd = int(os.environ.pop(P.STACK_FD_ENV))
     die_with_parent()
+    run_rank(spec, ev_fd, stack_fd)
+
+
+def run_rank(spec: P.WorkerSpec, ev_fd: int, stack_fd: int) -> NoReturn:
+    """The rank from its ``start`` phase to its exit: a fresh interpreter (main) or a process
+    forked from a warm server (harness.forkserver: torch is imported already, so its import
+    phase is instant). Its resolver view and death signal are set up by then."""
+    global _EV_FD, _RAISE, _SLOW
+    _RAISE, _SLOW = spec.variation.raise_at, dict(spec.variation.slow_at)
+    _EV_FD = ev_fd
+    stack_file = os.fdopen(stack_fd, "w")
     faulthandler.register(P.STACK_SIGNAL, file=stack_file, all_threads=True)
     phase("start", pid=os.getpid())
     try:

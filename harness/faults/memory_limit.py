@@ -82,6 +82,11 @@ class MemoryLimit(Fault):
         step = LimitMemory(rank=str(self.rank), mb=float(self.mb), via=self.via,
                            target=f"rank {self.rank}")
         limit_before_release(plan, self, self.rank, step)
+        # a forked rank shares its server's pages copy-on-write: each page it touches (every
+        # object's reference count) is copied and charged to its memory cgroup, which a fresh
+        # rank's import memory never is (charged before it is moved): not the same limit
+        plan.pin_fresh(plan.main_ranks([self.rank]), "memory_limit: a forked rank's "
+                       "copy-on-write copies of its server's pages count against its limit")
         plan.notes.append(f"memory_limit: rank {self.rank} may allocate {self.mb:g} MiB "
                           f"after the start line (via {self.via})")
 

@@ -56,6 +56,13 @@ CLEARED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LO
            "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE",
            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "NODE_RANK")
 CLEARED_PREFIXES = ("PYTEST_", "HARNESS_", "TORCHELASTIC_", "PET_")
+# what torch reads only after import (init_process_group's env://, the gloo/NCCL device): a rank
+# forked from a warm server (start: fork) may have its own. Every other variable is read, or
+# may be, while Python and torch load (TORCH_CPP_LOG_LEVEL, OMP_*/MKL_*, PYTHON*, LD_*...): a
+# forked rank has its server's, so only ranks that agree on all of them share a server.
+RUNTIME_ENV = frozenset(("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                         "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+                         "ROLE_WORLD_SIZE", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"))
 
 
 class LauncherSpec(BaseModel):
@@ -87,6 +94,17 @@ class LauncherSpec(BaseModel):
 
     def describe(self) -> str:
         return self.kind
+
+    def assign_start(self, plan: Any, scn: Any) -> None:
+        """Decide, per planned process, whether it starts fresh or forked from a warm server
+        (``RankPlan.start``; ``start_note`` says why a process runs fresh where the run asked
+        for fork). Only a launcher that starts the ranks itself can fork them: this one
+        starts everything fresh and says so."""
+        if plan.start != "fork":
+            return
+        for rp in plan.ranks:
+            rp.start_note = (f"the {self.kind} launcher starts this process fresh (start: fork "
+                             "forks ranks the harness starts itself: launcher direct)")
 
     # -- run time ----------------------------------------------------------------------------------
     def start(self, sup: Any) -> List[RankProcess]:
@@ -193,6 +211,62 @@ class RankProcess:
                 go.close()
             except OSError:
                 pass
+
+
+def import_key(rp: RankPlan) -> Tuple[Any, ...]:
+    """What a rank's interpreter depends on up to ``import torch``: its environment but the
+    variables torch reads later (RUNTIME_ENV), what it unsets, its resolver view. Ranks with
+    one key can be forked from one server that imported torch with it."""
+    return (tuple(sorted((k, v) for k, v in rp.env.items() if k not in RUNTIME_ENV)),
+            tuple(sorted(k for k in rp.unset if k not in RUNTIME_ENV)), rp.resolver_view)
+
+
+def key_difference(a: Tuple[Any, ...], b: Tuple[Any, ...]) -> List[str]:
+    """The variables (or "the resolver view") in which two import keys differ."""
+    env_a, env_b = dict(a[0]), dict(b[0])
+    names = sorted({k for k in set(env_a) | set(env_b) if env_a.get(k) != env_b.get(k)}
+                   | (set(a[1]) ^ set(b[1])))
+    return names + (["the resolver view"] if a[2] != b[2] else [])
+
+
+def fork_plan(ranks: List[RankPlan]) -> None:
+    """``start: fork`` for the ranks a launcher starts itself (pure): per host, the ranks that
+    can be forked and share the most common import key are forked from that host's server;
+    every other rank runs fresh with the reason in ``start_note``."""
+    groups: Dict[str, Dict[Tuple[Any, ...], List[RankPlan]]] = {}
+    for rp in ranks:
+        why = fork_refusal(rp)
+        if why:
+            rp.start, rp.start_note = "fresh", why
+            continue
+        groups.setdefault(rp.host, {}).setdefault(import_key(rp), []).append(rp)
+    for host, by_key in groups.items():
+        keys = list(by_key)
+        best = max(keys, key=lambda k: len(by_key[k]))    # the first of the largest
+        for key in keys:
+            for rp in by_key[key]:
+                if key == best:
+                    rp.start, rp.start_note = "fork", ""
+                    continue
+                diff = ", ".join(key_difference(key, best))
+                rp.start = "fresh"
+                rp.start_note = (f"its environment differs from the forked ranks' on host "
+                                 f"{host} in {diff} (read while torch imports; a forked rank "
+                                 "has its server's)")
+
+
+def fork_refusal(rp: RankPlan) -> str:
+    """Why this rank cannot be forked from a warm server ("" if it can)."""
+    if rp.python:
+        return f"it runs its own interpreter ({rp.python}): a server imports torch in one"
+    if rp.observed or rp.argv:
+        return ("it runs a user's program, observed from interpreter start (sitecustomize): "
+                "a forked rank would skip that start")
+    if rp.role != P.ROLE_RANK:
+        return f"it is a {rp.role}, not a rank"
+    if rp.fresh_only:
+        return rp.fresh_only
+    return ""
 
 
 def process_env(rp: Optional[RankPlan] = None, extra: Optional[Dict[str, str]] = None

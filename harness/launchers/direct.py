@@ -24,7 +24,7 @@ from .. import interrupts
 from .. import protocol as P
 from ..procs import ManagedProcess
 from ..rows import RowSet
-from . import LauncherSpec, RankProcess, _tag, process_env
+from . import LauncherSpec, RankProcess, _tag, fork_plan, process_env, start_process
 
 
 class Direct(LauncherSpec):
@@ -53,11 +53,110 @@ class Direct(LauncherSpec):
                     python=plan.python_for(scn, r, host.name)))
                 r += 1
 
+    def start(self, sup: Any) -> List[RankProcess]:
+        return start_direct(sup)
+
+    def assign_start(self, plan: Any, scn: Any) -> None:
+        if plan.start == "fork":
+            fork_plan(plan.launched_ranks())
+
     def plan_job(self, plan: Any, scn: Any, job: str, world: int, release: Any = None) -> None:
         for i in range(world):
             rp = plan.add_job_rank(scn, f"{job}:{i}", i, world, release=release)
             rp.argv, rp.observed, rp.job, rp.cwd = scn.program_argv(), bool(rp.argv), job, \
                 scn.program_cwd()
+
+
+def start_direct(sup: Any) -> List[RankProcess]:
+    """Start the plan's ranks: the fork servers first (one per host with forked ranks), then
+    the fresh ranks (they import torch while the servers do), then the forked ones. A server
+    that cannot fork (it failed to start, or torch left threads behind at import) is not a
+    failure: its ranks start fresh, and their ``start_note`` says why."""
+    from ..forkserver import ForkServer
+
+    ranks = sup.plan.launched_ranks()
+    forked = [rp for rp in ranks if rp.start == "fork"]
+    servers = {}
+    for rp in forked:
+        if rp.host not in servers:
+            ddp = any(any(s.startswith("ddp") for s in sup.plan.worker_spec(r).steps)
+                      for r in forked if r.host == rp.host)
+            servers[rp.host] = _start_server(sup, rp, ddp, ForkServer)
+    out = [start_process(sup, rp) for rp in ranks if rp.start != "fork"]
+    for host, server in servers.items():
+        group = [rp for rp in forked if rp.host == host]
+        why = server.wait_ready(float(os.environ.get("HARNESS_READY_TIMEOUT", "180")))
+        if why is not None:
+            server.close()
+            for rp in group:
+                rp.start, rp.start_note = "fresh", f"the fork server could not fork: {why}"
+                out.append(start_process(sup, rp))
+            continue
+        out += fork_workers(sup, server, group)
+    order = {id(rp): i for i, rp in enumerate(sup.plan.ranks)}
+    sup.ranks.sort(key=lambda r: order.get(id(r.plan), len(order)))
+    return out
+
+
+def _start_server(sup: Any, rp: Any, ddp: bool, cls: Any) -> Any:
+    """The fork server of ``rp``'s host: in the host's namespace, with the environment the
+    host's forked ranks share up to ``import torch`` (the runtime variables left out)."""
+    from . import RUNTIME_ENV
+
+    env = {k: v for k, v in process_env(rp).items() if k not in RUNTIME_ENV}
+    log = sup.dir / f"forkserver-{_tag(rp.host)}.log"
+
+    def spawn(argv: List[str], fd: int) -> ManagedProcess:
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            with interrupts.shield():
+                return ManagedProcess(argv, name=f"fork server {rp.host}",
+                                      record=sup.rundir.pids, env=env, cwd="/",
+                                      stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                      pass_fds=(fd,), prefix=sup.prefix(rp.host))
+        finally:
+            os.close(out)
+
+    server = cls(spawn, sys.executable, ddp, rp.host)
+    sup.owned.append(server)   # closed with the run, after its ranks were killed
+    return server
+
+
+def fork_workers(sup: Any, server: Any, group: List[Any]) -> List[RankProcess]:
+    """Fork the host's ranks from its ready server: each gets the descriptors a fresh rank
+    inherits (events, stacks, stdout, stderr, the start line on stdin) and its environment."""
+    reqs, fds, rows = [], [], []
+    close: List[int] = []
+    for rp in group:
+        tag = _tag(rp.label)
+        paths = {k: sup.dir / f"rank-{tag}.{k}" for k in ("events", "stacks", "out", "err")}
+        ev_fd = os.open(paths["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sup.fds.append(ev_fd)
+        st_fd = os.open(paths["stacks"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sup.fds.append(st_fd)
+        out_w, err_w = sup.capture.pipe(paths["out"]), sup.capture.pipe(paths["err"])
+        go_r, go_w = os.pipe()
+        close += [out_w, err_w, go_r]
+        reqs.append({"label": rp.label, "env": process_env(rp), "cwd": "/",
+                     "spec": sup.plan.worker_spec(rp).to_json(),
+                     "fd_numbers": [ev_fd, st_fd]})   # where a fresh rank has them
+        fds.append((ev_fd, st_fd, out_w, err_w, go_r))
+        rows.append((rp, paths, os.fdopen(go_w, "wb", buffering=0)))
+    try:
+        with interrupts.shield():   # a process that exists is a process that is tracked
+            procs = server.fork(reqs, fds, sup.rundir.pids)
+            out = []
+            for (rp, paths, go), proc in zip(rows, procs):
+                rank = RankProcess(rp.label, proc, events=paths["events"],
+                                   stacks=paths["stacks"], out=paths["out"], err=paths["err"],
+                                   now=sup.now, host=rp.host, addr=sup.addr_of(rp.host),
+                                   plan=rp, role=rp.role, go=go)
+                sup.ranks.append(rank)
+                out.append(rank)
+    finally:
+        for fd in close:
+            os.close(fd)
+    return out
 
 
 def start_worker(sup: Any, rp: Any) -> RankProcess:
@@ -91,4 +190,4 @@ def start_worker(sup: Any, rp: Any) -> RankProcess:
     return rank
 
 
-__all__: List[str] = ["Direct", "start_worker"]
+__all__: List[str] = ["Direct", "fork_workers", "start_direct", "start_worker"]
