@@ -120,6 +120,46 @@ def test_refused_connects_are_said_refused_and_retried(obs):
     assert v1.cause.startswith("nothing listened on 10.0.0.1:29500: connects were refused")
 
 
+def test_a_reject_rule_is_said_refused_and_retried_not_dropped(obs):
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    rules = {"a": "table inet thx {\n chain input {\n  tcp dport 29500 reject with tcp reset\n"
+                  " }\n}"}
+    _, (v1,) = _run(obs, r1, rules=rules)
+    assert v1.cause == "its connects to 10.0.0.1:29500 were refused by the nft rule on host a " \
+        "and retried until the client's timeout: tcp dport 29500 reject with tcp reset"
+    assert v1.cause_evidence[-1] == "nft on a: tcp dport 29500 reject with tcp reset"
+
+
+def test_a_rule_on_another_port_explains_nothing(obs):
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    rules = {"a": "table inet thx {\n chain input {\n  tcp dport 29501 drop\n }\n}"}
+    _, (v1,) = _run(obs, r1, rules=rules)
+    assert v1.cause == UNKNOWN
+
+
+def test_a_client_dialling_another_port_than_the_store_is_said_so(obs):
+    other = CLIENT.replace("29500", "29501")
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", other))
+    _, (v1,) = _run(obs, r1)
+    assert v1.cause.startswith("dialled port 29501, where no store listened (the store's port "
+                               "is 29500)")
+
+
+def test_a_client_whose_store_host_had_ended_says_when(obs):
+    r0 = obs.rank("0", reached="init", end=2.0, exc=obs.exc("DistStoreError", JOINED))
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    run, (v0, v1) = _run(obs, r0, r1)
+    assert v1.cause == "the store's host, rank 0, had ended (timeout) at 2 s; connects to " \
+        "port 29500 were retried until the client's timeout"
+
+
+def test_a_client_whose_store_host_ended_after_it_is_not_blamed_on_it(obs):
+    r0 = obs.rank("0", reached="init", end=12.0, exc=obs.exc("DistStoreError", JOINED))
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    _, (_, v1) = _run(obs, r0, r1)
+    assert "had ended" not in v1.cause
+
+
 def test_no_rule_gives_unknown_said_as_such(obs):
     r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
     _, (v1,) = _run(obs, r1)
