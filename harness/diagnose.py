@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .classify import Verdict
+from .classify import Verdict, signal_name
 from .observe import RankObservation, RunObservation
 from .sockets import SocketRecord
 
@@ -62,6 +62,16 @@ class RankContext:
     def env(self, label: str) -> Dict[str, str]:
         return dict(self.plan_rank(label).get("env") or {})
 
+    def verdict_of(self, label: Optional[str]) -> Optional[Verdict]:
+        return next((v for v in self.verdicts if v.label == label), None)
+
+    def obs_of(self, label: Optional[str]) -> Optional[RankObservation]:
+        return next((o for o in self.run.ranks if o.label == label), None)
+
+    def t(self, e: Any) -> float:
+        """An event's time in seconds after the start line."""
+        return round(float(e.t) - float(self.run.t0 or 0.0), 2)
+
     def port_in_use(self) -> Optional[Verdict]:
         """The row whose store could not listen: EADDRINUSE."""
         return next((v for v in self.verdicts if v.outcome == "error"
@@ -85,6 +95,84 @@ def _exc_line(v: Verdict) -> str:
     return f"rank {v.label}: {v.exception}: {_first_line(v.message)}"
 
 
+INNER = re.compile(r"^([\w.]+): (.+)$\n\nThe above exception was the direct cause", re.M)
+WAIT_KEYS = re.compile(r"wait timeout after (\d+)ms, keys: (\S+)", re.I)
+PG_KEY = re.compile(r"^/default_pg/.*/(\d+)$")   # the process group's key of a rank (gloo's mesh)
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
+
+
+def _inner(c: RankContext, label: str) -> str:
+    """The exception under ``label``'s own (torchelastic's "See inner exception"), one line."""
+    o = c.obs_of(label)
+    res = o.result() if o is not None else None
+    tb = str(((res.data.get("exc") or {}) if res is not None else {}).get("traceback") or "")
+    m = INNER.search(tb)
+    return f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2).strip()}" if m else ""
+
+
+def _argv_opt(argv: Sequence[str], name: str) -> str:
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            return str(argv[i + 1])
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return ""
+
+
+def _endpoint(c: RankContext, label: str) -> Optional[Tuple[str, int]]:
+    """An agent's rendezvous endpoint from its command line (--rdzv-endpoint, or the static
+    --master-addr/--master-port); None when it does not say."""
+    argv = list(c.plan_rank(label).get("argv") or [])
+    ep = _argv_opt(argv, "--rdzv-endpoint") or _argv_opt(argv, "--rdzv_endpoint")
+    if ep:
+        host, _, port = ep.rpartition(":") if ep.count(":") == 1 or ep.startswith("[") \
+            else (ep, "", "")
+        host = host.strip("[]") or ep
+        if not port.isdigit():
+            return None
+        return host, int(port)
+    addr, port = _argv_opt(argv, "--master-addr"), _argv_opt(argv, "--master-port")
+    return (addr, int(port)) if addr and port.isdigit() else None
+
+
+def _job(label: str) -> str:
+    """The job prefix of a row ("job2:" of "job2:agent:local" and "job2:0"; "" for the first)."""
+    if "agent:" in label:
+        return label.split("agent:", 1)[0]
+    return label.rsplit(":", 1)[0] + ":" if ":" in label else ""
+
+
+def _is_loopback(addr: str) -> bool:
+    return addr in LOOPBACK_NAMES or addr.startswith("127.") or addr == "::1"
+
+
+def _listens(o: Optional[RankObservation], port: int) -> Optional[bool]:
+    """Whether ``o``'s sockets (when they were taken) had a listener on ``port``; None when
+    its sockets were never taken."""
+    if o is None or not o.sockets:
+        return None
+    return any(s.state == "LISTEN" and s.local_port == port for s in o.sockets)
+
+
+def _unreachable_master(c: RankContext, label: str) -> str:
+    """A worker handed a MASTER_ADDR that names its own host (loopback) while its job's store
+    is on another host: why, in words; "" when that is not the case."""
+    o = c.obs_of(label)
+    if o is None or o.role != "worker":
+        return ""
+    addr, port = str(o.info.get("master_addr") or ""), str(o.info.get("master_port") or "")
+    if not _is_loopback(addr):
+        return ""
+    hosts = [a for a in c.run.ranks if a.role == "agent" and _job(a.label) == _job(label)]
+    store = next((a for a in hosts for e in a.events if e.ev == "rendezvous_done"
+                  and e.data.get("group_rank") == 0
+                  and str(e.data.get("master_port")) == port), None)
+    if store is None or store.host == o.host:
+        return ""
+    return (f"it was handed MASTER_ADDR={addr}:{port}, which on host {o.host} is {o.host} "
+            f"itself, while the store is on {store.host} ({store.label}'s)")
+
+
 # -- the rules ---------------------------------------------------------------------------------
 def store_port_in_use(c: RankContext) -> Optional[Cause]:
     """The rank meant to host the store could not listen: the port was taken."""
@@ -92,7 +180,11 @@ def store_port_in_use(c: RankContext) -> Optional[Cause]:
     if v.outcome != "error" or not EADDRINUSE.search(v.message or ""):
         return None
     held = c.holder()
-    text = f"could not start the store: port {c.master_port} was already in use" + \
+    m = re.search(r"port: (\d+)", v.message or "")
+    port = int(m.group(1)) if m else c.master_port
+    if port != c.master_port:
+        held = ""   # the port owners were looked up for the master port only
+    text = f"could not start the store: port {port} was already in use" + \
         (f" by {held}" if held else "")
     ev = [_exc_line(v)]
     if held:
@@ -278,16 +370,276 @@ def refused_and_retried(c: RankContext) -> Optional[Cause]:
                   "AttemptFails: " + ", ".join(f"{h} {n}" for h, n in fails.items())])
 
 
+# -- signals the scenario sent, and what the peers saw of them -----------------------------------
+PEER_CLOSED = re.compile(r"Connection closed by peer \[([^\]]+)\]:(\d+)", re.I)
+
+
+def killed_by_the_fault(c: RankContext) -> Optional[Cause]:
+    """A row the scenario's fault killed (SIGKILL, SIGTERM...): said with the fault and time."""
+    v, o = c.verdict, c.obs
+    if o is None or v.outcome != "crash" or v.returncode is None or v.returncode >= 0:
+        return None
+    sent = [s for s in o.signals
+            if "SIG" + s.signal.removeprefix("SIG") == signal_name(v.returncode)]
+    if not sent:
+        return None
+    s = sent[0]
+    return Cause(f"killed by SIG{s.signal.removeprefix('SIG')}, sent by the scenario's fault"
+                 f"{f' ({s.why})' if s.why else ''} at {s.t:g} s"
+                 + (f", in {v.phase}" if v.phase else ""), [v.reason])
+
+
+def frozen_by_the_fault(c: RankContext) -> Optional[Cause]:
+    """A hung row the scenario's fault had stopped (SIGSTOP) and nobody resumed."""
+    o = c.obs
+    if o is None or c.verdict.outcome != "hang":
+        return None
+    stops = [s for s in o.signals if s.signal.removeprefix("SIG") == "STOP"]
+    if not stops or any(s.signal.removeprefix("SIG") == "CONT" and s.t > stops[-1].t
+                        for s in o.signals):
+        return None
+    return Cause(f"frozen by SIGSTOP, sent by the scenario's fault at {stops[-1].t:g} s, and "
+                 "never resumed: alive but not running at the deadline", [c.verdict.reason])
+
+
+def peer_died(c: RankContext) -> Optional[Cause]:
+    """gloo's 'Connection closed by peer': the peer rank at that address had died first."""
+    m = PEER_CLOSED.search(c.verdict.message or "")
+    if m is None or c.verdict.duration is None:
+        return None
+    dead = [v for v in c.verdicts if v.label != c.verdict.label and v.outcome == "crash"
+            and v.duration is not None and v.duration <= c.verdict.duration
+            and (v.addr == m.group(1) or not v.addr)]
+    if len(dead) != 1:
+        return None
+    d = dead[0]
+    own = _cause_of(c, d.label, [peer_died]) or d.reason
+    return Cause(f"its gloo connection to rank {d.label} ([{m.group(1)}]:{m.group(2)}) was "
+                 f"closed: rank {d.label} had died at {d.duration:g} s ({own})",
+                 [_exc_line(c.verdict), f"rank {d.label}: {d.reason}"])
+
+
+# -- launchers: agents, their workers ------------------------------------------------------------
+def _cause_of(c: RankContext, label: str, skip: Sequence[Rule]) -> str:
+    """Another row's own cause (its rules minus ``skip``, so two rows never explain each other
+    in a circle); "" when it has none or only unknown."""
+    other = c.verdict_of(label)
+    if other is None or other.outcome in ("ok", "absent"):
+        return ""
+    own = diagnose(RankContext(other, c.obs_of(label), c.run, c.verdicts),
+                   [r for r in RULES if r not in skip])
+    return own.text if own is not None and own.text != UNKNOWN else ""
+
+
+def stopped_by_agent(c: RankContext) -> Optional[Cause]:
+    """A worker SIGTERMed by its own agent (not by a fault): because another worker failed, to
+    restart its workers, or because the agent itself failed; the agent's reaped event says it
+    collected this worker's SIGTERM."""
+    v, o = c.verdict, c.obs
+    if o is None or o.role != "worker" or v.outcome != "crash" or v.returncode != -15 \
+            or any(s.signal in ("TERM", "SIGTERM") for s in o.signals) or not o.node:
+        return None
+    agent, ao = c.verdict_of(o.node), c.obs_of(o.node)
+    if agent is None or ao is None:
+        return None
+    pid = o.pid or o.info.get("pid")
+    reaped = next((e for e in ao.events if e.ev == "reaped" and e.data.get("pid") == pid
+                   and e.data.get("returncode") == -15), None)
+    if reaped is None:
+        return None
+    when = c.t(reaped)
+    ev = [f"{agent.label}: reaped pid {pid} (SIGTERM) at {when:g} s"]
+    where = f" in {v.phase}" if v.phase else ""
+    unreachable = _unreachable_master(c, v.label) if v.phase in ("init", "import", "start") \
+        else ""
+    tail = f"; {unreachable}" if unreachable else ""
+    if agent.root_cause is not None and str(agent.root_cause) != str(o.info.get("rank")):
+        failed = next((w for w in c.run.ranks if w.role == "worker" and w.node == o.node
+                       and str(w.info.get("rank")) == str(agent.root_cause)), None)
+        why = ""
+        if failed is not None:
+            fv = c.verdict_of(failed.label)
+            why = _cause_of(c, failed.label, [stopped_by_agent]) or \
+                (_exc_line(fv) if fv is not None and fv.exception else
+                 (fv.reason if fv is not None else ""))
+        return Cause(f"stopped by its agent {o.node} after rank {agent.root_cause} failed"
+                     + (f": {why}" if why else "") + tail, ev + [agent.reason])
+    restarts = [e for e in ao.events if e.ev == "restart" and c.t(e) <= when + 0.01]
+    if restarts:
+        r = restarts[-1]
+        mine = [w for w in c.run.ranks if w.role == "worker" and w.node == o.node
+                and w.label != v.label and (c.verdict_of(w.label) or v).outcome != "ok"
+                and (w.ended_at or 1e9) <= c.t(r)]
+        text = f"stopped by its agent {o.node}{where} to restart its workers (restart " \
+            f"{r.data.get('attempt')} at {c.t(r):g} s)"
+        if mine:
+            f = mine[0]
+            why = _cause_of(c, f.label, [stopped_by_agent]) or (c.verdict_of(f.label) or v).reason
+            text += f" after rank {f.info.get('rank', f.label)} failed: {why}"
+        else:
+            joined = [a for a in c.run.ranks if a.role == "agent" and a.label != o.node
+                      and a.released_at is not None and a.released_at <= c.t(r)
+                      and a.released_at > (o.released_at or 0)]
+            text += "; none of its workers had failed: the rendezvous's membership changed" + \
+                (f" ({', '.join(a.label for a in joined)} joined at "
+                 f"{', '.join(f'{a.released_at:g} s' for a in joined)})" if joined else "")
+        return Cause(text + tail, ev)
+    if agent.outcome in ("error", "timeout") and agent.duration is not None \
+            and agent.duration >= when:
+        why = _cause_of(c, agent.label, [stopped_by_agent]) or _exc_line(agent)
+        return Cause(f"stopped by its agent {o.node}{where} when the agent failed: {why}" + tail,
+                     ev + [_exc_line(agent)])
+    return None
+
+
+def agent_child_failed(c: RankContext) -> Optional[Cause]:
+    """An agent's ChildFailedError: its first failed worker, and that worker's own cause."""
+    v = c.verdict
+    if v.role != "agent" or v.root_cause is None:
+        return None
+    failed = next((w for w in c.run.ranks if w.role == "worker" and w.node == v.label
+                   and str(w.info.get("rank")) == str(v.root_cause)), None)
+    if failed is None:
+        return None
+    fv = c.verdict_of(failed.label)
+    why = _cause_of(c, failed.label, [agent_child_failed, stopped_by_agent]) or \
+        (_exc_line(fv) if fv is not None and fv.exception else (fv.reason if fv else ""))
+    return Cause(f"its worker rank {v.root_cause} failed first" + (f": {why}" if why else ""),
+                 [v.reason] + ([_exc_line(fv)] if fv is not None and fv.exception else []))
+
+
+CLOSED = re.compile(r"Failed to recv|Connection was likely closed|Connection reset|Broken pipe",
+                    re.I)
+
+
+def rendezvous_store_lost(c: RankContext) -> Optional[Cause]:
+    """An agent's RendezvousConnectionError, by its inner exception: a connect that timed out
+    (nobody hosted the store, or its host had ended before this agent came) or a connection the
+    store closed (its host ended, or finished its own job: another job on the same endpoint)."""
+    v, o = c.verdict, c.obs
+    if v.role != "agent" or o is None or "RendezvousConnectionError" not in (v.exception or ""):
+        return None
+    ep, inner = _endpoint(c, v.label), _inner(c, v.label)
+    if ep is None or not inner:
+        return None
+    ip, port = ep
+    ev = [_exc_line(v), f"inner: {inner}"]
+    hosts = [a for a in c.run.ranks if a.role == "agent" and a.label != v.label
+             and (a.addr == ip or a.host == ip or (_is_loopback(ip) and a.host == o.host))]
+    timed_out = CONNECT_TIMEOUT.search(inner)
+    if timed_out is not None and (timed_out.group(1).strip(), int(timed_out.group(2))) == ep:
+        if _dropping_rule(c.run.rules, port) is not None:
+            return None   # a firewall's doing: syn_unanswered says it
+        if o.addr == ip and not hosts:
+            return Cause(f"nobody hosted the rendezvous store at {ip}:{port}: this agent, on "
+                         "that address, timed out connecting to it (torch's c10d rendezvous "
+                         "hosts the store only on the agent whose hostname matches the "
+                         "endpoint, or with is_host=true)", ev)
+        if len(hosts) != 1:
+            return None
+        h, hv = hosts[0], c.verdict_of(hosts[0].label)
+        if hv is None:
+            return None
+        h_inner = CONNECT_TIMEOUT.search(_inner(c, h.label))
+        if h_inner is not None and (h_inner.group(1).strip(), int(h_inner.group(2))) == ep:
+            return Cause(f"nobody hosted the rendezvous store at {ip}:{port}: {h.label}, on "
+                         "that address, timed out connecting to it too"
+                         + (f" (at {hv.duration:g} s)" if hv.duration is not None else ""),
+                         ev + [_exc_line(hv)])
+        how = hv.outcome + (f", {hv.reason}" if hv.outcome == "crash" else "")
+        if hv.duration is not None and o.released_at is not None \
+                and hv.duration <= o.released_at:
+            return Cause(f"nothing listened at {ip}:{port} when this agent started "
+                         f"({o.released_at:g} s): {h.label}, the agent on that address, had "
+                         f"ended ({how}) at {hv.duration:g} s", ev + [hv.reason])
+        if _listens(h, port) and hv.duration is not None and v.duration is not None \
+                and hv.duration <= v.duration:
+            return Cause(f"lost the rendezvous store at {ip}:{port}: its host, {h.label}, had "
+                         f"ended ({how}) at {hv.duration:g} s", ev + [hv.reason])
+        return None
+    if not CLOSED.search(inner) or len(hosts) != 1:
+        return None
+    h, hv = hosts[0], c.verdict_of(hosts[0].label)
+    if hv is None or hv.duration is None or v.duration is None:
+        return None
+    how = hv.outcome + (f", {hv.reason}" if hv.outcome == "crash" else "")
+    if hv.duration <= v.duration:
+        listened = " (listening on it when it raised)" if _listens(h, port) else ""
+        return Cause(f"lost the rendezvous store at {ip}:{port}: its host, {h.label}{listened}, "
+                     f"had ended ({how}) at {hv.duration:g} s and closed the connection",
+                     ev + [hv.reason])
+    done = [w.ended_at for w in c.run.ranks if w.node == h.label and w.ended_at]
+    if hv.outcome == "ok" and done and max(done) <= v.duration and _listens(o, port) is False \
+            and (h.released_at or 0.0) < (o.released_at or 0.0):
+        return Cause(f"lost the rendezvous store at {ip}:{port}, which it did not host: "
+                     f"{h.label}, on the same endpoint and started first, hosted it and closed "
+                     f"it when its own job finished (its workers ended by {max(done):g} s)",
+                     ev + [f"{v.label}: no listener on port {port} among its sockets"])
+    return None
+
+
+def rendezvous_join_timeout(c: RankContext) -> Optional[Cause]:
+    """An agent's RendezvousTimeoutError: the agents of its job that had not started by then."""
+    v = c.verdict
+    if v.role != "agent" or "RendezvousTimeoutError" not in (v.exception or "") \
+            or v.duration is None:
+        return None
+    late = [a for a in c.run.ranks if a.role == "agent" and a.label != v.label
+            and _job(a.label) == _job(v.label) and _endpoint(c, a.label) == _endpoint(c, v.label)
+            and (a.released_at is None or a.released_at >= v.duration)]
+    if not late:
+        return None
+    who = "; ".join(f"{a.label} was started only at {a.released_at:g} s" if a.released_at
+                    is not None else f"{a.label} never started" for a in late)
+    return Cause(f"the rendezvous's join timeout ran out before every node came: {who}, "
+                 f"after this agent gave up at {v.duration:g} s", [_exc_line(v)])
+
+
+def waiting_for_a_rank_key(c: RankContext) -> Optional[Cause]:
+    """A rank's store wait timed out on another rank's process-group key: that rank never
+    wrote it (and why, from that rank's own cause)."""
+    m = WAIT_KEYS.search(c.verdict.message or "")
+    if m is None:
+        return None
+    keys = [k for k in m.group(2).split(",") if k]
+    ranks = {PG_KEY.match(k).group(1) for k in keys if PG_KEY.match(k)}  # type: ignore[union-attr]
+    mine = str((c.obs.info.get("rank") if c.obs is not None and c.obs.info else None)
+               if c.obs is not None and c.obs.role == "worker" else c.verdict.label)
+    ranks.discard(mine)
+    if len(ranks) != 1:
+        return None
+    (r,) = ranks
+    job = _job(c.verdict.label)
+    other = next((o for o in c.run.ranks if _job(o.label) == job and (
+        str(o.info.get("rank")) == r if o.role == "worker" else o.label == r)), None)
+    text = f"waited {int(m.group(1)) / 1000:g} s for rank {r}'s key {keys[0]}, which rank {r} " \
+        "never set"
+    if other is not None:
+        why = _unreachable_master(c, other.label) or \
+            _cause_of(c, other.label, [waiting_for_a_rank_key, stopped_by_agent])
+        if why:
+            text += f": {why}"
+    return Cause(text, [_exc_line(c.verdict)])
+
+
 Rule = Callable[[RankContext], Optional[Cause]]
 
 # ordered: the first that gives a cause decides
 RULES: List[Rule] = [
     store_port_in_use,
+    killed_by_the_fault,
+    frozen_by_the_fault,
+    stopped_by_agent,
+    agent_child_failed,
+    rendezvous_store_lost,
+    rendezvous_join_timeout,
     connected_to_a_non_store,
+    peer_died,
     store_host_failed,
     name_unresolved,
     syn_unanswered,
     waiting_for_ranks,
+    waiting_for_a_rank_key,
     no_store_there,
     refused_and_retried,
 ]
