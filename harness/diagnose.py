@@ -200,7 +200,8 @@ def connected_to_a_non_store(c: RankContext) -> Optional[Cause]:
     for s in c.sockets:
         if s.state != "ESTABLISHED" or s.remote_port != c.master_port or s.peer_pid is None:
             continue
-        if s.peer.startswith(("rank ", "agent ", "worker ", "parent ")):
+        if s.peer.startswith(("rank ", "agent", "worker ", "parent")) or ":agent:" in s.peer \
+                or ":parent:" in s.peer:
             continue
         how = "never accepting: the connection waits in its listen backlog" \
             if s.peer_accepted is False else "accepting and never answering"
@@ -403,21 +404,108 @@ def frozen_by_the_fault(c: RankContext) -> Optional[Cause]:
 
 
 def peer_died(c: RankContext) -> Optional[Cause]:
-    """gloo's 'Connection closed by peer': the peer rank at that address had died first."""
+    """gloo's 'Connection closed by peer': the one other rank that had ended before it (killed,
+    or failed on its own)."""
     m = PEER_CLOSED.search(c.verdict.message or "")
     if m is None or c.verdict.duration is None:
         return None
-    dead = [v for v in c.verdicts if v.label != c.verdict.label and v.outcome == "crash"
-            and v.duration is not None and v.duration <= c.verdict.duration
-            and (v.addr == m.group(1) or not v.addr)]
+    dead = [v for v in c.verdicts if v.label != c.verdict.label and v.role in ("rank", "worker")
+            and v.outcome in ("crash", "error", "timeout") and v.duration is not None
+            and v.duration <= c.verdict.duration and v.addr in (m.group(1), "")]
     if len(dead) != 1:
         return None
     d = dead[0]
-    own = _cause_of(c, d.label, [peer_died]) or d.reason
+    own = _cause_of(c, d.label, [peer_died]) or \
+        (_exc_line(d) if d.exception else d.reason)
+    how = "died" if d.outcome == "crash" else f"ended ({d.outcome})"
     return Cause(f"its gloo connection to rank {d.label} ([{m.group(1)}]:{m.group(2)}) was "
-                 f"closed: rank {d.label} had died at {d.duration:g} s ({own})",
+                 f"closed: rank {d.label} had {how} at {d.duration:g} s: {own}",
                  [_exc_line(c.verdict), f"rank {d.label}: {d.reason}"])
 
+
+def program_exited(c: RankContext) -> Optional[Cause]:
+    """A program that ended with a non-zero status of its own accord (sys.exit, no exception
+    from torch): the program is the cause."""
+    v, o = c.verdict, c.obs
+    if o is None or v.outcome != "error" or v.exception or not o.info \
+            or not re.match(r"exited with status \d+$", v.reason or ""):
+        return None
+    return Cause(f"the program itself {v.reason} in {v.phase or 'its own code'} (it raised no "
+                 "exception through torch)", [v.reason])
+
+
+def ddp_params_differ(c: RankContext) -> Optional[Cause]:
+    """DDP's check at construction: this process's parameters differ from rank 0's."""
+    m = re.search(r"params\[\d+\] in this process with sizes \[[^\]]*\] appears not to match "
+                  r"sizes of the same param in process \d+", c.verdict.message or "")
+    if m is None:
+        return None
+    return Cause(f"the model differs between ranks: {m.group(0)}", [_exc_line(c.verdict)])
+
+OWN_CODE = "it was in the program's own code"
+
+
+def not_started_by_the_deadline(c: RankContext) -> Optional[Cause]:
+    """A hung row whose release had not come by the deadline: it never started its work."""
+    o = c.obs
+    if o is None or c.verdict.outcome != "hang" or o.released_at is not None:
+        return None
+    when = c.plan_rank(c.verdict.label).get("released") or ""
+    return Cause("not started before the harness's deadline"
+                 + (f": its release ({when}) was still to come" if when else ""),
+                 [c.verdict.reason])
+
+
+def waiting_for_a_stuck_rank(c: RankContext) -> Optional[Cause]:
+    """A hung row in a torch call while the other hung rows are not started yet or sit in the
+    program's own code (not in any torch call): it waits for them."""
+    v = c.verdict
+    if v.outcome != "hang" or OWN_CODE in v.reason or v.role not in ("rank", "worker"):
+        return None
+    others = [o for o in c.verdicts if o.label != v.label and o.role in ("rank", "worker")
+              and _job(o.label) == _job(v.label) and o.outcome != "ok"]
+    if not others or any(o.outcome != "hang" for o in others):
+        return None
+    why = []
+    for o in others:
+        ob = c.obs_of(o.label)
+        if ob is not None and ob.released_at is None:
+            why.append(f"rank {o.label} was not started before the deadline")
+        elif ob is not None and any(x.signal.removeprefix("SIG") == "STOP" for x in ob.signals):
+            why.append(f"rank {o.label} was frozen by SIGSTOP")
+        elif OWN_CODE in o.reason:
+            why.append(f"rank {o.label} was in the program's own code after {o.phase} "
+                       "returned, in no torch call")
+        else:
+            return None
+    return Cause(f"waiting in {v.phase} for the other ranks: " + "; ".join(why),
+                 [v.reason] + [f"rank {o.label}: {o.reason}" for o in others])
+
+
+def in_its_own_code(c: RankContext) -> Optional[Cause]:
+    """A hung row in the program's own code while the others wait in a torch call."""
+    v = c.verdict
+    if v.outcome != "hang" or OWN_CODE not in v.reason:
+        return None
+    waiting = [o for o in c.verdicts if o.label != v.label and o.role in ("rank", "worker")
+               and _job(o.label) == _job(v.label) and o.outcome == "hang"
+               and OWN_CODE not in o.reason]
+    return Cause(f"in the program's own code after {v.phase} returned, in no torch call, at the "
+                 "deadline" + (": " + ", ".join(f"rank {o.label} waits for it in {o.phase}"
+                                                for o in waiting) if waiting else "")
+                 + " (its stack shows where)", [v.reason])
+
+
+def agent_waiting_for_workers(c: RankContext) -> Optional[Cause]:
+    """A hung agent or parent whose workers were alive at the deadline: it waits for them."""
+    v = c.verdict
+    if v.outcome != "hang" or v.role not in ("agent", "parent"):
+        return None
+    workers = [w for w in c.verdicts if w.node == v.label and w.outcome == "hang"]
+    if not workers:
+        return None
+    return Cause(f"waiting for its workers, alive at the deadline: ranks "
+                 f"{', '.join(w.label for w in workers)}", [v.reason])
 
 # -- launchers: agents, their workers ------------------------------------------------------------
 def _cause_of(c: RankContext, label: str, skip: Sequence[Rule]) -> str:
@@ -464,6 +552,12 @@ def stopped_by_agent(c: RankContext) -> Optional[Cause]:
                  (fv.reason if fv is not None else ""))
         return Cause(f"stopped by its agent {o.node} after rank {agent.root_cause} failed"
                      + (f": {why}" if why else "") + tail, ev + [agent.reason])
+    first = _first_failed_child(c, o.node)
+    if first is not None and first.label != v.label and agent.role == "parent":
+        why = _cause_of(c, first.label, [stopped_by_agent]) or \
+            (c.verdict_of(first.label) or v).reason
+        return Cause(f"stopped by its parent {o.node} after rank {first.label} failed: {why}"
+                     + tail, ev)
     restarts = [e for e in ao.events if e.ev == "restart" and c.t(e) <= when + 0.01]
     if restarts:
         r = restarts[-1]
@@ -490,6 +584,35 @@ def stopped_by_agent(c: RankContext) -> Optional[Cause]:
         return Cause(f"stopped by its agent {o.node}{where} when the agent failed: {why}" + tail,
                      ev + [_exc_line(agent)])
     return None
+
+
+def _first_failed_child(c: RankContext, node: str) -> Optional[RankObservation]:
+    """The child whose failure its agent or parent collected first (reaped, not SIGTERMed by
+    it, not status 0)."""
+    ao = c.obs_of(node)
+    if ao is None:
+        return None
+    for e in ao.events:
+        if e.ev == "reaped" and e.data.get("returncode") not in (0, -15, None):
+            w = next((w for w in c.run.ranks if w.node == node
+                      and (w.pid or w.info.get("pid")) == e.data.get("pid")), None)
+            if w is not None:
+                return w
+    return None
+
+
+def parent_child_failed(c: RankContext) -> Optional[Cause]:
+    """A spawning parent's ProcessExitedException/ProcessRaisedException: the child it collected
+    failing first, and that child's own cause."""
+    v = c.verdict
+    if v.role != "parent" or not re.search(r"Process(Exited|Raised)Exception", v.exception or ""):
+        return None
+    first = _first_failed_child(c, v.label)
+    if first is None:
+        return None
+    why = _cause_of(c, first.label, [parent_child_failed, stopped_by_agent]) or \
+        (c.verdict_of(first.label) or v).reason
+    return Cause(f"its child rank {first.label} failed first: {why}", [_exc_line(v)])
 
 
 def agent_child_failed(c: RankContext) -> Optional[Cause]:
@@ -631,10 +754,16 @@ RULES: List[Rule] = [
     frozen_by_the_fault,
     stopped_by_agent,
     agent_child_failed,
+    parent_child_failed,
     rendezvous_store_lost,
     rendezvous_join_timeout,
     connected_to_a_non_store,
     peer_died,
+    program_exited,
+    ddp_params_differ,
+    not_started_by_the_deadline,
+    in_its_own_code,
+    agent_waiting_for_workers,
     store_host_failed,
     name_unresolved,
     syn_unanswered,
@@ -642,6 +771,7 @@ RULES: List[Rule] = [
     waiting_for_a_rank_key,
     no_store_there,
     refused_and_retried,
+    waiting_for_a_stuck_rank,   # last: only when nothing on the network explains the wait
 ]
 
 
