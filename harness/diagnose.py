@@ -232,7 +232,7 @@ def syn_unanswered(c: RankContext) -> Optional[Cause]:
             return None
         target = (m.group(1).strip(), int(m.group(2)))
     rule = _dropping_rule(c.run.rules, target[1])
-    if rule is not None and re.search(r"\breject\b", rule[1]) and not syn:
+    if rule is not None and re.search(r"\breject\b", rule[1]):
         return Cause(f"its connects to {target[0]}:{target[1]} were refused by the nft rule on "
                      f"host {rule[0]} and retried until the client's timeout: {rule[1]}",
                      [_exc_line(c.verdict), f"nft on {rule[0]}: {rule[1]}"])
@@ -298,7 +298,10 @@ def waiting_for_ranks(c: RankContext) -> Optional[Cause]:
                        f"{mine['MASTER_PORT']}")
         elif env.get("MASTER_ADDR") and mine.get("MASTER_ADDR") and \
                 env["MASTER_ADDR"] != mine["MASTER_ADDR"]:
-            why.append(f"rank {label} dialled {env['MASTER_ADDR']}, not {mine['MASTER_ADDR']}")
+            own = diagnose(RankContext(other, obs, c.run, c.verdicts), [name_unresolved]) \
+                if other is not None and other.outcome != "ok" else None
+            why.append(f"rank {label} dialled {env['MASTER_ADDR']}, not {mine['MASTER_ADDR']}"
+                       + (f": {own.text}" if own is not None else ""))
         elif obs is not None and obs.released_at and c.verdict.duration is not None and \
                 obs.released_at >= c.verdict.duration:
             why.append(f"rank {label} was started only at {obs.released_at:g} s, after this "
