@@ -189,7 +189,56 @@ def store_port_in_use(c: RankContext) -> Optional[Cause]:
     ev = [_exc_line(v)]
     if held:
         ev.append(f"master port {c.master_port} held before the start line by {held}")
+    mine = c.env(v.label).get("RANK")
+    twins = [o.label for o in c.verdicts if o.label != v.label and o.role == "rank"
+             and mine is not None and c.env(o.label).get("RANK") == mine
+             and (o.duration is None or v.duration is None or o.duration >= v.duration)]
+    if mine == "0" and twins and not held:
+        text += f": rank {twins[0]} also claimed RANK=0 and hosts the store there"
     return Cause(text, ev)
+
+
+def world_size_disagrees(c: RankContext) -> Optional[Cause]:
+    """The ranks were told different WORLD_SIZEs: what this row waited for that cannot come."""
+    v = c.verdict
+    if v.role != "rank" or v.outcome not in ("timeout", "error", "hang"):
+        return None
+    sizes = {str(r.get("label")): dict(r.get("env") or {}).get("WORLD_SIZE")
+             for r in c.run.plan.get("ranks", []) if r.get("role", "rank") == "rank"}
+    if None in sizes.values() or len(set(sizes.values())) < 2:
+        return None
+    told = ", ".join(f"rank {label} WORLD_SIZE={w}" for label, w in sizes.items())
+    text = f"the ranks disagree on the world size ({told})"
+    m, k = JOINED.search(v.message or ""), WAIT_KEYS.search(v.message or "")
+    n = len(sizes)
+    if m is not None and int(m.group(2)) > n - 1:
+        text += f": this rank waited for {m.group(2)} clients and only {n - 1} other " + \
+            ("rank exists" if n == 2 else "ranks exist")
+    elif k is not None:
+        pg = PG_KEY.match(k.group(2).split(",")[0])
+        if pg is not None and int(pg.group(1)) >= n:
+            text += f": this rank waited for rank {pg.group(1)}'s key, and there is no " \
+                f"rank {pg.group(1)}"
+    return Cause(text, [_exc_line(v)] if v.exception else [v.reason])
+
+
+def nobody_claimed_rank_0(c: RankContext) -> Optional[Cause]:
+    """Clients of a store nobody started: no row of the run claimed RANK=0."""
+    if not CONNECT_TIMEOUT.search(c.verdict.message or ""):
+        return None
+    ranks = [r for r in c.run.plan.get("ranks", []) if r.get("role", "rank") == "rank"]
+    claims = {str(r.get("label")): dict(r.get("env") or {}).get("RANK") for r in ranks}
+    if not claims or any(v is None for v in claims.values()) or "0" in claims.values():
+        return None
+    dup = {}
+    for label, rank in claims.items():
+        dup.setdefault(rank, []).append(label)
+    twice = "; ".join(f"ranks {', '.join(ls)} {'both' if len(ls) == 2 else 'all'} claimed "
+                      f"RANK={r}"
+                      for r, ls in dup.items() if len(ls) > 1)
+    return Cause("no process claimed RANK=0, so no store was started"
+                 + (f" ({twice})" if twice else "") + "; connects were retried until the "
+                 "client's timeout", [_exc_line(c.verdict)])
 
 
 def connected_to_a_non_store(c: RankContext) -> Optional[Cause]:
@@ -349,7 +398,8 @@ def no_store_there(c: RankContext) -> Optional[Cause]:
         return Cause(f"dialled port {port}, where no store listened (the store's port is "
                      f"{c.master_port}); connects were retried until the client's timeout",
                      [_exc_line(c.verdict)])
-    host = next((v for v in c.verdicts if v.label == "0" and v.label != c.verdict.label), None)
+    host = next((v for v in c.verdicts if v.label != c.verdict.label and v.role == "rank"
+                 and c.env(v.label).get("RANK", v.label) == "0"), None)
     if host is not None and host.outcome != "ok" and host.duration is not None and \
             c.verdict.duration is not None and host.duration < c.verdict.duration:
         return Cause(f"the store's host, rank 0, had ended ({host.outcome}) at "
@@ -754,6 +804,7 @@ Rule = Callable[[RankContext], Optional[Cause]]
 RULES: List[Rule] = [
     store_port_in_use,
     killed_by_the_fault,
+    world_size_disagrees,
     frozen_by_the_fault,
     stopped_by_agent,
     agent_child_failed,
@@ -762,6 +813,7 @@ RULES: List[Rule] = [
     rendezvous_join_timeout,
     connected_to_a_non_store,
     peer_died,
+    nobody_claimed_rank_0,
     program_exited,
     ddp_params_differ,
     not_started_by_the_deadline,
