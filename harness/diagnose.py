@@ -46,6 +46,15 @@ class RankContext:
     obs: Optional[RankObservation]
     run: RunObservation
     verdicts: Sequence[Verdict]
+    within: Tuple[str, ...] = ()   # the rows whose causes are being worked out around this one
+
+    def about(self, other: Verdict) -> Optional[RankContext]:
+        """The context of another row, to borrow its cause; None when that row is already being
+        explained further up (two rows never explain each other in a circle)."""
+        if other.label in self.within or other.label == self.verdict.label:
+            return None
+        return RankContext(other, self.obs_of(other.label), self.run, self.verdicts,
+                           self.within + (self.verdict.label,))
 
     @property
     def master_port(self) -> int:
@@ -230,12 +239,14 @@ def nobody_claimed_rank_0(c: RankContext) -> Optional[Cause]:
     claims = {str(r.get("label")): dict(r.get("env") or {}).get("RANK") for r in ranks}
     if not claims or any(v is None for v in claims.values()) or "0" in claims.values():
         return None
-    dup = {}
+    dup: Dict[str, List[str]] = {}
     for label, rank in claims.items():
-        dup.setdefault(rank, []).append(label)
+        dup.setdefault(str(rank), []).append(label)
     twice = "; ".join(f"ranks {', '.join(ls)} {'both' if len(ls) == 2 else 'all'} claimed "
                       f"RANK={r}"
                       for r, ls in dup.items() if len(ls) > 1)
+    if not twice:
+        return None   # no rank claimed twice: the plan may not list every process
     return Cause("no process claimed RANK=0, so no store was started"
                  + (f" ({twice})" if twice else "") + "; connects were retried until the "
                  "client's timeout", [_exc_line(c.verdict)])
@@ -347,8 +358,8 @@ def waiting_for_ranks(c: RankContext) -> Optional[Cause]:
                        f"{mine['MASTER_PORT']}")
         elif env.get("MASTER_ADDR") and mine.get("MASTER_ADDR") and \
                 env["MASTER_ADDR"] != mine["MASTER_ADDR"]:
-            own = diagnose(RankContext(other, obs, c.run, c.verdicts), [name_unresolved]) \
-                if other is not None and other.outcome != "ok" else None
+            ctx = c.about(other) if other is not None and other.outcome != "ok" else None
+            own = diagnose(ctx, [name_unresolved]) if ctx is not None else None
             why.append(f"rank {label} dialled {env['MASTER_ADDR']}, not {mine['MASTER_ADDR']}"
                        + (f": {own.text}" if own is not None else ""))
         elif obs is not None and obs.released_at and c.verdict.duration is not None and \
@@ -358,8 +369,9 @@ def waiting_for_ranks(c: RankContext) -> Optional[Cause]:
         elif other is not None and env.get("RANK") == mine.get("RANK"):
             why.append(f"rank {label} also claimed RANK={mine.get('RANK')}")
         elif other is not None and other.outcome != "ok":
-            own = diagnose(RankContext(other, obs, c.run, c.verdicts),
-                           [r for r in RULES if r is not waiting_for_ranks])
+            ctx = c.about(other)
+            own = diagnose(ctx, [r for r in RULES if r is not waiting_for_ranks]) \
+                if ctx is not None else None
             if own is not None and own.text != UNKNOWN:
                 why.append(f"rank {label} never reached it: {own.text}")
     if not why:
@@ -567,8 +579,10 @@ def _cause_of(c: RankContext, label: str, skip: Sequence[Rule]) -> str:
     other = c.verdict_of(label)
     if other is None or other.outcome in ("ok", "absent"):
         return ""
-    own = diagnose(RankContext(other, c.obs_of(label), c.run, c.verdicts),
-                   [r for r in RULES if r not in skip])
+    ctx = c.about(other)
+    if ctx is None:
+        return ""
+    own = diagnose(ctx, [r for r in RULES if r not in skip])
     return own.text if own is not None and own.text != UNKNOWN else ""
 
 
@@ -848,7 +862,11 @@ def explain_run(run: RunObservation, verdicts: Sequence[Verdict]) -> List[Verdic
     """Write each verdict's ``cause`` and ``cause_evidence`` (in place; returns them)."""
     by_label = {o.label: o for o in run.ranks}
     for v in verdicts:
-        cause = diagnose(RankContext(v, by_label.get(v.label), run, verdicts))
+        try:
+            cause = diagnose(RankContext(v, by_label.get(v.label), run, verdicts))
+        except Exception as e:  # noqa: BLE001 - a diagnosis never fails a run
+            cause = Cause(f"unknown: harness.diagnose failed on this row ({type(e).__name__}: "
+                          f"{str(e)[:200]})", [v.reason])
         if cause is not None:
             v.cause, v.cause_evidence = cause.text, list(cause.evidence)
     return list(verdicts)

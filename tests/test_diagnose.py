@@ -228,3 +228,30 @@ def test_a_cause_expectation_matches_the_diagnosis(obs):
     assert check_rank(RankExpect.model_validate({"cause": "not a torch store"}), v1) == []
     (m,) = check_rank(RankExpect.model_validate({"cause": "SYN .* never answered"}), v1)
     assert (m.field, m.expected) == ("cause", "/SYN .* never answered/")
+
+
+def test_two_rows_that_would_explain_each_other_end_in_a_cause(obs):
+    # rank 0 waits for clients; rank 1 waits for rank 0's process-group key: each rule asks the
+    # other row for its cause, and the guard stops the circle
+    r0 = obs.rank("0", reached="init", end=7.0, exc=obs.exc("DistStoreError", JOINED))
+    r1 = obs.rank("1", reached="init", end=7.0, exc=obs.exc(
+        "DistStoreError", "wait timeout after 5000ms, keys: /default_pg/0//cpu//0/0"))
+    _, (v0, v1) = _run(obs, r0, r1)
+    assert v1.cause.startswith("waited 5 s for rank 0's key /default_pg/0//cpu//0/0, which rank 0 "
+                               "never set")
+    assert v0.cause   # whatever it says, it was worked out without running round in a circle
+
+
+def test_a_rule_that_raises_leaves_unknown_and_never_fails_the_run(obs):
+    from harness import diagnose as d
+
+    def boom(ctx):
+        raise ValueError("a rule's own bug")
+
+    d.RULES.insert(0, boom)
+    try:
+        _, (v1,) = _run(obs, obs.rank("1", reached="init", end=9.0,
+                                      exc=obs.exc("DistNetworkError", CLIENT)))
+    finally:
+        d.RULES.remove(boom)
+    assert v1.cause == "unknown: harness.diagnose failed on this row (ValueError: a rule's own bug)"
