@@ -437,7 +437,8 @@ def refused_and_retried(c: RankContext) -> Optional[Cause]:
 
 
 # -- signals the scenario sent, and what the peers saw of them -----------------------------------
-PEER_CLOSED = re.compile(r"Connection closed by peer \[([^\]]+)\]:(\d+)", re.I)
+PEER_CLOSED = re.compile(r"closed by peer|reset by peer|connection closed|connection reset",
+                         re.I)
 
 
 def killed_by_the_fault(c: RankContext) -> Optional[Cause]:
@@ -468,23 +469,47 @@ def frozen_by_the_fault(c: RankContext) -> Optional[Cause]:
                  "never resumed: alive but not running at the deadline", [c.verdict.reason])
 
 
-def peer_died(c: RankContext) -> Optional[Cause]:
-    """gloo's 'Connection closed by peer': the one other rank that had ended before it (killed,
-    or failed on its own)."""
-    m = PEER_CLOSED.search(c.verdict.message or "")
-    if m is None or c.verdict.duration is None:
+def a_peer_was_frozen(c: RankContext) -> Optional[Cause]:
+    """A row that timed out (or hung) while another rank of its job sat frozen by SIGSTOP."""
+    v = c.verdict
+    if v.outcome not in ("timeout", "hang") or v.role not in ("rank", "worker"):
         return None
+    frozen = []
+    for o in c.run.ranks:
+        if o.label == v.label or _job(o.label) != _job(v.label):
+            continue
+        stops = [x for x in o.signals if x.signal.removeprefix("SIG") == "STOP"]
+        if stops and (v.duration is None or stops[-1].t <= v.duration) and not any(
+                x.signal.removeprefix("SIG") == "CONT" and x.t > stops[-1].t for x in o.signals):
+            frozen.append((o.label, stops[-1].t))
+    if len(frozen) != 1:
+        return None
+    label, t = frozen[0]
+    return Cause(f"waited in {v.phase} for rank {label}, frozen by SIGSTOP (sent by the "
+                 f"scenario's fault at {t:g} s) and never resumed",
+                 [_exc_line(v)] if v.exception else [v.reason])
+
+
+def peer_died(c: RankContext) -> Optional[Cause]:
+    """gloo's connection to a peer closed or reset: the one other rank that had ended before it
+    (killed, or failed on its own)."""
+    msg = c.verdict.message or ""
+    if not PEER_CLOSED.search(msg) or c.verdict.duration is None:
+        return None
+    at = re.search(r"\[([^\]]+)\]:(\d+)", msg)
     dead = [v for v in c.verdicts if v.label != c.verdict.label and v.role in ("rank", "worker")
             and v.outcome in ("crash", "error", "timeout") and v.duration is not None
-            and v.duration <= c.verdict.duration and v.addr in (m.group(1), "")]
+            and v.duration <= c.verdict.duration
+            and (at is None or v.addr in (at.group(1), ""))]
     if len(dead) != 1:
         return None
     d = dead[0]
     own = _cause_of(c, d.label, [peer_died]) or \
         (_exc_line(d) if d.exception else d.reason)
     how = "died" if d.outcome == "crash" else f"ended ({d.outcome})"
-    return Cause(f"its gloo connection to rank {d.label} ([{m.group(1)}]:{m.group(2)}) was "
-                 f"closed: rank {d.label} had {how} at {d.duration:g} s: {own}",
+    where = f" ([{at.group(1)}]:{at.group(2)})" if at else ""
+    return Cause(f"its gloo connection to rank {d.label}{where} was closed: rank {d.label} had "
+                 f"{how} at {d.duration:g} s: {own}",
                  [_exc_line(c.verdict), f"rank {d.label}: {d.reason}"])
 
 
@@ -838,6 +863,7 @@ RULES: List[Rule] = [
     syn_unanswered,
     waiting_for_ranks,
     waiting_for_a_rank_key,
+    a_peer_was_frozen,
     no_store_there,
     refused_and_retried,
     waiting_for_a_stuck_rank,   # last: only when nothing on the network explains the wait
