@@ -318,9 +318,50 @@ def _dropping_rule(rules: Dict[str, str], port: int) -> Optional[Tuple[str, str]
             ln = ln.strip()
             if not re.search(r"\b(?:drop|reject)\b", ln):
                 continue
+            if re.search(rf"dport\s*!=\s*{port}\b", ln):
+                continue   # it drops every port but this one
             if re.search(rf"dport {port}\b", ln) or re.search(rf"\b{port}\b", ln):
                 return host, ln
     return None
+
+
+def _blanket_rule(rules: Dict[str, str]) -> Optional[Tuple[str, str]]:
+    """(host, rule line) of an nft rule that drops or rejects new connections to every port
+    but a few (``dport != P``) or to any port."""
+    for host, text in rules.items():
+        for ln in text.splitlines():
+            ln = ln.strip()
+            if re.search(r"\b(?:drop|reject)\b", ln) and "policy" not in ln and (
+                    re.search(r"dport\s*!=", ln) or "dport" not in ln):
+                return host, ln
+    return None
+
+
+def gloo_mesh_blocked(c: RankContext) -> Optional[Cause]:
+    """gloo's full mesh could not connect (rank to rank, on ports other than the store's)
+    because an nft rule drops or rejects new connections to every port but the store's."""
+    msg = c.verdict.message or ""
+    if "connectFullMesh" not in msg or not re.search(r"timeout|timed out|refused", msg, re.I):
+        return None
+    rule = _blanket_rule(c.run.rules)
+    if rule is None:
+        return None
+    host, ln = rule
+    how = "refused" if re.search(r"\breject\b", ln) else "dropped"
+    verb = "rejects" if how == "refused" else "drops"
+    keep = re.search(r"dport\s*!=\s*(\S+)", ln)
+    but = f" but {keep.group(1)}" + (" (the store's)" if keep.group(1) == str(c.master_port)
+                                     else "") if keep else ""
+    own = c.obs is not None and c.obs.host == host
+    remote = re.search(r"remote=\[([^\]]+)\]:(\d+)", msg)
+    where = "its own host" if own else "host"
+    text = f"gloo's full mesh could not connect: the nft rule on {where} " \
+        f"{host} {verb} new connections to every port{but}, so the ranks' pair connections " \
+        f"to {host} were {how}"
+    ev = [_exc_line(c.verdict), f"nft on {host}: {ln}"]
+    if remote:
+        ev.append(f"its connect to {remote.group(1)}:{remote.group(2)} was {how}")
+    return Cause(text, ev)
 
 
 def name_unresolved(c: RankContext) -> Optional[Cause]:
@@ -860,6 +901,7 @@ RULES: List[Rule] = [
     agent_waiting_for_workers,
     store_host_failed,
     name_unresolved,
+    gloo_mesh_blocked,
     syn_unanswered,
     waiting_for_ranks,
     waiting_for_a_rank_key,

@@ -255,3 +255,24 @@ def test_a_rule_that_raises_leaves_unknown_and_never_fails_the_run(obs):
     finally:
         d.RULES.remove(boom)
     assert v1.cause == "unknown: harness.diagnose failed on this row (ValueError: a rule's own bug)"
+
+
+MESH = ("Gloo connectFullMesh failed with [.../gloo/transport/tcp/pair.cc:152] timed out "
+        "connecting: SO_ERROR: Connection refused, remote=[10.0.0.1]:33193")
+BUT_STORE = {"a": "table inet thx {\n chain input {\n  tcp dport != 29500 ct state new reject "
+                  "with tcp reset comment \"fw1\"\n }\n}"}
+
+
+def test_a_blocked_gloo_mesh_names_the_rule_that_spares_only_the_store(obs):
+    r1 = obs.rank("1", reached="init", end=0.1, exc=obs.exc("DistNetworkError", MESH))
+    _, (v1,) = _run(obs, r1, rules=BUT_STORE)
+    assert v1.cause.startswith("gloo's full mesh could not connect: the nft rule on host a "
+                               "rejects new connections to every port but 29500 (the store's)")
+    assert "its connect to 10.0.0.1:33193 was refused" in v1.cause_evidence
+
+
+def test_a_rule_sparing_the_store_port_is_not_said_to_drop_it(obs):
+    # 'dport != 29500 ... reject' lets the store through: a store client's timeout is not it
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    _, (v1,) = _run(obs, r1, rules=BUT_STORE)
+    assert "nft rule" not in v1.cause
