@@ -364,6 +364,60 @@ def gloo_mesh_blocked(c: RankContext) -> Optional[Cause]:
     return Cause(text, ev)
 
 
+REMOTE = re.compile(r"remote=\[([^\]]+)\]:(\d+)")
+
+
+def _host_addrs(c: RankContext) -> Dict[str, str]:
+    return {str(h.get("name")): str(h.get("addr")) for h in c.run.plan.get("hosts") or []
+            if h.get("addr")}
+
+
+def _ifname(c: RankContext, label: str) -> str:
+    name = c.env(label).get("GLOO_SOCKET_IFNAME")
+    return "GLOO_SOCKET_IFNAME unset" if name is None else f"GLOO_SOCKET_IFNAME={name}"
+
+
+def gloo_pair_to_no_host(c: RankContext) -> Optional[Cause]:
+    """A gloo pair dialled an address no host of the run has (a peer advertised 127.0.0.1: on
+    namespace hosts that is the dialler's own namespace): the dialler is refused, the peer
+    waits for the pair until gloo's connect timeout."""
+    v = c.verdict
+    if "connectFullMesh" not in (v.message or ""):
+        return None
+    addrs = _host_addrs(c)
+    if len(addrs) < 2:
+        return None   # one machine: 127.0.0.1 is everybody's
+    hosts = ", ".join(f"{h} {a}" for h, a in addrs.items())
+    m = REMOTE.search(v.message or "")
+    if m is not None and m.group(1) not in addrs.values() and _is_loopback(m.group(1)):
+        peers = [o.label for o in c.verdicts if o.label != v.label and o.role == v.role]
+        return Cause(f"its gloo pair dialled {m.group(1)}:{m.group(2)}, an address no host of "
+                     f"the run has ({hosts}): the peer{'s' * (len(peers) > 1)} advertised it "
+                     f"({_ifname(c, peers[0]) if peers else ''}), so it dialled its own "
+                     "namespace, where nothing listened, and was refused",
+                     [_exc_line(v), f"hosts: {hosts}"])
+    for o in c.verdicts:
+        om = REMOTE.search(o.message or "") if o.label != v.label else None
+        if om is not None and om.group(1) not in addrs.values() and _is_loopback(om.group(1)):
+            return Cause(f"gloo's full mesh never connected: rank {o.label} dialled "
+                         f"{om.group(1)}:{om.group(2)}, the address this rank advertised "
+                         f"({_ifname(c, v.label)}), which no host of the run has ({hosts}), "
+                         f"and gave up at {o.duration:g} s; this rank waited for the pair "
+                         "until gloo's connect timeout",
+                         [_exc_line(v), _exc_line(o), f"hosts: {hosts}"])
+    return None
+
+
+def gloo_interface_missing(c: RankContext) -> Optional[Cause]:
+    """GLOO_SOCKET_IFNAME names an interface the rank's host does not have."""
+    m = re.search(r"Unable to find address for: (\S+)", c.verdict.message or "")
+    if m is None:
+        return None
+    host = c.obs.host if c.obs is not None else "its host"
+    return Cause(f"{_ifname(c, c.verdict.label)} names interface {m.group(1)}, which host "
+                 f"{host} does not have", [_exc_line(c.verdict)])
+
+
 def name_unresolved(c: RankContext) -> Optional[Cause]:
     """A name the rank had to resolve did not resolve (the resolver's words in its stderr)."""
     if c.obs is None:
@@ -901,7 +955,9 @@ RULES: List[Rule] = [
     agent_waiting_for_workers,
     store_host_failed,
     name_unresolved,
+    gloo_interface_missing,
     gloo_mesh_blocked,
+    gloo_pair_to_no_host,
     syn_unanswered,
     waiting_for_ranks,
     waiting_for_a_rank_key,

@@ -276,3 +276,32 @@ def test_a_rule_sparing_the_store_port_is_not_said_to_drop_it(obs):
     r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
     _, (v1,) = _run(obs, r1, rules=BUT_STORE)
     assert "nft rule" not in v1.cause
+
+
+REFUSED = ("Gloo connectFullMesh failed with [.../pair.cc:152] timed out connecting: SO_ERROR: "
+           "Connection refused, remote=[127.0.0.1]:42890")
+WAITED = "Gloo connectFullMesh failed with [.../pair.h:311] Connect timeout [none]"
+
+
+def _two_hosts(obs, hosts=(("a", "10.0.0.1"), ("b", "10.0.0.2"))):
+    r0 = obs.rank("0", reached="init", end=25.0, exc=obs.exc("RuntimeError", WAITED))
+    r1 = obs.rank("1", reached="init", end=0.4, exc=obs.exc("RuntimeError", REFUSED))
+    run = obs.run(r0, r1)
+    run.plan.update({"master_port": 29500, "hosts": [{"name": n, "addr": a} for n, a in hosts],
+                     "ranks": [{"label": r, "env": {"RANK": r, "MASTER_PORT": "29500"}}
+                               for r in ("0", "1")]})
+    return explain_run(run, classify_run(run))
+
+
+def test_a_gloo_pair_dialling_an_address_no_host_has_is_named_on_both_sides(obs):
+    v0, v1 = _two_hosts(obs)
+    assert v1.cause.startswith("its gloo pair dialled 127.0.0.1:42890, an address no host of "
+                               "the run has (a 10.0.0.1, b 10.0.0.2): the peer advertised it "
+                               "(GLOO_SOCKET_IFNAME unset)")
+    assert v0.cause.startswith("gloo's full mesh never connected: rank 1 dialled "
+                               "127.0.0.1:42890, the address this rank advertised")
+
+
+def test_on_one_machine_127_0_0_1_is_no_wrong_address(obs):
+    v0, v1 = _two_hosts(obs, hosts=(("local", "127.0.0.1"),))
+    assert "no host" not in v0.cause and "no host" not in v1.cause
