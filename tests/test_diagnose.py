@@ -5,6 +5,9 @@ the catalog's scenarios (busy_port, net-store-port-blocked, ...: their expectati
 from __future__ import annotations
 
 import socket
+import textwrap
+
+import pytest
 
 from harness.classify import classify_run
 from harness.diagnose import UNKNOWN, RankContext, diagnose, explain_run
@@ -305,3 +308,37 @@ def test_a_gloo_pair_dialling_an_address_no_host_has_is_named_on_both_sides(obs)
 def test_on_one_machine_127_0_0_1_is_no_wrong_address(obs):
     v0, v1 = _two_hosts(obs, hosts=(("local", "127.0.0.1"),))
     assert "no host" not in v0.cause and "no host" not in v1.cause
+
+
+# -- a real 8-rank hang, read on one screen ------------------------------------------------------
+
+@pytest.mark.timeout(240)
+def test_a_real_eight_rank_hang_prints_one_stack_for_ranks_1_to_7():
+    """busy_port accepting, 8 ranks: rank 0 fails with EADDRINUSE, ranks 1-7 hang connected to
+    the squatter. The failure table gives each of them the cause and prints their stack once."""
+    from harness.launch import run_scenario
+    from harness.loader import load_text
+
+    (scn,) = load_text(textwrap.dedent("""
+        name: eight_behind_a_squatter
+        about: 8 ranks, the master port held by a process that accepts and never answers
+        world_size: 8
+        timeout: 5
+        deadline: 12
+        workload: [barrier]
+        faults:
+          - {kind: busy_port, mode: accepting}
+    """), "eight.yaml")
+    run = run_scenario(scn)
+    vs = explain_run(run, classify_run(run))
+    by = {v.label: v for v in vs}
+    assert by["0"].outcome == "error" and by["0"].cause.startswith(
+        "could not start the store: port")
+    for r in "1234567":
+        assert by[r].outcome == "hang", (r, by[r].reason)
+        assert by[r].cause.startswith("connected to a process that is not a torch store: port "
+                                      "holder"), (r, by[r].cause)
+    text = failure_table(vs, None, [])
+    assert text.count("innermost frames") == 1
+    assert text.count("ranks 1-7, same stack") == 1
+    assert text.count("same stack as rank 1") == 6
