@@ -342,3 +342,29 @@ def test_a_real_eight_rank_hang_prints_one_stack_for_ranks_1_to_7():
     assert text.count("innermost frames") == 1
     assert text.count("ranks 1-7, same stack") == 1
     assert text.count("same stack as rank 1") == 6
+
+
+def test_harness_explain_says_alike_rows_once(obs, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    r0 = obs.rank("0", reached="init", end=0.01, exc=obs.exc("DistNetworkError", IN_USE))
+    hung = []
+    for i in range(1, 8):
+        r = obs.rank(str(i), reached="init", killed_at_deadline=True, end=12.0,
+                     stacks=obs.hung_stacks)
+        r.sockets = [SocketRecord("ESTABLISHED", f"127.0.0.1:4000{i}", "127.0.0.1:29500",
+                                  peer_pid=77, peer="port holder#1", peer_accepted=True)]
+        hung.append(r)
+    run, _ = _run(obs, r0, *hung, port_owners=[{"pid": 77, "status": "LISTEN"}])
+    (tmp_path / "case").mkdir()
+    (tmp_path / "case" / "observation.json").write_text(json.dumps(run.to_dict()))
+    p = subprocess.run([sys.executable, "-m", "harness", "explain", str(tmp_path)],
+                       capture_output=True, text=True, env={"COLUMNS": "400", "PATH": ""},
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("ranks 1-7: hang at 12.04 s in init - connected to a process that is "
+                          "not a torch store") == 1
+    assert "rank 2:" not in p.stdout
+    assert p.stdout.count("stack (ranks 1-7, same stack)") == 1
