@@ -342,6 +342,8 @@ def test_a_real_eight_rank_hang_prints_one_stack_for_ranks_1_to_7():
     assert text.count("innermost frames") == 1
     assert text.count("ranks 1-7, same stack") == 1
     assert text.count("same stack as rank 1") == 6
+    assert text.count("cause: connected to a process that is not a torch store") == 1
+    assert text.count("cause: the same as rank 1") == 6
 
 
 def test_harness_explain_says_alike_rows_once(obs, tmp_path):
