@@ -226,7 +226,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
             dur = "?" if not durs else f"{durs[0]:.2f} s" if durs[-1] - durs[0] < 0.005 \
                 else f"{durs[0]:.2f}-{durs[-1]:.2f} s"
             who = f"ranks {label_ranges([x.label for x in same])}" if len(same) > 1 \
-                else f"rank {v.label}"
+                else f"rank {v.label}" if v.role in ("rank", "worker") else v.label
             con.print(_text(f"{who}: {v.outcome} at {dur} in {v.phase or '-'}"
                             + (f" - {v.cause}" if v.cause else ""), "bold"))
             for ln in v.cause_evidence:
