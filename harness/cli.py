@@ -214,12 +214,27 @@ def cmd_explain(args: argparse.Namespace) -> int:
             raise UsageError(f"{path}: not an observation the harness wrote: {e}") from None
         verdicts = explain_run(run, classify_run(run))
         con.rule(_text(str(path.parent), "bold"))
+        # rows with the same outcome, phase and cause are said once ("ranks 1-7: ..."), with
+        # the first one's evidence: an 8-rank hang reads on one screen
+        alike: Dict[Any, List[Any]] = {}
         for v in verdicts:
-            dur = "?" if v.duration is None else f"{v.duration:.2f} s"
-            con.print(_text(f"rank {v.label}: {v.outcome} at {dur} in {v.phase or '-'}"
+            key = (v.outcome, v.phase, v.cause) if v.cause else (v.label,)
+            alike.setdefault(key, []).append(v)
+        for same in alike.values():
+            v = same[0]
+            durs = sorted(x.duration for x in same if x.duration is not None)
+            dur = "?" if not durs else f"{durs[0]:.2f} s" if durs[-1] - durs[0] < 0.005 \
+                else f"{durs[0]:.2f}-{durs[-1]:.2f} s"
+            who = f"ranks {label_ranges([x.label for x in same])}" if len(same) > 1 \
+                else f"rank {v.label}" if v.role in ("rank", "worker") else v.label
+            con.print(_text(f"{who}: {v.outcome} at {dur} in {v.phase or '-'}"
                             + (f" - {v.cause}" if v.cause else ""), "bold"))
             for ln in v.cause_evidence:
                 con.print(_text(f"    {ln}", "dim"))
+            if len(same) > 1:
+                con.print(_text(f"    (evidence of rank {v.label}; ranks "
+                                f"{label_ranges([x.label for x in same[1:]])} have the same "
+                                "cause: their own lines are in the JSON report)", "dim"))
         groups = stack_groups({v.label: v.stacks for v in verdicts if v.outcome == "hang"})
         shown = set()
         for v in verdicts:

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .classify import Verdict
+from .classify import Verdict, signal_name
 from .observe import RankObservation, RunObservation
 from .sockets import SocketRecord
 
@@ -46,6 +46,15 @@ class RankContext:
     obs: Optional[RankObservation]
     run: RunObservation
     verdicts: Sequence[Verdict]
+    within: Tuple[str, ...] = ()   # the rows whose causes are being worked out around this one
+
+    def about(self, other: Verdict) -> Optional[RankContext]:
+        """The context of another row, to borrow its cause; None when that row is already being
+        explained further up (two rows never explain each other in a circle)."""
+        if other.label in self.within or other.label == self.verdict.label:
+            return None
+        return RankContext(other, self.obs_of(other.label), self.run, self.verdicts,
+                           self.within + (self.verdict.label,))
 
     @property
     def master_port(self) -> int:
@@ -61,6 +70,16 @@ class RankContext:
 
     def env(self, label: str) -> Dict[str, str]:
         return dict(self.plan_rank(label).get("env") or {})
+
+    def verdict_of(self, label: Optional[str]) -> Optional[Verdict]:
+        return next((v for v in self.verdicts if v.label == label), None)
+
+    def obs_of(self, label: Optional[str]) -> Optional[RankObservation]:
+        return next((o for o in self.run.ranks if o.label == label), None)
+
+    def t(self, e: Any) -> float:
+        """An event's time in seconds after the start line."""
+        return round(float(e.t) - float(self.run.t0 or 0.0), 2)
 
     def port_in_use(self) -> Optional[Verdict]:
         """The row whose store could not listen: EADDRINUSE."""
@@ -85,6 +104,84 @@ def _exc_line(v: Verdict) -> str:
     return f"rank {v.label}: {v.exception}: {_first_line(v.message)}"
 
 
+INNER = re.compile(r"^([\w.]+): (.+)$\n\nThe above exception was the direct cause", re.M)
+WAIT_KEYS = re.compile(r"wait timeout after (\d+)ms, keys: (\S+)", re.I)
+PG_KEY = re.compile(r"^/default_pg/.*/(\d+)$")   # the process group's key of a rank (gloo's mesh)
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
+
+
+def _inner(c: RankContext, label: str) -> str:
+    """The exception under ``label``'s own (torchelastic's "See inner exception"), one line."""
+    o = c.obs_of(label)
+    res = o.result() if o is not None else None
+    tb = str(((res.data.get("exc") or {}) if res is not None else {}).get("traceback") or "")
+    m = INNER.search(tb)
+    return f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2).strip()}" if m else ""
+
+
+def _argv_opt(argv: Sequence[str], name: str) -> str:
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            return str(argv[i + 1])
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return ""
+
+
+def _endpoint(c: RankContext, label: str) -> Optional[Tuple[str, int]]:
+    """An agent's rendezvous endpoint from its command line (--rdzv-endpoint, or the static
+    --master-addr/--master-port); None when it does not say."""
+    argv = list(c.plan_rank(label).get("argv") or [])
+    ep = _argv_opt(argv, "--rdzv-endpoint") or _argv_opt(argv, "--rdzv_endpoint")
+    if ep:
+        host, _, port = ep.rpartition(":") if ep.count(":") == 1 or ep.startswith("[") \
+            else (ep, "", "")
+        host = host.strip("[]") or ep
+        if not port.isdigit():
+            return None
+        return host, int(port)
+    addr, port = _argv_opt(argv, "--master-addr"), _argv_opt(argv, "--master-port")
+    return (addr, int(port)) if addr and port.isdigit() else None
+
+
+def _job(label: str) -> str:
+    """The job prefix of a row ("job2:" of "job2:agent:local" and "job2:0"; "" for the first)."""
+    if "agent:" in label:
+        return label.split("agent:", 1)[0]
+    return label.rsplit(":", 1)[0] + ":" if ":" in label else ""
+
+
+def _is_loopback(addr: str) -> bool:
+    return addr in LOOPBACK_NAMES or addr.startswith("127.") or addr == "::1"
+
+
+def _listens(o: Optional[RankObservation], port: int) -> Optional[bool]:
+    """Whether ``o``'s sockets (when they were taken) had a listener on ``port``; None when
+    its sockets were never taken."""
+    if o is None or not o.sockets:
+        return None
+    return any(s.state == "LISTEN" and s.local_port == port for s in o.sockets)
+
+
+def _unreachable_master(c: RankContext, label: str) -> str:
+    """A worker handed a MASTER_ADDR that names its own host (loopback) while its job's store
+    is on another host: why, in words; "" when that is not the case."""
+    o = c.obs_of(label)
+    if o is None or o.role != "worker":
+        return ""
+    addr, port = str(o.info.get("master_addr") or ""), str(o.info.get("master_port") or "")
+    if not _is_loopback(addr):
+        return ""
+    hosts = [a for a in c.run.ranks if a.role == "agent" and _job(a.label) == _job(label)]
+    store = next((a for a in hosts for e in a.events if e.ev == "rendezvous_done"
+                  and e.data.get("group_rank") == 0
+                  and str(e.data.get("master_port")) == port), None)
+    if store is None or store.host == o.host:
+        return ""
+    return (f"it was handed MASTER_ADDR={addr}:{port}, which on host {o.host} is {o.host} "
+            f"itself, while the store is on {store.host} ({store.label}'s)")
+
+
 # -- the rules ---------------------------------------------------------------------------------
 def store_port_in_use(c: RankContext) -> Optional[Cause]:
     """The rank meant to host the store could not listen: the port was taken."""
@@ -92,12 +189,67 @@ def store_port_in_use(c: RankContext) -> Optional[Cause]:
     if v.outcome != "error" or not EADDRINUSE.search(v.message or ""):
         return None
     held = c.holder()
-    text = f"could not start the store: port {c.master_port} was already in use" + \
+    m = re.search(r"port: (\d+)", v.message or "")
+    port = int(m.group(1)) if m else c.master_port
+    if port != c.master_port:
+        held = ""   # the port owners were looked up for the master port only
+    text = f"could not start the store: port {port} was already in use" + \
         (f" by {held}" if held else "")
     ev = [_exc_line(v)]
     if held:
         ev.append(f"master port {c.master_port} held before the start line by {held}")
+    mine = c.env(v.label).get("RANK")
+    twins = [o.label for o in c.verdicts if o.label != v.label and o.role == "rank"
+             and mine is not None and c.env(o.label).get("RANK") == mine
+             and (o.duration is None or v.duration is None or o.duration >= v.duration)]
+    if mine == "0" and twins and not held:
+        text += f": rank {twins[0]} also claimed RANK=0 and hosts the store there"
     return Cause(text, ev)
+
+
+def world_size_disagrees(c: RankContext) -> Optional[Cause]:
+    """The ranks were told different WORLD_SIZEs: what this row waited for that cannot come."""
+    v = c.verdict
+    if v.role != "rank" or v.outcome not in ("timeout", "error", "hang"):
+        return None
+    sizes = {str(r.get("label")): dict(r.get("env") or {}).get("WORLD_SIZE")
+             for r in c.run.plan.get("ranks", []) if r.get("role", "rank") == "rank"}
+    if None in sizes.values() or len(set(sizes.values())) < 2:
+        return None
+    told = ", ".join(f"rank {label} WORLD_SIZE={w}" for label, w in sizes.items())
+    text = f"the ranks disagree on the world size ({told})"
+    m, k = JOINED.search(v.message or ""), WAIT_KEYS.search(v.message or "")
+    n = len(sizes)
+    if m is not None and int(m.group(2)) > n - 1:
+        text += f": this rank waited for {m.group(2)} clients and only {n - 1} other " + \
+            ("rank exists" if n == 2 else "ranks exist")
+    elif k is not None:
+        pg = PG_KEY.match(k.group(2).split(",")[0])
+        if pg is not None and int(pg.group(1)) >= n:
+            text += f": this rank waited for rank {pg.group(1)}'s key, and there is no " \
+                f"rank {pg.group(1)}"
+    return Cause(text, [_exc_line(v)] if v.exception else [v.reason])
+
+
+def nobody_claimed_rank_0(c: RankContext) -> Optional[Cause]:
+    """Clients of a store nobody started: no row of the run claimed RANK=0."""
+    if not CONNECT_TIMEOUT.search(c.verdict.message or ""):
+        return None
+    ranks = [r for r in c.run.plan.get("ranks", []) if r.get("role", "rank") == "rank"]
+    claims = {str(r.get("label")): dict(r.get("env") or {}).get("RANK") for r in ranks}
+    if not claims or any(v is None for v in claims.values()) or "0" in claims.values():
+        return None
+    dup: Dict[str, List[str]] = {}
+    for label, rank in claims.items():
+        dup.setdefault(str(rank), []).append(label)
+    twice = "; ".join(f"ranks {', '.join(ls)} {'both' if len(ls) == 2 else 'all'} claimed "
+                      f"RANK={r}"
+                      for r, ls in dup.items() if len(ls) > 1)
+    if not twice:
+        return None   # no rank claimed twice: the plan may not list every process
+    return Cause("no process claimed RANK=0, so no store was started"
+                 + (f" ({twice})" if twice else "") + "; connects were retried until the "
+                 "client's timeout", [_exc_line(c.verdict)])
 
 
 def connected_to_a_non_store(c: RankContext) -> Optional[Cause]:
@@ -108,7 +260,8 @@ def connected_to_a_non_store(c: RankContext) -> Optional[Cause]:
     for s in c.sockets:
         if s.state != "ESTABLISHED" or s.remote_port != c.master_port or s.peer_pid is None:
             continue
-        if s.peer.startswith(("rank ", "agent ", "worker ", "parent ")):
+        if s.peer.startswith(("rank ", "agent", "worker ", "parent")) or ":agent:" in s.peer \
+                or ":parent:" in s.peer:
             continue
         how = "never accepting: the connection waits in its listen backlog" \
             if s.peer_accepted is False else "accepting and never answering"
@@ -139,7 +292,7 @@ def syn_unanswered(c: RankContext) -> Optional[Cause]:
             return None
         target = (m.group(1).strip(), int(m.group(2)))
     rule = _dropping_rule(c.run.rules, target[1])
-    if rule is not None and re.search(r"\breject\b", rule[1]) and not syn:
+    if rule is not None and re.search(r"\breject\b", rule[1]):
         return Cause(f"its connects to {target[0]}:{target[1]} were refused by the nft rule on "
                      f"host {rule[0]} and retried until the client's timeout: {rule[1]}",
                      [_exc_line(c.verdict), f"nft on {rule[0]}: {rule[1]}"])
@@ -165,9 +318,104 @@ def _dropping_rule(rules: Dict[str, str], port: int) -> Optional[Tuple[str, str]
             ln = ln.strip()
             if not re.search(r"\b(?:drop|reject)\b", ln):
                 continue
+            if re.search(rf"dport\s*!=\s*{port}\b", ln):
+                continue   # it drops every port but this one
             if re.search(rf"dport {port}\b", ln) or re.search(rf"\b{port}\b", ln):
                 return host, ln
     return None
+
+
+def _blanket_rule(rules: Dict[str, str]) -> Optional[Tuple[str, str]]:
+    """(host, rule line) of an nft rule that drops or rejects new connections to every port
+    but a few (``dport != P``) or to any port."""
+    for host, text in rules.items():
+        for ln in text.splitlines():
+            ln = ln.strip()
+            if re.search(r"\b(?:drop|reject)\b", ln) and "policy" not in ln and (
+                    re.search(r"dport\s*!=", ln) or "dport" not in ln):
+                return host, ln
+    return None
+
+
+def gloo_mesh_blocked(c: RankContext) -> Optional[Cause]:
+    """gloo's full mesh could not connect (rank to rank, on ports other than the store's)
+    because an nft rule drops or rejects new connections to every port but the store's."""
+    msg = c.verdict.message or ""
+    if "connectFullMesh" not in msg or not re.search(r"timeout|timed out|refused", msg, re.I):
+        return None
+    rule = _blanket_rule(c.run.rules)
+    if rule is None:
+        return None
+    host, ln = rule
+    how = "refused" if re.search(r"\breject\b", ln) else "dropped"
+    verb = "rejects" if how == "refused" else "drops"
+    keep = re.search(r"dport\s*!=\s*(\S+)", ln)
+    but = f" but {keep.group(1)}" + (" (the store's)" if keep.group(1) == str(c.master_port)
+                                     else "") if keep else ""
+    own = c.obs is not None and c.obs.host == host
+    remote = re.search(r"remote=\[([^\]]+)\]:(\d+)", msg)
+    where = "its own host" if own else "host"
+    text = f"gloo's full mesh could not connect: the nft rule on {where} " \
+        f"{host} {verb} new connections to every port{but}, so the ranks' pair connections " \
+        f"to {host} were {how}"
+    ev = [_exc_line(c.verdict), f"nft on {host}: {ln}"]
+    if remote:
+        ev.append(f"its connect to {remote.group(1)}:{remote.group(2)} was {how}")
+    return Cause(text, ev)
+
+
+REMOTE = re.compile(r"remote=\[([^\]]+)\]:(\d+)")
+
+
+def _host_addrs(c: RankContext) -> Dict[str, str]:
+    return {str(h.get("name")): str(h.get("addr")) for h in c.run.plan.get("hosts") or []
+            if h.get("addr")}
+
+
+def _ifname(c: RankContext, label: str) -> str:
+    name = c.env(label).get("GLOO_SOCKET_IFNAME")
+    return "GLOO_SOCKET_IFNAME unset" if name is None else f"GLOO_SOCKET_IFNAME={name}"
+
+
+def gloo_pair_to_no_host(c: RankContext) -> Optional[Cause]:
+    """A gloo pair dialled an address no host of the run has (a peer advertised 127.0.0.1: on
+    namespace hosts that is the dialler's own namespace): the dialler is refused, the peer
+    waits for the pair until gloo's connect timeout."""
+    v = c.verdict
+    if "connectFullMesh" not in (v.message or ""):
+        return None
+    addrs = _host_addrs(c)
+    if len(addrs) < 2:
+        return None   # one machine: 127.0.0.1 is everybody's
+    hosts = ", ".join(f"{h} {a}" for h, a in addrs.items())
+    m = REMOTE.search(v.message or "")
+    if m is not None and m.group(1) not in addrs.values() and _is_loopback(m.group(1)):
+        peers = [o.label for o in c.verdicts if o.label != v.label and o.role == v.role]
+        return Cause(f"its gloo pair dialled {m.group(1)}:{m.group(2)}, an address no host of "
+                     f"the run has ({hosts}): the peer{'s' * (len(peers) > 1)} advertised it "
+                     f"({_ifname(c, peers[0]) if peers else ''}), so it dialled its own "
+                     "namespace, where nothing listened, and was refused",
+                     [_exc_line(v), f"hosts: {hosts}"])
+    for o in c.verdicts:
+        om = REMOTE.search(o.message or "") if o.label != v.label else None
+        if om is not None and om.group(1) not in addrs.values() and _is_loopback(om.group(1)):
+            return Cause(f"gloo's full mesh never connected: rank {o.label} dialled "
+                         f"{om.group(1)}:{om.group(2)}, the address this rank advertised "
+                         f"({_ifname(c, v.label)}), which no host of the run has ({hosts}), "
+                         f"and gave up at {o.duration:g} s; this rank waited for the pair "
+                         "until gloo's connect timeout",
+                         [_exc_line(v), _exc_line(o), f"hosts: {hosts}"])
+    return None
+
+
+def gloo_interface_missing(c: RankContext) -> Optional[Cause]:
+    """GLOO_SOCKET_IFNAME names an interface the rank's host does not have."""
+    m = re.search(r"Unable to find address for: (\S+)", c.verdict.message or "")
+    if m is None:
+        return None
+    host = c.obs.host if c.obs is not None else "its host"
+    return Cause(f"{_ifname(c, c.verdict.label)} names interface {m.group(1)}, which host "
+                 f"{host} does not have", [_exc_line(c.verdict)])
 
 
 def name_unresolved(c: RankContext) -> Optional[Cause]:
@@ -205,7 +453,10 @@ def waiting_for_ranks(c: RankContext) -> Optional[Cause]:
                        f"{mine['MASTER_PORT']}")
         elif env.get("MASTER_ADDR") and mine.get("MASTER_ADDR") and \
                 env["MASTER_ADDR"] != mine["MASTER_ADDR"]:
-            why.append(f"rank {label} dialled {env['MASTER_ADDR']}, not {mine['MASTER_ADDR']}")
+            ctx = c.about(other) if other is not None and other.outcome != "ok" else None
+            own = diagnose(ctx, [name_unresolved]) if ctx is not None else None
+            why.append(f"rank {label} dialled {env['MASTER_ADDR']}, not {mine['MASTER_ADDR']}"
+                       + (f": {own.text}" if own is not None else ""))
         elif obs is not None and obs.released_at and c.verdict.duration is not None and \
                 obs.released_at >= c.verdict.duration:
             why.append(f"rank {label} was started only at {obs.released_at:g} s, after this "
@@ -213,8 +464,9 @@ def waiting_for_ranks(c: RankContext) -> Optional[Cause]:
         elif other is not None and env.get("RANK") == mine.get("RANK"):
             why.append(f"rank {label} also claimed RANK={mine.get('RANK')}")
         elif other is not None and other.outcome != "ok":
-            own = diagnose(RankContext(other, obs, c.run, c.verdicts),
-                           [r for r in RULES if r is not waiting_for_ranks])
+            ctx = c.about(other)
+            own = diagnose(ctx, [r for r in RULES if r is not waiting_for_ranks]) \
+                if ctx is not None else None
             if own is not None and own.text != UNKNOWN:
                 why.append(f"rank {label} never reached it: {own.text}")
     if not why:
@@ -253,7 +505,8 @@ def no_store_there(c: RankContext) -> Optional[Cause]:
         return Cause(f"dialled port {port}, where no store listened (the store's port is "
                      f"{c.master_port}); connects were retried until the client's timeout",
                      [_exc_line(c.verdict)])
-    host = next((v for v in c.verdicts if v.label == "0" and v.label != c.verdict.label), None)
+    host = next((v for v in c.verdicts if v.label != c.verdict.label and v.role == "rank"
+                 and c.env(v.label).get("RANK", v.label) == "0"), None)
     if host is not None and host.outcome != "ok" and host.duration is not None and \
             c.verdict.duration is not None and host.duration < c.verdict.duration:
         return Cause(f"the store's host, rank 0, had ended ({host.outcome}) at "
@@ -278,18 +531,440 @@ def refused_and_retried(c: RankContext) -> Optional[Cause]:
                   "AttemptFails: " + ", ".join(f"{h} {n}" for h, n in fails.items())])
 
 
+# -- signals the scenario sent, and what the peers saw of them -----------------------------------
+PEER_CLOSED = re.compile(r"closed by peer|reset by peer|connection closed|connection reset",
+                         re.I)
+
+
+def killed_by_the_fault(c: RankContext) -> Optional[Cause]:
+    """A row the scenario's fault killed (SIGKILL, SIGTERM...): said with the fault and time."""
+    v, o = c.verdict, c.obs
+    if o is None or v.outcome != "crash" or v.returncode is None or v.returncode >= 0:
+        return None
+    sent = [s for s in o.signals
+            if "SIG" + s.signal.removeprefix("SIG") == signal_name(v.returncode)]
+    if not sent:
+        return None
+    s = sent[0]
+    return Cause(f"killed by SIG{s.signal.removeprefix('SIG')}, sent by the scenario's fault"
+                 f"{f' ({s.why})' if s.why else ''} at {s.t:g} s"
+                 + (f", in {v.phase}" if v.phase else ""), [v.reason])
+
+
+def frozen_by_the_fault(c: RankContext) -> Optional[Cause]:
+    """A hung row the scenario's fault had stopped (SIGSTOP) and nobody resumed."""
+    o = c.obs
+    if o is None or c.verdict.outcome != "hang":
+        return None
+    stops = [s for s in o.signals if s.signal.removeprefix("SIG") == "STOP"]
+    if not stops or any(s.signal.removeprefix("SIG") == "CONT" and s.t > stops[-1].t
+                        for s in o.signals):
+        return None
+    return Cause(f"frozen by SIGSTOP, sent by the scenario's fault at {stops[-1].t:g} s, and "
+                 "never resumed: alive but not running at the deadline", [c.verdict.reason])
+
+
+def a_peer_was_frozen(c: RankContext) -> Optional[Cause]:
+    """A row that timed out (or hung) while another rank of its job sat frozen by SIGSTOP."""
+    v = c.verdict
+    if v.outcome not in ("timeout", "hang") or v.role not in ("rank", "worker"):
+        return None
+    frozen = []
+    for o in c.run.ranks:
+        if o.label == v.label or _job(o.label) != _job(v.label):
+            continue
+        stops = [x for x in o.signals if x.signal.removeprefix("SIG") == "STOP"]
+        if stops and (v.duration is None or stops[-1].t <= v.duration) and not any(
+                x.signal.removeprefix("SIG") == "CONT" and x.t > stops[-1].t for x in o.signals):
+            frozen.append((o.label, stops[-1].t))
+    if len(frozen) != 1:
+        return None
+    label, t = frozen[0]
+    return Cause(f"waited in {v.phase} for rank {label}, frozen by SIGSTOP (sent by the "
+                 f"scenario's fault at {t:g} s) and never resumed",
+                 [_exc_line(v)] if v.exception else [v.reason])
+
+
+def peer_died(c: RankContext) -> Optional[Cause]:
+    """gloo's connection to a peer closed or reset: the one other rank that had ended before it
+    (killed, or failed on its own)."""
+    msg = c.verdict.message or ""
+    if not PEER_CLOSED.search(msg) or c.verdict.duration is None:
+        return None
+    at = re.search(r"\[([^\]]+)\]:(\d+)", msg)
+    dead = [v for v in c.verdicts if v.label != c.verdict.label and v.role in ("rank", "worker")
+            and v.outcome in ("crash", "error", "timeout") and v.duration is not None
+            and v.duration <= c.verdict.duration
+            and (at is None or v.addr in (at.group(1), ""))]
+    if len(dead) != 1:
+        return None
+    d = dead[0]
+    own = _cause_of(c, d.label, [peer_died]) or \
+        (_exc_line(d) if d.exception else d.reason)
+    how = "died" if d.outcome == "crash" else f"ended ({d.outcome})"
+    where = f" ([{at.group(1)}]:{at.group(2)})" if at else ""
+    return Cause(f"its gloo connection to rank {d.label}{where} was closed: rank {d.label} had "
+                 f"{how} at {d.duration:g} s: {own}",
+                 [_exc_line(c.verdict), f"rank {d.label}: {d.reason}"])
+
+
+def program_exited(c: RankContext) -> Optional[Cause]:
+    """A program that ended with a non-zero status of its own accord (sys.exit, no exception
+    from torch): the program is the cause."""
+    v, o = c.verdict, c.obs
+    if o is None or v.outcome != "error" or v.exception or not o.info \
+            or not re.match(r"exited with status \d+$", v.reason or ""):
+        return None
+    return Cause(f"the program itself {v.reason} in {v.phase or 'its own code'} (it raised no "
+                 "exception through torch)", [v.reason])
+
+
+def ddp_params_differ(c: RankContext) -> Optional[Cause]:
+    """DDP's check at construction: this process's parameters differ from rank 0's."""
+    m = re.search(r"params\[\d+\] in this process with sizes \[[^\]]*\] appears not to match "
+                  r"sizes of the same param in process \d+", c.verdict.message or "")
+    if m is None:
+        return None
+    return Cause(f"the model differs between ranks: {m.group(0)}", [_exc_line(c.verdict)])
+
+OWN_CODE = "it was in the program's own code"
+
+
+def not_started_by_the_deadline(c: RankContext) -> Optional[Cause]:
+    """A hung row whose release had not come by the deadline: it never started its work."""
+    o = c.obs
+    if o is None or c.verdict.outcome != "hang" or o.released_at is not None:
+        return None
+    when = c.plan_rank(c.verdict.label).get("released") or ""
+    return Cause("not started before the harness's deadline"
+                 + (f": its release ({when}) was still to come" if when else ""),
+                 [c.verdict.reason])
+
+
+def waiting_for_a_stuck_rank(c: RankContext) -> Optional[Cause]:
+    """A hung row in a torch call while the other hung rows are not started yet or sit in the
+    program's own code (not in any torch call): it waits for them."""
+    v = c.verdict
+    if v.outcome != "hang" or OWN_CODE in v.reason or v.role not in ("rank", "worker"):
+        return None
+    others = [o for o in c.verdicts if o.label != v.label and o.role in ("rank", "worker")
+              and _job(o.label) == _job(v.label) and o.outcome != "ok"]
+    if not others or any(o.outcome != "hang" for o in others):
+        return None
+    why = []
+    for o in others:
+        ob = c.obs_of(o.label)
+        if ob is not None and ob.released_at is None:
+            why.append(f"rank {o.label} was not started before the deadline")
+        elif ob is not None and any(x.signal.removeprefix("SIG") == "STOP" for x in ob.signals):
+            why.append(f"rank {o.label} was frozen by SIGSTOP")
+        elif OWN_CODE in o.reason:
+            why.append(f"rank {o.label} was in the program's own code after {o.phase} "
+                       "returned, in no torch call")
+        else:
+            return None
+    return Cause(f"waiting in {v.phase} for the other ranks: " + "; ".join(why),
+                 [v.reason] + [f"rank {o.label}: {o.reason}" for o in others])
+
+
+def in_its_own_code(c: RankContext) -> Optional[Cause]:
+    """A hung row in the program's own code while the others wait in a torch call."""
+    v = c.verdict
+    if v.outcome != "hang" or OWN_CODE not in v.reason:
+        return None
+    waiting = [o for o in c.verdicts if o.label != v.label and o.role in ("rank", "worker")
+               and _job(o.label) == _job(v.label) and o.outcome == "hang"
+               and OWN_CODE not in o.reason]
+    return Cause(f"in the program's own code after {v.phase} returned, in no torch call, at the "
+                 "deadline" + (": " + ", ".join(f"rank {o.label} waits for it in {o.phase}"
+                                                for o in waiting) if waiting else "")
+                 + " (its stack shows where)", [v.reason])
+
+
+def agent_waiting_for_workers(c: RankContext) -> Optional[Cause]:
+    """A hung agent or parent whose workers were alive at the deadline: it waits for them."""
+    v = c.verdict
+    if v.outcome != "hang" or v.role not in ("agent", "parent"):
+        return None
+    workers = [w for w in c.verdicts if w.node == v.label and w.outcome == "hang"]
+    if not workers:
+        return None
+    return Cause(f"waiting for its workers, alive at the deadline: ranks "
+                 f"{', '.join(w.label for w in workers)}", [v.reason])
+
+# -- launchers: agents, their workers ------------------------------------------------------------
+def _cause_of(c: RankContext, label: str, skip: Sequence[Rule]) -> str:
+    """Another row's own cause (its rules minus ``skip``, so two rows never explain each other
+    in a circle); "" when it has none or only unknown."""
+    other = c.verdict_of(label)
+    if other is None or other.outcome in ("ok", "absent"):
+        return ""
+    ctx = c.about(other)
+    if ctx is None:
+        return ""
+    own = diagnose(ctx, [r for r in RULES if r not in skip])
+    return own.text if own is not None and own.text != UNKNOWN else ""
+
+
+def stopped_by_agent(c: RankContext) -> Optional[Cause]:
+    """A worker SIGTERMed by its own agent (not by a fault): because another worker failed, to
+    restart its workers, or because the agent itself failed; the agent's reaped event says it
+    collected this worker's SIGTERM."""
+    v, o = c.verdict, c.obs
+    if o is None or o.role != "worker" or v.outcome != "crash" or v.returncode != -15 \
+            or any(s.signal in ("TERM", "SIGTERM") for s in o.signals) or not o.node:
+        return None
+    agent, ao = c.verdict_of(o.node), c.obs_of(o.node)
+    if agent is None or ao is None:
+        return None
+    pid = o.pid or o.info.get("pid")
+    reaped = next((e for e in ao.events if e.ev == "reaped" and e.data.get("pid") == pid
+                   and e.data.get("returncode") == -15), None)
+    if reaped is None:
+        return None
+    when = c.t(reaped)
+    ev = [f"{agent.label}: reaped pid {pid} (SIGTERM) at {when:g} s"]
+    where = f" in {v.phase}" if v.phase else ""
+    unreachable = _unreachable_master(c, v.label) if v.phase in ("init", "import", "start") \
+        else ""
+    tail = f"; {unreachable}" if unreachable else ""
+    if agent.root_cause is not None and str(agent.root_cause) != str(o.info.get("rank")):
+        failed = next((w for w in c.run.ranks if w.role == "worker" and w.node == o.node
+                       and str(w.info.get("rank")) == str(agent.root_cause)), None)
+        why = ""
+        if failed is not None:
+            fv = c.verdict_of(failed.label)
+            why = _cause_of(c, failed.label, [stopped_by_agent]) or \
+                (_exc_line(fv) if fv is not None and fv.exception else
+                 (fv.reason if fv is not None else ""))
+        return Cause(f"stopped by its agent {o.node} after rank {agent.root_cause} failed"
+                     + (f": {why}" if why else "") + tail, ev + [agent.reason])
+    first = _first_failed_child(c, o.node)
+    if first is not None and first.label != v.label and agent.role == "parent":
+        why = _cause_of(c, first.label, [stopped_by_agent]) or \
+            (c.verdict_of(first.label) or v).reason
+        return Cause(f"stopped by its parent {o.node} after rank {first.label} failed: {why}"
+                     + tail, ev)
+    restarts = [e for e in ao.events if e.ev == "restart" and c.t(e) <= when + 0.01]
+    if restarts:
+        r = restarts[-1]
+        mine = [w for w in c.run.ranks if w.role == "worker" and w.node == o.node
+                and w.label != v.label and (c.verdict_of(w.label) or v).outcome != "ok"
+                and (w.ended_at or 1e9) <= c.t(r)]
+        text = f"stopped by its agent {o.node}{where} to restart its workers (restart " \
+            f"{r.data.get('attempt')} at {c.t(r):g} s)"
+        if mine:
+            f = mine[0]
+            why = _cause_of(c, f.label, [stopped_by_agent]) or (c.verdict_of(f.label) or v).reason
+            text += f" after rank {f.info.get('rank', f.label)} failed: {why}"
+        else:
+            joined = [a for a in c.run.ranks if a.role == "agent" and a.label != o.node
+                      and a.released_at is not None and a.released_at <= c.t(r)
+                      and a.released_at > (o.released_at or 0)]
+            text += "; none of its workers had failed: the rendezvous's membership changed" + \
+                (f" ({', '.join(a.label for a in joined)} joined at "
+                 f"{', '.join(f'{a.released_at:g} s' for a in joined)})" if joined else "")
+        return Cause(text + tail, ev)
+    if agent.outcome in ("error", "timeout") and agent.duration is not None \
+            and agent.duration >= when:
+        why = _cause_of(c, agent.label, [stopped_by_agent]) or _exc_line(agent)
+        return Cause(f"stopped by its agent {o.node}{where} when the agent failed: {why}" + tail,
+                     ev + [_exc_line(agent)])
+    return None
+
+
+def _first_failed_child(c: RankContext, node: str) -> Optional[RankObservation]:
+    """The child whose failure its agent or parent collected first (reaped, not SIGTERMed by
+    it, not status 0)."""
+    ao = c.obs_of(node)
+    if ao is None:
+        return None
+    for e in ao.events:
+        if e.ev == "reaped" and e.data.get("returncode") not in (0, -15, None):
+            w = next((w for w in c.run.ranks if w.node == node
+                      and (w.pid or w.info.get("pid")) == e.data.get("pid")), None)
+            if w is not None:
+                return w
+    return None
+
+
+def parent_child_failed(c: RankContext) -> Optional[Cause]:
+    """A spawning parent's ProcessExitedException/ProcessRaisedException: the child it collected
+    failing first, and that child's own cause."""
+    v = c.verdict
+    if v.role != "parent" or not re.search(r"Process(Exited|Raised)Exception", v.exception or ""):
+        return None
+    first = _first_failed_child(c, v.label)
+    if first is None:
+        return None
+    why = _cause_of(c, first.label, [parent_child_failed, stopped_by_agent]) or \
+        (c.verdict_of(first.label) or v).reason
+    return Cause(f"its child rank {first.label} failed first: {why}", [_exc_line(v)])
+
+
+def agent_child_failed(c: RankContext) -> Optional[Cause]:
+    """An agent's ChildFailedError: its first failed worker, and that worker's own cause."""
+    v = c.verdict
+    if v.role != "agent" or v.root_cause is None:
+        return None
+    failed = next((w for w in c.run.ranks if w.role == "worker" and w.node == v.label
+                   and str(w.info.get("rank")) == str(v.root_cause)), None)
+    if failed is None:
+        return None
+    fv = c.verdict_of(failed.label)
+    why = _cause_of(c, failed.label, [agent_child_failed, stopped_by_agent]) or \
+        (_exc_line(fv) if fv is not None and fv.exception else (fv.reason if fv else ""))
+    return Cause(f"its worker rank {v.root_cause} failed first" + (f": {why}" if why else ""),
+                 [v.reason] + ([_exc_line(fv)] if fv is not None and fv.exception else []))
+
+
+CLOSED = re.compile(r"Failed to recv|Connection was likely closed|Connection reset|Broken pipe",
+                    re.I)
+
+
+def rendezvous_store_lost(c: RankContext) -> Optional[Cause]:
+    """An agent's RendezvousConnectionError, by its inner exception: a connect that timed out
+    (nobody hosted the store, or its host had ended before this agent came) or a connection the
+    store closed (its host ended, or finished its own job: another job on the same endpoint)."""
+    v, o = c.verdict, c.obs
+    if v.role != "agent" or o is None or "RendezvousConnectionError" not in (v.exception or ""):
+        return None
+    ep, inner = _endpoint(c, v.label), _inner(c, v.label)
+    if ep is None or not inner:
+        return None
+    ip, port = ep
+    ev = [_exc_line(v), f"inner: {inner}"]
+    hosts = [a for a in c.run.ranks if a.role == "agent" and a.label != v.label
+             and (a.addr == ip or a.host == ip or (_is_loopback(ip) and a.host == o.host))]
+    timed_out = CONNECT_TIMEOUT.search(inner)
+    if timed_out is not None and (timed_out.group(1).strip(), int(timed_out.group(2))) == ep:
+        if _dropping_rule(c.run.rules, port) is not None:
+            return None   # a firewall's doing: syn_unanswered says it
+        if o.addr == ip and not hosts:
+            return Cause(f"nobody hosted the rendezvous store at {ip}:{port}: this agent, on "
+                         "that address, timed out connecting to it (torch's c10d rendezvous "
+                         "hosts the store only on the agent whose hostname matches the "
+                         "endpoint, or with is_host=true)", ev)
+        if len(hosts) != 1:
+            return None
+        h, hv = hosts[0], c.verdict_of(hosts[0].label)
+        if hv is None:
+            return None
+        h_inner = CONNECT_TIMEOUT.search(_inner(c, h.label))
+        if h_inner is not None and (h_inner.group(1).strip(), int(h_inner.group(2))) == ep:
+            return Cause(f"nobody hosted the rendezvous store at {ip}:{port}: {h.label}, on "
+                         "that address, timed out connecting to it too"
+                         + (f" (at {hv.duration:g} s)" if hv.duration is not None else ""),
+                         ev + [_exc_line(hv)])
+        how = hv.outcome + (f", {hv.reason}" if hv.outcome == "crash" else "")
+        if hv.duration is not None and o.released_at is not None \
+                and hv.duration <= o.released_at:
+            return Cause(f"nothing listened at {ip}:{port} when this agent started "
+                         f"({o.released_at:g} s): {h.label}, the agent on that address, had "
+                         f"ended ({how}) at {hv.duration:g} s", ev + [hv.reason])
+        if _listens(h, port) and hv.duration is not None and v.duration is not None \
+                and hv.duration <= v.duration:
+            return Cause(f"lost the rendezvous store at {ip}:{port}: its host, {h.label}, had "
+                         f"ended ({how}) at {hv.duration:g} s", ev + [hv.reason])
+        return None
+    if not CLOSED.search(inner) or len(hosts) != 1:
+        return None
+    h, hv = hosts[0], c.verdict_of(hosts[0].label)
+    if hv is None or hv.duration is None or v.duration is None:
+        return None
+    how = hv.outcome + (f", {hv.reason}" if hv.outcome == "crash" else "")
+    if hv.duration <= v.duration:
+        listened = " (listening on it when it raised)" if _listens(h, port) else ""
+        return Cause(f"lost the rendezvous store at {ip}:{port}: its host, {h.label}{listened}, "
+                     f"had ended ({how}) at {hv.duration:g} s and closed the connection",
+                     ev + [hv.reason])
+    done = [w.ended_at for w in c.run.ranks if w.node == h.label and w.ended_at]
+    if hv.outcome == "ok" and done and max(done) <= v.duration and _listens(o, port) is False \
+            and (h.released_at or 0.0) < (o.released_at or 0.0):
+        return Cause(f"lost the rendezvous store at {ip}:{port}, which it did not host: "
+                     f"{h.label}, on the same endpoint and started first, hosted it and closed "
+                     f"it when its own job finished (its workers ended by {max(done):g} s)",
+                     ev + [f"{v.label}: no listener on port {port} among its sockets"])
+    return None
+
+
+def rendezvous_join_timeout(c: RankContext) -> Optional[Cause]:
+    """An agent's RendezvousTimeoutError: the agents of its job that had not started by then."""
+    v = c.verdict
+    if v.role != "agent" or "RendezvousTimeoutError" not in (v.exception or "") \
+            or v.duration is None:
+        return None
+    late = [a for a in c.run.ranks if a.role == "agent" and a.label != v.label
+            and _job(a.label) == _job(v.label) and _endpoint(c, a.label) == _endpoint(c, v.label)
+            and (a.released_at is None or a.released_at >= v.duration)]
+    if not late:
+        return None
+    who = "; ".join(f"{a.label} was started only at {a.released_at:g} s" if a.released_at
+                    is not None else f"{a.label} never started" for a in late)
+    return Cause(f"the rendezvous's join timeout ran out before every node came: {who}, "
+                 f"after this agent gave up at {v.duration:g} s", [_exc_line(v)])
+
+
+def waiting_for_a_rank_key(c: RankContext) -> Optional[Cause]:
+    """A rank's store wait timed out on another rank's process-group key: that rank never
+    wrote it (and why, from that rank's own cause)."""
+    m = WAIT_KEYS.search(c.verdict.message or "")
+    if m is None:
+        return None
+    keys = [k for k in m.group(2).split(",") if k]
+    ranks = {PG_KEY.match(k).group(1) for k in keys if PG_KEY.match(k)}  # type: ignore[union-attr]
+    mine = str((c.obs.info.get("rank") if c.obs is not None and c.obs.info else None)
+               if c.obs is not None and c.obs.role == "worker" else c.verdict.label)
+    ranks.discard(mine)
+    if len(ranks) != 1:
+        return None
+    (r,) = ranks
+    job = _job(c.verdict.label)
+    other = next((o for o in c.run.ranks if _job(o.label) == job and (
+        str(o.info.get("rank")) == r if o.role == "worker" else o.label == r)), None)
+    text = f"waited {int(m.group(1)) / 1000:g} s for rank {r}'s key {keys[0]}, which rank {r} " \
+        "never set"
+    if other is not None:
+        why = _unreachable_master(c, other.label) or \
+            _cause_of(c, other.label, [waiting_for_a_rank_key, stopped_by_agent])
+        if why:
+            text += f": {why}"
+    return Cause(text, [_exc_line(c.verdict)])
+
+
 Rule = Callable[[RankContext], Optional[Cause]]
 
 # ordered: the first that gives a cause decides
 RULES: List[Rule] = [
     store_port_in_use,
+    killed_by_the_fault,
+    world_size_disagrees,
+    frozen_by_the_fault,
+    stopped_by_agent,
+    agent_child_failed,
+    parent_child_failed,
+    rendezvous_store_lost,
+    rendezvous_join_timeout,
     connected_to_a_non_store,
+    peer_died,
+    nobody_claimed_rank_0,
+    program_exited,
+    ddp_params_differ,
+    not_started_by_the_deadline,
+    in_its_own_code,
+    agent_waiting_for_workers,
     store_host_failed,
     name_unresolved,
+    gloo_interface_missing,
+    gloo_mesh_blocked,
+    gloo_pair_to_no_host,
     syn_unanswered,
     waiting_for_ranks,
+    waiting_for_a_rank_key,
+    a_peer_was_frozen,
     no_store_there,
     refused_and_retried,
+    waiting_for_a_stuck_rank,   # last: only when nothing on the network explains the wait
 ]
 
 
@@ -311,7 +986,11 @@ def explain_run(run: RunObservation, verdicts: Sequence[Verdict]) -> List[Verdic
     """Write each verdict's ``cause`` and ``cause_evidence`` (in place; returns them)."""
     by_label = {o.label: o for o in run.ranks}
     for v in verdicts:
-        cause = diagnose(RankContext(v, by_label.get(v.label), run, verdicts))
+        try:
+            cause = diagnose(RankContext(v, by_label.get(v.label), run, verdicts))
+        except Exception as e:  # noqa: BLE001 - a diagnosis never fails a run
+            cause = Cause(f"unknown: harness.diagnose failed on this row ({type(e).__name__}: "
+                          f"{str(e)[:200]})", [v.reason])
         if cause is not None:
             v.cause, v.cause_evidence = cause.text, list(cause.evidence)
     return list(verdicts)

@@ -248,6 +248,7 @@ def failure_table(verdicts: Sequence[Verdict], exp: Optional[Expect],
 
     bad = {m.label for m in mismatches}
     groups = stack_groups({v.label: v.stacks for v in verdicts if v.outcome == "hang"})
+    said: Dict[str, str] = {}   # a cause already written in full -> the rank it was written for
     t = Table(show_lines=True, expand=False)
     for col in ("rank", "expected", "observed", "duration", "phase", "host", "exception: message"):
         t.add_column(col, overflow="fold")
@@ -258,8 +259,11 @@ def failure_table(verdicts: Sequence[Verdict], exp: Optional[Expect],
             want.append(f"({_base(source)}:{e.line})" if source else f"(line {e.line})")
         exc = f"{v.exception}: {v.message}" if v.exception else v.reason
         exc = _shorten(exc, 400)
-        if v.cause:
+        if v.cause and v.cause in said:
+            exc += f"\ncause: the same as rank {said[v.cause]}"
+        elif v.cause:
             exc += f"\ncause: {v.cause}"
+            said[v.cause] = v.label
         group = groups.get(v.label, [])
         if v.outcome == "hang" and v.stacks and group and group[0] != v.label:
             exc += f"\nsame stack as rank {group[0]}"

@@ -523,8 +523,10 @@ class Supervisor:
         try:
             for r in self.ranks:
                 if r.proc.pid is not None and r.proc.poll() is None:
-                    names[r.proc.pid] = f"{r.role} {r.label}" if r.role != "rank" \
-                        else f"rank {r.label}"
+                    names[r.proc.pid] = r.label if r.label.startswith(f"{r.role}:") \
+                        or f":{r.role}:" in r.label else f"{r.role} {r.label}"
+                    if r.role == "rank":
+                        names[r.proc.pid] = f"rank {r.label}"
             for pid in list(names):
                 for c in children(pid):
                     names.setdefault(c, f"a child of {names[pid]} (pid {c})")

@@ -5,6 +5,9 @@ the catalog's scenarios (busy_port, net-store-port-blocked, ...: their expectati
 from __future__ import annotations
 
 import socket
+import textwrap
+
+import pytest
 
 from harness.classify import classify_run
 from harness.diagnose import UNKNOWN, RankContext, diagnose, explain_run
@@ -120,6 +123,46 @@ def test_refused_connects_are_said_refused_and_retried(obs):
     assert v1.cause.startswith("nothing listened on 10.0.0.1:29500: connects were refused")
 
 
+def test_a_reject_rule_is_said_refused_and_retried_not_dropped(obs):
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    rules = {"a": "table inet thx {\n chain input {\n  tcp dport 29500 reject with tcp reset\n"
+                  " }\n}"}
+    _, (v1,) = _run(obs, r1, rules=rules)
+    assert v1.cause == "its connects to 10.0.0.1:29500 were refused by the nft rule on host a " \
+        "and retried until the client's timeout: tcp dport 29500 reject with tcp reset"
+    assert v1.cause_evidence[-1] == "nft on a: tcp dport 29500 reject with tcp reset"
+
+
+def test_a_rule_on_another_port_explains_nothing(obs):
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    rules = {"a": "table inet thx {\n chain input {\n  tcp dport 29501 drop\n }\n}"}
+    _, (v1,) = _run(obs, r1, rules=rules)
+    assert v1.cause == UNKNOWN
+
+
+def test_a_client_dialling_another_port_than_the_store_is_said_so(obs):
+    other = CLIENT.replace("29500", "29501")
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", other))
+    _, (v1,) = _run(obs, r1)
+    assert v1.cause.startswith("dialled port 29501, where no store listened (the store's port "
+                               "is 29500)")
+
+
+def test_a_client_whose_store_host_had_ended_says_when(obs):
+    r0 = obs.rank("0", reached="init", end=2.0, exc=obs.exc("DistStoreError", JOINED))
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    run, (v0, v1) = _run(obs, r0, r1)
+    assert v1.cause == "the store's host, rank 0, had ended (timeout) at 2 s; connects to " \
+        "port 29500 were retried until the client's timeout"
+
+
+def test_a_client_whose_store_host_ended_after_it_is_not_blamed_on_it(obs):
+    r0 = obs.rank("0", reached="init", end=12.0, exc=obs.exc("DistStoreError", JOINED))
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    _, (_, v1) = _run(obs, r0, r1)
+    assert "had ended" not in v1.cause
+
+
 def test_no_rule_gives_unknown_said_as_such(obs):
     r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
     _, (v1,) = _run(obs, r1)
@@ -188,3 +231,142 @@ def test_a_cause_expectation_matches_the_diagnosis(obs):
     assert check_rank(RankExpect.model_validate({"cause": "not a torch store"}), v1) == []
     (m,) = check_rank(RankExpect.model_validate({"cause": "SYN .* never answered"}), v1)
     assert (m.field, m.expected) == ("cause", "/SYN .* never answered/")
+
+
+def test_two_rows_that_would_explain_each_other_end_in_a_cause(obs):
+    # rank 0 waits for clients; rank 1 waits for rank 0's process-group key: each rule asks the
+    # other row for its cause, and the guard stops the circle
+    r0 = obs.rank("0", reached="init", end=7.0, exc=obs.exc("DistStoreError", JOINED))
+    r1 = obs.rank("1", reached="init", end=7.0, exc=obs.exc(
+        "DistStoreError", "wait timeout after 5000ms, keys: /default_pg/0//cpu//0/0"))
+    _, (v0, v1) = _run(obs, r0, r1)
+    assert v1.cause.startswith("waited 5 s for rank 0's key /default_pg/0//cpu//0/0, which rank 0 "
+                               "never set")
+    assert v0.cause   # whatever it says, it was worked out without running round in a circle
+
+
+def test_a_rule_that_raises_leaves_unknown_and_never_fails_the_run(obs):
+    from harness import diagnose as d
+
+    def boom(ctx):
+        raise ValueError("a rule's own bug")
+
+    d.RULES.insert(0, boom)
+    try:
+        _, (v1,) = _run(obs, obs.rank("1", reached="init", end=9.0,
+                                      exc=obs.exc("DistNetworkError", CLIENT)))
+    finally:
+        d.RULES.remove(boom)
+    assert v1.cause == "unknown: harness.diagnose failed on this row (ValueError: a rule's own bug)"
+
+
+MESH = ("Gloo connectFullMesh failed with [.../gloo/transport/tcp/pair.cc:152] timed out "
+        "connecting: SO_ERROR: Connection refused, remote=[10.0.0.1]:33193")
+BUT_STORE = {"a": "table inet thx {\n chain input {\n  tcp dport != 29500 ct state new reject "
+                  "with tcp reset comment \"fw1\"\n }\n}"}
+
+
+def test_a_blocked_gloo_mesh_names_the_rule_that_spares_only_the_store(obs):
+    r1 = obs.rank("1", reached="init", end=0.1, exc=obs.exc("DistNetworkError", MESH))
+    _, (v1,) = _run(obs, r1, rules=BUT_STORE)
+    assert v1.cause.startswith("gloo's full mesh could not connect: the nft rule on host a "
+                               "rejects new connections to every port but 29500 (the store's)")
+    assert "its connect to 10.0.0.1:33193 was refused" in v1.cause_evidence
+
+
+def test_a_rule_sparing_the_store_port_is_not_said_to_drop_it(obs):
+    # 'dport != 29500 ... reject' lets the store through: a store client's timeout is not it
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    _, (v1,) = _run(obs, r1, rules=BUT_STORE)
+    assert "nft rule" not in v1.cause
+
+
+REFUSED = ("Gloo connectFullMesh failed with [.../pair.cc:152] timed out connecting: SO_ERROR: "
+           "Connection refused, remote=[127.0.0.1]:42890")
+WAITED = "Gloo connectFullMesh failed with [.../pair.h:311] Connect timeout [none]"
+
+
+def _two_hosts(obs, hosts=(("a", "10.0.0.1"), ("b", "10.0.0.2"))):
+    r0 = obs.rank("0", reached="init", end=25.0, exc=obs.exc("RuntimeError", WAITED))
+    r1 = obs.rank("1", reached="init", end=0.4, exc=obs.exc("RuntimeError", REFUSED))
+    run = obs.run(r0, r1)
+    run.plan.update({"master_port": 29500, "hosts": [{"name": n, "addr": a} for n, a in hosts],
+                     "ranks": [{"label": r, "env": {"RANK": r, "MASTER_PORT": "29500"}}
+                               for r in ("0", "1")]})
+    return explain_run(run, classify_run(run))
+
+
+def test_a_gloo_pair_dialling_an_address_no_host_has_is_named_on_both_sides(obs):
+    v0, v1 = _two_hosts(obs)
+    assert v1.cause.startswith("its gloo pair dialled 127.0.0.1:42890, an address no host of "
+                               "the run has (a 10.0.0.1, b 10.0.0.2): the peer advertised it "
+                               "(GLOO_SOCKET_IFNAME unset)")
+    assert v0.cause.startswith("gloo's full mesh never connected: rank 1 dialled "
+                               "127.0.0.1:42890, the address this rank advertised")
+
+
+def test_on_one_machine_127_0_0_1_is_no_wrong_address(obs):
+    v0, v1 = _two_hosts(obs, hosts=(("local", "127.0.0.1"),))
+    assert "no host" not in v0.cause and "no host" not in v1.cause
+
+
+# -- a real 8-rank hang, read on one screen ------------------------------------------------------
+
+@pytest.mark.timeout(240)
+def test_a_real_eight_rank_hang_prints_one_stack_for_ranks_1_to_7():
+    """busy_port accepting, 8 ranks: rank 0 fails with EADDRINUSE, ranks 1-7 hang connected to
+    the squatter. The failure table gives each of them the cause and prints their stack once."""
+    from harness.launch import run_scenario
+    from harness.loader import load_text
+
+    (scn,) = load_text(textwrap.dedent("""
+        name: eight_behind_a_squatter
+        about: 8 ranks, the master port held by a process that accepts and never answers
+        world_size: 8
+        timeout: 5
+        deadline: 12
+        workload: [barrier]
+        faults:
+          - {kind: busy_port, mode: accepting}
+    """), "eight.yaml")
+    run = run_scenario(scn)
+    vs = explain_run(run, classify_run(run))
+    by = {v.label: v for v in vs}
+    assert by["0"].outcome == "error" and by["0"].cause.startswith(
+        "could not start the store: port")
+    for r in "1234567":
+        assert by[r].outcome == "hang", (r, by[r].reason)
+        assert by[r].cause.startswith("connected to a process that is not a torch store: port "
+                                      "holder"), (r, by[r].cause)
+    text = failure_table(vs, None, [])
+    assert text.count("innermost frames") == 1
+    assert text.count("ranks 1-7, same stack") == 1
+    assert text.count("same stack as rank 1") == 6
+    assert text.count("cause: connected to a process that is not a torch store") == 1
+    assert text.count("cause: the same as rank 1") == 6
+
+
+def test_harness_explain_says_alike_rows_once(obs, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    r0 = obs.rank("0", reached="init", end=0.01, exc=obs.exc("DistNetworkError", IN_USE))
+    hung = []
+    for i in range(1, 8):
+        r = obs.rank(str(i), reached="init", killed_at_deadline=True, end=12.0,
+                     stacks=obs.hung_stacks)
+        r.sockets = [SocketRecord("ESTABLISHED", f"127.0.0.1:4000{i}", "127.0.0.1:29500",
+                                  peer_pid=77, peer="port holder#1", peer_accepted=True)]
+        hung.append(r)
+    run, _ = _run(obs, r0, *hung, port_owners=[{"pid": 77, "status": "LISTEN"}])
+    (tmp_path / "case").mkdir()
+    (tmp_path / "case" / "observation.json").write_text(json.dumps(run.to_dict()))
+    p = subprocess.run([sys.executable, "-m", "harness", "explain", str(tmp_path)],
+                       capture_output=True, text=True, env={"COLUMNS": "400", "PATH": ""},
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("ranks 1-7: hang at 12.04 s in init - connected to a process that is "
+                          "not a torch store") == 1
+    assert "rank 2:" not in p.stdout
+    assert p.stdout.count("stack (ranks 1-7, same stack)") == 1

@@ -273,3 +273,30 @@ def test_fault_steps_are_drawn_from_their_declaration(rep):
     assert "host node0" in sec and "network" in sec
     assert "nftables rules of host node0" in sec
     assert [t for t, _ in html.step_rows(STEPS)] == ["host node0", "network"]
+
+
+def test_chromium_shows_each_cause_and_one_stack_for_alike_ranks(tmp_path, rep):
+    """The ranks table's cause column and grouped stacks, laid out by a real browser: an
+    8-rank hang built from the committed report's hung rank (its real stacks, copied)."""
+    r = copy.deepcopy(rep)
+    case = next(c for c in r["cases"] if c["test_id"] == "stopped_rank")
+    hung = next(x for x in case["ranks"] if x["outcome"] == "hang")
+    first = dict(hung, label="0", outcome="error", stacks="", cause="could not start the store: "
+                 "port 29500 was already in use by pid 77 (squatter)",
+                 cause_evidence=["rank 0: DistNetworkError: ... EADDRINUSE"])
+    case["ranks"] = [first] + [
+        dict(hung, label=str(i), cause="connected to a process that is not a torch store: "
+             f"port holder#1 <pid 77> #{i}", cause_evidence=[f"socket: ESTABLISHED #{i}"])
+        for i in range(1, 8)]
+    r["cases"] = [case]
+    doc = tmp_path / "eight.html"
+    doc.write_text(html.render(r))
+    p = browse(tmp_path, doc, "--dump-dom")
+    assert p.returncode == 0, p.stderr[-2000:]
+    dom = p.stdout
+    assert "cause (harness.diagnose)</th>" in dom
+    for i in range(1, 8):   # each row's own cause, escaped, in a cell of the ranks table
+        assert f"port holder#1 &lt;pid 77&gt; #{i}" in dom
+        assert f"socket: ESTABLISHED #{i}" in dom
+    assert dom.count("ranks 1-7, same stack") == 1
+    assert dom.count("Python stacks: the same as rank 1") == 6
