@@ -330,3 +330,48 @@ def test_durations_of_a_case_whose_fault_draws_at_random_are_not_compared(old, n
     case(new, "healthy")["random"] = True
     res = diff_reports(old, new)
     assert res.changes == [] and [c.kind for c in res.within] == ["duration"]
+
+
+# -- real reports: two unchanged runs, the legacy store, a changed timeout -----------------------
+# tests/data/diff: the busy_port cases of real `harness run --start fork -n 2` session reports
+# (trimmed by the quiet-diff work): two runs of the unchanged catalog, a run with USE_LIBUV=0,
+# and a run of the same file with `timeout: 10` instead of 5.
+
+DIFF_DATA = Path(__file__).parent / "data" / "diff"
+
+
+def real(name):
+    return report.read(DIFF_DATA / f"busy_port-{name}.json")
+
+
+def test_two_real_runs_of_the_unchanged_file_are_quiet():
+    a, b = real("default"), real("default-again")
+    res = diff_reports(a, b)
+    assert res.compared == 4 and res.changes == []
+    # they did move: a store client's draw (bound: 8.9 s against 7.2 s), a released holder
+    assert rank(a, "busy_port[bound]", "1")["duration"] != rank(b, "busy_port[bound]", "1")[
+        "duration"]
+
+
+def test_the_legacy_store_with_USE_LIBUV_0_is_still_a_change():
+    res = diff_reports(real("default"), real("USE_LIBUV_0"))
+    # rank 0's EADDRINUSE is worded by the store server that failed to listen
+    assert sorted(kinds(res)) == sorted((c, "0", "family") for c in (
+        "busy_port[bound]", "busy_port[listening]", "busy_port[accepting]",
+        "busy_port[accepting_released]"))
+    assert all("failed to bind" in c.new for c in res.changes)
+    assert {"key": "env USE_LIBUV", "old": None, "new": "0"} in res.environment
+
+
+def test_a_changed_timeout_is_still_a_change_in_real_runs():
+    old, new = real("default"), real("timeout_10")
+    res = diff_reports(old, new)
+    assert {(c.case.split("::")[-1], c.kind) for c in res.changes} >= {
+        (t, "settings") for t in ("busy_port[bound]", "busy_port[listening]",
+                                   "busy_port[accepting]", "busy_port[accepting_released]")}
+    # the doubled timeout took the retrying client beyond its band at T = 5 (3..17 s): seen
+    # without the setting too
+    res = diff_reports(old, new, ignore=["settings"])
+    assert ("busy_port[bound]", "1", "duration") in kinds(res)
+    ch = next(c for c in res.changes if c.kind == "duration")
+    assert ch.old < 10 < 17 < ch.new and "store client band" in ch.note
