@@ -375,3 +375,12 @@ def test_a_changed_timeout_is_still_a_change_in_real_runs():
     assert ("busy_port[bound]", "1", "duration") in kinds(res)
     ch = next(c for c in res.changes if c.kind == "duration")
     assert ch.old < 10 < 17 < ch.new and "store client band" in ch.note
+
+
+def test_a_banner_line_is_not_the_family():
+    # torchrun's ChildFailedError: the banner is as wide as the widest line (it holds a pid)
+    def msg(pid):
+        body = f"  traceback : Signal 15 (SIGTERM) received by PID {pid}"
+        return f"\n{'=' * len(body)}\nharness.worker FAILED\n{'-' * len(body)}\n{body}\n"
+    assert report.message_family(msg(30131)) == report.message_family(msg(884)) == \
+        "harness.worker failed"
