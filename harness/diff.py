@@ -12,7 +12,8 @@ within the declared race, not counted as a change; leaving the declared set is a
 expectation may also name what varies with the same outcome and phase (``varies: [message]``:
 gloo says "recv" or "send" by which side notices first): changes of those are variation too.
 In a case whose fault draws at random while it runs (packet loss), one run's durations are one
-draw and are not compared.
+draw and are not compared. Message families are derived again from the messages by today's rules
+(``report.message_family``), so a report written by an older harness compares as a new one would.
 
 Durations. A rank's duration (start line to its end) moved when the difference exceeds BOTH the
 relative tolerance (``rel_tol`` of the shorter duration, default 50%) and an absolute allowance
@@ -348,6 +349,16 @@ def _in_band(a: Allowance, oc: Dict[str, Any], nc: Dict[str, Any], label: str,
         lo <= float(nd) - startup_seconds(nc, label) <= hi
 
 
+def _refamily(r: Dict[str, Any]) -> Dict[str, Any]:
+    """The rank with its message family derived again by today's rules (a report written by an
+    older harness compares as a new one would); a rank without a message keeps its own."""
+    if not r.get("message"):
+        return r
+    from .report import message_family
+
+    return {**r, "family": message_family(r["message"])}
+
+
 def _rank_changes(cid: str, o: Dict[str, Any], n: Dict[str, Any], rel_tol: float,
                   allow: Allowance, in_band: bool = False) -> List[Change]:
     label = str(n.get("label"))
@@ -415,8 +426,8 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
                 changes.append(Change(cid, None, "settings", f"{k}: {o.get(k)}",
                                       f"{k}: {n.get(k)}", "the case ran with another setting; "
                                       "durations are compared against the old one's allowance"))
-        oranks = {str(r.get("label")): r for r in o.get("ranks", [])}
-        nranks = {str(r.get("label")): r for r in n.get("ranks", [])}
+        oranks = {str(r.get("label")): _refamily(r) for r in o.get("ranks", [])}
+        nranks = {str(r.get("label")): _refamily(r) for r in n.get("ranks", [])}
         # the largest move of the rows whose end is their own: carried by the rows that follow
         own = [abs(float(nranks[lb]["duration"]) - float(r["duration"]))
                for lb, r in oranks.items() if lb in nranks and r.get("duration") is not None
