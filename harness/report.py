@@ -113,8 +113,8 @@ FAMILY_MAX = 160
 def message_family(message: Optional[str]) -> str:
     """A short key for what a message says, without what varies between runs.
 
-    The first non-empty line, with URLs, paths, addresses, hex and numbers replaced, quoted
-    strings replaced, lower-cased and cut at ``FAMILY_MAX`` characters::
+    The first line with a letter or digit in it, with URLs, paths, addresses, hex and numbers
+    replaced, quoted strings replaced, lower-cased and cut at ``FAMILY_MAX`` characters::
 
         "The client socket has timed out after 5000ms while trying to connect to
          (127.0.0.1, 29500)."  ->
@@ -122,7 +122,9 @@ def message_family(message: Optional[str]) -> str:
     """
     if not message:
         return ""
-    first = next((ln.strip() for ln in message.splitlines() if ln.strip()), "")
+    # the first line that says something: not a banner of "=" or "-" (torchrun's ChildFailedError
+    # opens with one as wide as its widest line, which holds a pid: the width varies by run)
+    first = next((ln.strip() for ln in message.splitlines() if re.search(r"\w", ln)), "")
     for pattern, repl in _FAMILY_RULES:
         first = pattern.sub(repl, first)
     first = re.sub(r"\s+", " ", first).strip().lower()

@@ -31,6 +31,11 @@ def rank(rep, test_id, label):
     return next(r for r in case(rep, test_id)["ranks"] if r["label"] == label)
 
 
+def say(r, message, **kw):
+    """The rank now says ``message`` (its family follows, as a real report's would)."""
+    r.update(message=message, family=report.message_family(message), **kw)
+
+
 def kinds(res):
     return [(c.case.split("::")[-1], c.rank, c.kind) for c in res.changes]
 
@@ -181,7 +186,7 @@ def test_a_move_inside_a_declared_outcome_race_is_variation_not_a_change(old, ne
     for rep in (old, new):
         _declare(rep, "busy_port_released", "1", outcome=["timeout", "error"])
     r = rank(new, "busy_port_released", "1")
-    r.update(outcome="error", exception="RuntimeError", family="connection reset by peer")
+    say(r, "Connection reset by peer", outcome="error", exception="RuntimeError")
     res = diff_reports(old, new)
     assert res.changes == []
     assert [(c.rank, c.kind) for c in res.within] == [("1", "outcome")]
@@ -198,7 +203,7 @@ def test_leaving_a_declared_race_is_still_a_change(old, new):
 def test_a_declared_phase_race_takes_the_other_paths_message_and_duration_with_it(old, new):
     _declare(old, "busy_port_released", "1", phase=["init", "workload step 1"])
     r = rank(new, "busy_port_released", "1")
-    r.update(phase="workload step 1", family="timed out waiting <n>ms for recv",
+    say(r, "Timed out waiting 5000ms for recv", phase="workload step 1",
              duration=(r["duration"] or 0) + 20)
     res = diff_reports(old, new)
     assert res.changes == []
@@ -209,20 +214,119 @@ def test_varies_declares_only_the_kinds_it_names(old, new):
     for rep in (old, new):
         _declare(rep, "busy_port_released", "1", varies=["message"])
     r = rank(new, "busy_port_released", "1")
-    r.update(family="something else entirely", exception="DistStoreError")
+    say(r, "something else entirely", exception="DistStoreError")
     res = diff_reports(old, new)
     assert kinds(res) == [("busy_port_released", "1", "exception")]
     assert [c.kind for c in res.within] == ["family"]
 
 
-def test_a_timeout_rank_gets_the_store_clients_own_spread_as_tolerance(old, new):
+def test_a_store_client_rank_may_end_anywhere_in_its_retry_band(old, new):
     c = case(old, "busy_port_released")
     r_old, r_new = rank(old, "busy_port_released", "1"), rank(new, "busy_port_released", "1")
     assert r_old["outcome"] == "timeout" and c["timeout"] == 2
-    r_old["duration"], r_new["duration"] = 3.0, 5.9     # +2.9 s, +97%: inside 1.5 x 2 s
+    assert r_old["family"].startswith("the client socket has timed out")
+    # band 1-3 x T = 2..6 s, widened by the 2 s noise: 0..8 s
+    r_old["duration"], r_new["duration"] = 3.0, 7.9     # +4.9 s, +163%: the loop's own draw
     assert diff_reports(old, new).changes == []
-    r_new["duration"] = 6.5                              # +3.5 s: beyond it
-    assert kinds(diff_reports(old, new)) == [("busy_port_released", "1", "duration")]
+    r_new["duration"] = 8.6                              # beyond the band: compared, a change
+    res = diff_reports(old, new)
+    assert kinds(res) == [("busy_port_released", "1", "duration")]
+    assert "store client band 0..8 s" in res.changes[0].note
+
+
+def test_another_timeout_outcome_gets_one_and_a_half_timeouts(old, new):
+    r_old, r_new = rank(old, "stopped_rank", "0"), rank(new, "stopped_rank", "0")
+    assert r_old["outcome"] == "timeout" and case(old, "stopped_rank")["timeout"] == 1.0
+    assert "client socket" not in r_old["family"]        # a collective's wait, not a retry
+    r_old["duration"], r_new["duration"] = 1.5, 4.9     # +3.4 s: inside 2 s + 1.5 x 1 s
+    assert diff_reports(old, new).changes == []
+    r_new["duration"] = 5.1                              # +3.6 s: beyond it
+    res = diff_reports(old, new)
+    assert kinds(res) == [("stopped_rank", "0", "duration")]
+    assert "2 s noise + 1.5 x timeout 1 s" in res.changes[0].note
+
+
+def _imports(rep, test_id, label, seconds):
+    """The row starts its interpreter and imports torch for ``seconds`` after the start line
+    (as a rank that torchrun or launch starts fresh does)."""
+    row = next(r for r in case(rep, test_id)["timeline"]["ranks"] if r["label"] == label)
+    row["events"] = [{"ev": "phase", "t": 0.4, "phase": "start"},
+                     {"ev": "phase", "t": 0.41, "phase": "import"},
+                     {"ev": "phase", "t": 0.4 + seconds, "phase": "init"}] + \
+        [e for e in row["events"] if e.get("ev") != "phase"]
+
+
+def test_a_move_that_is_the_ranks_own_start_up_is_not_a_change(old, new):
+    # a fresh rank under a loaded machine: 5.8 s of import in one run, 1.3 s in the other
+    # (legacy_launch[worker_under_launch] in the fork fidelity runs: 7.27 s against 1.72 s)
+    _imports(old, "healthy", "0", 5.8)
+    _imports(new, "healthy", "0", 1.3)
+    rank(old, "healthy", "0")["duration"] = 7.27
+    rank(new, "healthy", "0")["duration"] = 1.72
+    rank(old, "healthy", "1")["duration"] = 7.2      # the other rank waited for it in init
+    rank(new, "healthy", "1")["duration"] = 1.7
+    res = diff_reports(old, new)
+    assert res.changes == []
+    # the same move with the same start-up both times is a change, and the note says why
+    _imports(new, "healthy", "0", 5.8)
+    res = diff_reports(old, new)
+    assert kinds(res) == [("healthy", "0", "duration"), ("healthy", "1", "duration")]
+    assert res.changes[0].note == "-5.55 s; allowance 2 s = 2 s noise"
+
+
+def test_a_rank_that_ends_with_its_peer_carries_the_peers_move(old, new):
+    # rank 1 is a store client (its own end: inside its band); rank 0 reads "reset by peer"
+    for rep in (old, new):
+        say(rank(rep, "busy_port_released", "0"), "Connection reset by peer")
+    rank(old, "busy_port_released", "1")["duration"] = 3.0
+    rank(new, "busy_port_released", "1")["duration"] = 7.5
+    rank(old, "busy_port_released", "0")["duration"] = 3.0
+    rank(new, "busy_port_released", "0")["duration"] = 7.4
+    assert diff_reports(old, new).changes == []
+    for rep in (old, new):   # the same move of a rank whose end is its own is a change
+        say(rank(rep, "busy_port_released", "0"), "something of its own")
+    assert kinds(diff_reports(old, new)) == [("busy_port_released", "0", "duration")]
+
+
+def test_the_expectations_within_window_does_not_widen_the_tolerance(old, new):
+    for rep in (old, new):
+        _declare(rep, "healthy", "0", outcome=["ok"], within=[0, 60])
+    rank(new, "healthy", "0")["duration"] = 30.0
+    assert kinds(diff_reports(old, new)) == [("healthy", "0", "duration")]
+
+
+def test_a_changed_timeout_is_a_change_and_a_move_beyond_the_band_still_counts(old, new):
+    case(new, "busy_port_released")["timeout"] = 4.0
+    res = diff_reports(old, new)
+    assert kinds(res) == [("busy_port_released", None, "settings")]
+    assert (res.changes[0].old, res.changes[0].new) == ("timeout: 2.0", "timeout: 4.0")
+    # the doubled timeout moved the retrying rank beyond the old band (0..8 s): seen without
+    # the setting too
+    rank(old, "busy_port_released", "1")["duration"] = 2.7
+    rank(new, "busy_port_released", "1")["duration"] = 9.3
+    res = diff_reports(old, new, ignore=["settings"])
+    assert kinds(res) == [("busy_port_released", "1", "duration")]
+
+
+def test_the_start_method_is_not_a_setting(old, new):
+    for c in new["cases"]:
+        c["start"] = "fork"
+    assert diff_reports(old, new).changes == []
+
+
+def test_a_restart_attempts_rank_is_compared_by_its_wildcard_key(old, new):
+    # torchrun_restarts[one_restart]: "*@1": [ok, crash, error, timeout]
+    for rep in (old, new):
+        c = case(rep, "healthy")
+        c["expectation"] = {"ranks": {"*@1": {"outcome": ["ok", "crash", "error", "timeout"]}}}
+        for r in c["ranks"]:
+            r["label"] = f"{r['label']}@1"
+    say(rank(new, "healthy", "1@1"), "Gloo connectFullMesh failed", outcome="error",
+        exception="RuntimeError")
+    res = diff_reports(old, new)
+    assert res.changes == [] and [(c.rank, c.kind) for c in res.within] == [("1@1", "outcome")]
+    rank(new, "healthy", "1@1").update(outcome="hang")
+    assert kinds(diff_reports(old, new)) == [("healthy", "1@1", "outcome")]
 
 
 def test_durations_of_a_case_whose_fault_draws_at_random_are_not_compared(old, new):
@@ -231,3 +335,67 @@ def test_durations_of_a_case_whose_fault_draws_at_random_are_not_compared(old, n
     case(new, "healthy")["random"] = True
     res = diff_reports(old, new)
     assert res.changes == [] and [c.kind for c in res.within] == ["duration"]
+
+
+# -- real reports: two unchanged runs, the legacy store, a changed timeout -----------------------
+# tests/data/diff: the busy_port cases of real `harness run --start fork -n 2` session reports
+# (trimmed by the quiet-diff work): two runs of the unchanged catalog, a run with USE_LIBUV=0,
+# and a run of the same file with `timeout: 10` instead of 5.
+
+DIFF_DATA = Path(__file__).parent / "data" / "diff"
+
+
+def real(name):
+    return report.read(DIFF_DATA / f"busy_port-{name}.json")
+
+
+def test_two_real_runs_of_the_unchanged_file_are_quiet():
+    a, b = real("default"), real("default-again")
+    res = diff_reports(a, b)
+    assert res.compared == 4 and res.changes == []
+    # they did move: a store client's draw (bound: 8.9 s against 7.2 s), a released holder
+    assert rank(a, "busy_port[bound]", "1")["duration"] != rank(b, "busy_port[bound]", "1")[
+        "duration"]
+
+
+def test_the_legacy_store_with_USE_LIBUV_0_is_still_a_change():
+    res = diff_reports(real("default"), real("USE_LIBUV_0"))
+    # rank 0's EADDRINUSE is worded by the store server that failed to listen
+    assert sorted(kinds(res)) == sorted((c, "0", "family") for c in (
+        "busy_port[bound]", "busy_port[listening]", "busy_port[accepting]",
+        "busy_port[accepting_released]"))
+    assert all("failed to bind" in c.new for c in res.changes)
+    assert {"key": "env USE_LIBUV", "old": None, "new": "0"} in res.environment
+
+
+def test_a_changed_timeout_is_still_a_change_in_real_runs():
+    old, new = real("default"), real("timeout_10")
+    res = diff_reports(old, new)
+    assert {(c.case.split("::")[-1], c.kind) for c in res.changes} >= {
+        (t, "settings") for t in ("busy_port[bound]", "busy_port[listening]",
+                                   "busy_port[accepting]", "busy_port[accepting_released]")}
+    # the doubled timeout took the retrying client beyond its band at T = 5 (3..17 s): seen
+    # without the setting too
+    res = diff_reports(old, new, ignore=["settings"])
+    assert ("busy_port[bound]", "1", "duration") in kinds(res)
+    ch = next(c for c in res.changes if c.kind == "duration")
+    assert ch.old < 10 < 17 < ch.new and "store client band" in ch.note
+
+
+def test_a_banner_line_is_not_the_family():
+    # torchrun's ChildFailedError: the banner is as wide as the widest line (it holds a pid)
+    def msg(pid):
+        body = f"  traceback : Signal 15 (SIGTERM) received by PID {pid}"
+        return f"\n{'=' * len(body)}\nharness.worker FAILED\n{'-' * len(body)}\n{body}\n"
+    assert report.message_family(msg(30131)) == report.message_family(msg(884)) == \
+        "harness.worker failed"
+
+
+def test_families_are_derived_again_by_todays_rules(old, new):
+    # a report written before the banner rule: its stored family is the banner
+    banner = "\n" + "=" * 55 + "\nharness.worker FAILED\n"
+    say(rank(old, "healthy", "0"), banner, outcome="error", exception="ChildFailedError")
+    say(rank(new, "healthy", "0"), banner.replace("=" * 55, "=" * 53), outcome="error",
+        exception="ChildFailedError")
+    rank(old, "healthy", "0")["family"] = "=" * 55
+    assert diff_reports(old, new).changes == []
