@@ -8,14 +8,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import psutil
 import pytest
+from orphans import run_in_workload, state_dir, supervisor, wait_for
 
 from harness.classify import classify_run
 from harness.launch import run_scenario
@@ -196,49 +194,26 @@ def test_a_hung_forked_rank_is_hang_with_its_stacks_and_a_killed_one_is_crash():
     assert _gone([r.pid for r in o.ranks]) == []
 
 
-SUPERVISOR = textwrap.dedent("""
-    from harness.launch import run_scenario
-    from harness.loader import load_text
-    (scn,) = load_text('''
-    name: orphaned
-    about: a long forked run whose supervisor is killed
-    world_size: 2
-    timeout: 60
-    deadline: 120
-    isolate: never
-    start: fork
-    workload: [sleep 100]
-    ''')
-    run_scenario(scn)
-""")
-
-
-def _wait(cond, limit: float, what: str):
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.1)
-    pytest.fail(f"waited {limit:g} s for {what}")
+SCENARIO = """\
+name: orphaned
+about: a long forked run whose supervisor is killed
+world_size: 2
+timeout: 60
+deadline: 120
+isolate: never
+start: fork
+workload: [sleep 100]
+"""
 
 
 @pytest.mark.timeout(180)
 def test_killed_supervisor_takes_the_fork_server_and_its_ranks_along(tmp_path):
-    env = dict(os.environ, HARNESS_TMP=str(tmp_path))
-    sup = subprocess.Popen([sys.executable, "-c", SUPERVISOR], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = tmp_path / f"torchdist-harness-{os.geteuid()}"
+    sup = supervisor(SCENARIO, tmp_path)
+    base = state_dir(tmp_path)
     pids = []
     try:
-        def sleeping_run():
-            for run_dir in base.glob("run-*"):
-                evs = [run_dir / f"rank-{i}.events" for i in (0, 1)]
-                if all(p.exists() and '"workload step 1"' in p.read_text() for p in evs):
-                    return run_dir
-            return None
-
-        run_dir = _wait(sleeping_run, 120, "both forked ranks to start their workload")
+        run_dir = wait_for(lambda: run_in_workload(tmp_path), 120,
+                           "both forked ranks to start their workload")
         recs = [json.loads(ln) for ln in (run_dir / "pids.jsonl").read_text().splitlines()]
         names = [r["name"] for r in recs]
         assert names.count("fork server local") == 1, names
@@ -251,7 +226,7 @@ def test_killed_supervisor_takes_the_fork_server_and_its_ranks_along(tmp_path):
 
         sup.send_signal(signal.SIGKILL)
         sup.wait(timeout=30)
-        _wait(lambda: not _gone(pids), 30, "the fork server and its ranks to die")
+        wait_for(lambda: not _gone(pids), 30, "the fork server and its ranks to die")
         removed = sweep(base)
         assert [r.split()[0] for r in removed] == [run_dir.name]
     finally:

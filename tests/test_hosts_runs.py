@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
+from orphans import state_dir, supervisor
 
 from harness import topology
 from harness.launch import run_scenario
@@ -62,21 +61,15 @@ def test_each_rank_sees_its_hosts_name_files_and_settings():
     assert run.counters["a"].get("Tcp.PassiveOpens", 0) >= 1     # the store was dialed on a
 
 
-SUPERVISOR = textwrap.dedent("""
-    import sys
-    from harness.launch import run_scenario
-    from harness.loader import load_text
-    (scn,) = load_text('''
-    name: orphaned_machines
-    about: a run of hosts with names of their own whose supervisor is killed
-    hostnames: own
-    nodes: 2
-    timeout: 60
-    deadline: 120
-    workload: [sleep 100]
-    ''')
-    run_scenario(scn)
-""")
+SCENARIO = """\
+name: orphaned_machines
+about: a run of hosts with names of their own whose supervisor is killed
+hostnames: own
+nodes: 2
+timeout: 60
+deadline: 120
+workload: [sleep 100]
+"""
 
 
 def test_a_killed_run_of_named_hosts_leaves_nothing_after_the_sweep(tmp_path):
@@ -88,10 +81,8 @@ def test_a_killed_run_of_named_hosts_leaves_nothing_after_the_sweep(tmp_path):
 
     before_pins, before_ns = pins(), set(topology._list_netns())
     assert all(p.count('-') >= 2 for p in before_pins)   # thx-<run>-<host>
-    env = dict(os.environ, HARNESS_TMP=str(tmp_path))
-    sup = subprocess.Popen([sys.executable, "-c", SUPERVISOR], env=env, cwd=REPO,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = tmp_path / f"torchdist-harness-{os.geteuid()}"
+    sup = supervisor(SCENARIO, tmp_path)
+    base = state_dir(tmp_path)
     pids = []
     try:
         end = time.monotonic() + 180

@@ -11,14 +11,12 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import psutil
 import pytest
+from orphans import run_in_workload, state_dir, supervisor, wait_for
 
 from harness.classify import classify_run, job_outcome
 from harness.launch import run_scenario
@@ -281,53 +279,30 @@ def test_busy_master_port_fails_rank_0_with_eaddrinuse_and_leaves_no_holder():
 
 # -- a supervisor that is killed -------------------------------------------------------------------
 
-SUPERVISOR = textwrap.dedent("""
-    from harness.launch import run_scenario
-    from harness.loader import load_text
-    (scn,) = load_text('''
-    name: orphaned
-    about: a long run whose supervisor is killed
-    world_size: 2
-    timeout: 60
-    deadline: 120
-    isolate: never
-    workload: [sleep 100]
-    ''')
-    run_scenario(scn)
-""")
-
-
-def _wait(cond, limit: float, what: str):
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.1)
-    pytest.fail(f"waited {limit:g} s for {what}")
+SCENARIO = """\
+name: orphaned
+about: a long run whose supervisor is killed
+world_size: 2
+timeout: 60
+deadline: 120
+isolate: never
+workload: [sleep 100]
+"""
 
 
 def test_killed_supervisor_leaves_ranks_that_die_and_a_dir_that_sweep_removes(tmp_path):
-    env = dict(os.environ, HARNESS_TMP=str(tmp_path))
-    sup = subprocess.Popen([sys.executable, "-c", SUPERVISOR], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = tmp_path / f"torchdist-harness-{os.geteuid()}"
+    sup = supervisor(SCENARIO, tmp_path)
+    base = state_dir(tmp_path)
     pids = []
     try:
-        def sleeping_run():
-            for run_dir in base.glob("run-*"):
-                evs = [run_dir / f"rank-{i}.events" for i in (0, 1)]
-                if all(p.exists() and '"workload step 1"' in p.read_text() for p in evs):
-                    return run_dir
-            return None
-
-        run_dir = _wait(sleeping_run, 120, "both ranks to start their workload")
+        run_dir = wait_for(lambda: run_in_workload(tmp_path), 120,
+                           "both ranks to start their workload")
         pids = [json.loads(ln)["pid"] for ln in (run_dir / "pids.jsonl").read_text().splitlines()]
         assert len(pids) == 2 and all(alive(p) for p in pids)
 
         sup.send_signal(signal.SIGKILL)
         sup.wait(timeout=30)
-        _wait(lambda: not any(alive(p) for p in pids), 30, "the orphaned ranks to die")
+        wait_for(lambda: not any(alive(p) for p in pids), 30, "the orphaned ranks to die")
 
         assert run_dir.exists()
         removed = sweep(base)

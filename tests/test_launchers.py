@@ -18,6 +18,7 @@ from typing import Dict, List, Tuple
 
 import psutil
 import pytest
+from orphans import state_dir, supervisor
 
 from harness import topology
 from harness.classify import Verdict, classify_run, job_outcome
@@ -213,21 +214,16 @@ def test_which_address_the_workers_are_told(backend):
         assert {info["use_agent_store"] for info in told.values()} == {"True"}
 
 
-SUPERVISOR = textwrap.dedent("""
-    from harness.launch import run_scenario
-    from harness.loader import load_text
-    (scn,) = load_text('''
-    name: orphaned_torchrun
-    about: a long torchrun run whose supervisor is killed
-    world_size: 2
-    timeout: 60
-    deadline: 120
-    isolate: never
-    launcher: torchrun
-    workload: [sleep 100]
-    ''')
-    run_scenario(scn)
-""")
+SCENARIO = """\
+name: orphaned_torchrun
+about: a long torchrun run whose supervisor is killed
+world_size: 2
+timeout: 60
+deadline: 120
+isolate: never
+launcher: torchrun
+workload: [sleep 100]
+"""
 
 
 def _alive(pid: int) -> bool:
@@ -240,15 +236,12 @@ def _alive(pid: int) -> bool:
 def test_a_killed_supervisor_takes_the_agent_and_its_workers_along(tmp_path):
     """SIGKILL to the harness mid-run: the agent (death signal) and its workers (their own
     death signal on the agent) die; the sweep removes the run directory."""
-    import sys
     import time
 
     from harness.rundir import sweep
 
-    env = dict(os.environ, HARNESS_TMP=str(tmp_path))
-    sup = subprocess.Popen([sys.executable, "-c", SUPERVISOR], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = tmp_path / f"torchdist-harness-{os.geteuid()}"
+    sup = supervisor(SCENARIO, tmp_path)
+    base = state_dir(tmp_path)
     pids: List[int] = []
     try:
         run_dir = None

@@ -8,13 +8,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import textwrap
-import time
 
 import psutil
 import pytest
 import yaml
+from orphans import run_in_workload, state_dir, supervisor, wait_for
 
 from harness import cgroups
 from harness.faults._rank_limit import RankLimit
@@ -158,33 +156,18 @@ def test_the_sweep_leaves_live_runs_and_removes_dead_ones(tmp_path):
         dead.remove()
 
 
-SUPERVISOR = textwrap.dedent("""
-    from harness.launch import run_scenario
-    from harness.loader import load_text
-    (scn,) = load_text('''
-    name: starved
-    about: a long run with a memory cgroup and CPU hogs whose supervisor is killed
-    world_size: 2
-    timeout: 60
-    deadline: 120
-    isolate: never
-    workload: [sleep 100]
-    faults:
-      - {kind: memory_limit, rank: 0, mb: 2000, via: cgroup}
-      - {kind: cpu_contention, rank: 1, how: hogs, hogs: 1}
-    ''')
-    run_scenario(scn)
-""")
-
-
-def _wait(cond, limit, what):
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.1)
-    pytest.fail(f"waited {limit:g} s for {what}")
+SCENARIO = """\
+name: starved
+about: a long run with a memory cgroup and CPU hogs whose supervisor is killed
+world_size: 2
+timeout: 60
+deadline: 120
+isolate: never
+workload: [sleep 100]
+faults:
+  - {kind: memory_limit, rank: 0, mb: 2000, via: cgroup}
+  - {kind: cpu_contention, rank: 1, how: hogs, hogs: 1}
+"""
 
 
 @pytest.mark.timeout(240)
@@ -192,20 +175,12 @@ def test_a_killed_run_leaves_no_cgroup_and_no_hog_after_the_sweep(tmp_path):
     why = cgroups.missing("memory")
     if why:
         pytest.skip(why)
-    env = dict(os.environ, HARNESS_TMP=str(tmp_path))
-    sup = subprocess.Popen([sys.executable, "-c", SUPERVISOR], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = tmp_path / f"torchdist-harness-{os.geteuid()}"
+    sup = supervisor(SCENARIO, tmp_path)
+    base = state_dir(tmp_path)
     pids = []
     try:
-        def started():
-            for run_dir in base.glob("run-*"):
-                ev = run_dir / "rank-1.events"
-                if ev.exists() and '"workload step 1"' in ev.read_text():
-                    return run_dir
-            return None
-
-        run_dir = _wait(started, 150, "both ranks to start their workload")
+        run_dir = wait_for(lambda: run_in_workload(tmp_path, (1,)), 150,
+                           "both ranks to start their workload")
         run_id = run_dir.name[len("run-"):]
         pids = [json.loads(ln)["pid"] for ln in (run_dir / "pids.jsonl").read_text().splitlines()]
         assert len(pids) == 3                      # two ranks, one hog
@@ -218,7 +193,7 @@ def test_a_killed_run_leaves_no_cgroup_and_no_hog_after_the_sweep(tmp_path):
         sweep(base)
         removed = cgroups.sweep(live_runs(base))
         assert removed == [str(mine[0])] and not mine[0].exists()
-        _wait(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status()
+        wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status()
                               != psutil.STATUS_ZOMBIE for p in pids), 30, "the run's processes")
     finally:
         if sup.poll() is None:

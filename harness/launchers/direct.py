@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Any, List, Literal, Optional
+from pathlib import Path
+from typing import Any, Dict, List, Literal, Optional, Tuple
 
 from .. import interrupts
 from .. import protocol as P
@@ -122,18 +123,25 @@ def _start_server(sup: Any, rp: Any, ddp: bool, cls: Any) -> Any:
     return server
 
 
+def _rank_files(sup: Any, rp: Any) -> Tuple[Dict[str, Path], int, int]:
+    """A rank's evidence files in the run directory, and its event and stack descriptors
+    (opened here, closed with the run): the same for a fresh rank and a forked one."""
+    tag = _tag(rp.label)
+    paths = {k: sup.dir / f"rank-{tag}.{k}" for k in ("events", "stacks", "out", "err")}
+    ev_fd = os.open(paths["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sup.fds.append(ev_fd)
+    st_fd = os.open(paths["stacks"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sup.fds.append(st_fd)
+    return paths, ev_fd, st_fd
+
+
 def fork_workers(sup: Any, server: Any, group: List[Any]) -> List[RankProcess]:
     """Fork the host's ranks from its ready server: each gets the descriptors a fresh rank
     inherits (events, stacks, stdout, stderr, the start line on stdin) and its environment."""
     reqs, fds, rows = [], [], []
     close: List[int] = []
     for rp in group:
-        tag = _tag(rp.label)
-        paths = {k: sup.dir / f"rank-{tag}.{k}" for k in ("events", "stacks", "out", "err")}
-        ev_fd = os.open(paths["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        sup.fds.append(ev_fd)
-        st_fd = os.open(paths["stacks"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        sup.fds.append(st_fd)
+        paths, ev_fd, st_fd = _rank_files(sup, rp)
         out_w, err_w = sup.capture.pipe(paths["out"]), sup.capture.pipe(paths["err"])
         go_r, go_w = os.pipe()
         close += [out_w, err_w, go_r]
@@ -163,12 +171,7 @@ def start_worker(sup: Any, rp: Any) -> RankProcess:
     """Start the harness's worker for one planned rank (the worker protocol on inherited
     descriptors; the start line on its stdin)."""
     plan = sup.plan
-    tag = _tag(rp.label)
-    paths = {k: sup.dir / f"rank-{tag}.{k}" for k in ("events", "stacks", "out", "err")}
-    ev_fd = os.open(paths["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sup.fds.append(ev_fd)
-    st_fd = os.open(paths["stacks"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sup.fds.append(st_fd)
+    paths, ev_fd, st_fd = _rank_files(sup, rp)
     spec = plan.worker_spec(rp)     # the workload, and this rank's variation (faults in it)
     out_w, err_w = sup.capture.pipe(paths["out"]), sup.capture.pipe(paths["err"])
     env = process_env(rp, {P.EVENT_FD_ENV: str(ev_fd), P.STACK_FD_ENV: str(st_fd)})
