@@ -235,6 +235,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 con.print(_text(f"    (evidence of rank {v.label}; ranks "
                                 f"{label_ranges([x.label for x in same[1:]])} have the same "
                                 "cause: their own lines are in the JSON report)", "dim"))
+        if run.store:
+            from .storeprobe import StoreSnapshot
+
+            con.print(_text("what the store held:", "bold"))
+            for ln in StoreSnapshot.from_dict(run.store).lines():
+                con.print(_text(f"    {ln}", "dim"))
         groups = stack_groups({v.label: v.stacks for v in verdicts if v.outcome == "hang"})
         shown = set()
         for v in verdicts:

@@ -932,6 +932,48 @@ def waiting_for_a_rank_key(c: RankContext) -> Optional[Cause]:
     return Cause(text, [_exc_line(c.verdict)])
 
 
+def the_store_shows_who_is_missing(c: RankContext) -> Optional[Cause]:
+    """What the store held at the deadline (harness.storeprobe) says whom a hung rank in init
+    waits for: the ranks whose gloo address never reached the store, or a published address
+    that no host of the run has. Last in the table: it speaks only where nothing else did."""
+    v = c.verdict
+    if v.outcome not in ("hang", "timeout") or v.role not in ("rank", "worker") or \
+            not c.run.store or _job(v.label):
+        return None
+    from .storeprobe import StoreSnapshot
+
+    snap = StoreSnapshot.from_dict(c.run.store)
+    if not snap.answered:
+        return None
+    world = int(c.run.plan.get("world_size") or 0)
+    ev = snap.lines()
+    if world and snap.joined is not None and snap.joined < world and not snap.gloo:
+        return Cause(f"the store counted {snap.joined} of {world} clients joined: "
+                     f"{world - snap.joined} never connected to it", ev)
+    if not snap.listed or not world:
+        return None
+    missing = [r for r in range(world) if str(r) not in snap.gloo]
+    mine = v.label if v.role == "rank" else str((c.obs.info or {}).get("rank", "")) \
+        if c.obs is not None else ""
+    if missing and mine.isdigit() and int(mine) not in missing:
+        why = []
+        for r in missing[:8]:
+            own = _cause_of(c, str(r), [the_store_shows_who_is_missing])
+            why.append(f"rank {r}" + (f": {own}" if own else ""))
+        return Cause(f"waiting in gloo's rendezvous for the address of rank"
+                     f"{'s' * (len(missing) > 1)} {', '.join(map(str, missing))}, never "
+                     f"published in the store ({'; '.join(why)})", ev)
+    addrs = _host_addrs(c)
+    if not missing and len(addrs) > 1:
+        odd = {r: a for r, a in snap.gloo.items()
+               if a.rsplit(":", 1)[0].strip("[]") not in addrs.values()}
+        if odd:
+            who, a = sorted(odd.items())[0]
+            return Cause(f"every rank published its gloo address, and rank {who}'s ({a}) is an "
+                         f"address no host of the run has: its peers cannot reach it", ev)
+    return None
+
+
 Rule = Callable[[RankContext], Optional[Cause]]
 
 # ordered: the first that gives a cause decides
@@ -964,7 +1006,8 @@ RULES: List[Rule] = [
     a_peer_was_frozen,
     no_store_there,
     refused_and_retried,
-    waiting_for_a_stuck_rank,   # last: only when nothing on the network explains the wait
+    waiting_for_a_stuck_rank,   # only when nothing on the network explains the wait
+    the_store_shows_who_is_missing,   # last: what the store held, where nothing else spoke
 ]
 
 

@@ -446,6 +446,13 @@ def case_html(i: int, c: Dict[str, Any]) -> str:
         rows = [[esc(h), esc(k), esc(v)] for h, n in counted.items() for k, v in n.items()]
         out.append("<h3>TCP counters of each host at the end (non-zero)</h3>" + _table(
             ["host", "counter", "count"], rows))
+    if c.get("store"):
+        from .storeprobe import StoreSnapshot
+
+        snap = StoreSnapshot.from_dict(c["store"])
+        keys = "\n".join(f"{k} = {v}" if v else k for k, v in snap.keys.items())
+        out.append(f'<details><summary>what the store held: {esc("; ".join(snap.lines()))}'
+                   f'</summary><pre>{esc(keys)}</pre></details>')
     if c.get("evidence"):
         out.append(f'<p class="muted">evidence: <code>{esc(c["evidence"])}</code></p>')
     out.append("</section>")

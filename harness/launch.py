@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -218,6 +219,8 @@ class Supervisor:
         self._native: Optional[Dict[str, Tuple[Future, float]]] = None   # early py-spy dumps
         self._sockets_taken: Set[str] = set()     # rows whose sockets are in their observation
         self._native_pool: Optional[ThreadPoolExecutor] = None
+        self._store: Any = None    # the store's snapshot, being taken (a Future) or taken
+        self._rules_at_deadline: Dict[str, str] = {}
 
     # -- Runtime -------------------------------------------------------------------------------
     def now(self) -> float:
@@ -459,6 +462,8 @@ class Supervisor:
                 r.read_events()
                 if r.label not in self._sockets_taken and _raised(r.obs.events):
                     self._take_sockets([r])   # before it exits, if it has not yet
+                    if self._store is None:
+                        self._take_store()
                 r.poll_end(self.now())
             self.launcher.poll(self)          # workers started by agents or parents
             self.scheduler.tick(now)
@@ -474,6 +479,7 @@ class Supervisor:
             time.sleep(POLL)
         live = [r for r in self.ranks if not r.ended]
         if live:
+            self._take_store(again=True)
             self._take_sockets(live)
             self._capture_stacks(live)
             for r in live:
@@ -499,8 +505,10 @@ class Supervisor:
             if not r.obs.stacks and r.stacks_path.exists():
                 r.obs.stacks = _read_stacks(r.stacks_path)
         wall = self.now()
-        rules = {h.name: self._rules(h.name) for h in self.plan.hosts} \
-            if self.topo is not None else {}
+        rules = self._rules_at_deadline or ({h.name: self._rules(h.name)
+                                             for h in self.plan.hosts}
+                                            if self.topo is not None else {})
+        store = self._store_snapshot()
         counters = {h.name: self._counters(h.name) for h in self.plan.hosts} \
             if self.topo is not None else {}
         problems = self.scheduler.teardown(wall)
@@ -511,7 +519,8 @@ class Supervisor:
                               ranks=[r.obs for r in self.ranks], wall=round(wall, 3),
                               run_dir=str(self.dir), t0=self.t0,
                               step_log=list(self.scheduler.log), port_owners=owners,
-                              rules=rules, counters=counters, harness_memory=memory)
+                              rules=rules, counters=counters, harness_memory=memory,
+                              store=store)
 
     def _take_sockets(self, rows: Sequence[RankProcess]) -> None:
         """The TCP sockets of ``rows``, read from /proc (harness.sockets: no process is
@@ -542,6 +551,54 @@ class Supervisor:
             self._sockets_taken.add(r.label)
             if r.proc.pid in table:
                 r.obs.sockets = table[r.proc.pid]
+
+    def _store_addr(self) -> Tuple[str, str]:
+        """(host, "ip:port") where the store of the run listens: the port rank 0 was told
+        (MASTER_PORT of the first rank, which a fault may have changed), on the loopback of
+        that rank's host (TCPStore listens on every address of its host; asking by loopback
+        needs no name and no route)."""
+        first = self.plan.ranks[0]
+        port = str((first.env or {}).get("MASTER_PORT") or self.plan.master_port)
+        if not port.isdigit():
+            port = str(self.plan.master_port)
+        six = ":" in str(self.plan.master_addr) and not str(self.plan.master_addr).startswith("[")
+        return first.host, (f"[::1]:{port}" if six else f"127.0.0.1:{port}")
+
+    def _take_store(self, again: bool = False) -> None:
+        """Ask the run's store what it holds (harness.storeprobe), once, in a thread: at the
+        deadline before the kill, or when a rank first raises. Evidence only. The nft rules
+        in force are read at the deadline too (a rule a trigger lifts later is still shown)."""
+        if (self._store is not None and not again) or not self.plan.ranks:
+            return
+        from .storeprobe import StoreSnapshot, connect_and_ask
+
+        host, addr = self._store_addr()
+        t = round(self.now(), 3)
+
+        def asking() -> StoreSnapshot:
+            fam = socket.AF_INET6 if addr.startswith("[") else socket.AF_INET
+            try:
+                sock = self.topo.socket(host, fam, socket.SOCK_STREAM) \
+                    if self.topo is not None else socket.socket(fam, socket.SOCK_STREAM)
+            except Exception as e:  # noqa: BLE001 - evidence only
+                return StoreSnapshot(addr=addr, host=host, t=t, error=str(e))
+            snap = connect_and_ask(sock, addr)
+            snap.host, snap.t = host, t
+            return snap
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
+        self._store = pool.submit(asking)
+        pool.shutdown(wait=False)
+        if self.topo is not None and self.now() >= self.plan.deadline:
+            self._rules_at_deadline = {h.name: self._rules(h.name) for h in self.plan.hosts}
+
+    def _store_snapshot(self) -> Dict[str, Any]:
+        if self._store is None:
+            return {}
+        try:
+            return dict(self._store.result(timeout=5.0).to_dict())
+        except Exception:  # noqa: BLE001 - evidence only
+            return {}
 
     def _own_memory(self) -> Dict[str, Any]:
         """The harness's own resident memory when every rank is ready: this supervisor and what

@@ -124,6 +124,9 @@ class RunObservation:
     # the harness's own memory at the start line: supervisor and fork servers (RSS, MiB), and
     # per rank of the run (harness.launch)
     harness_memory: Dict[str, Any] = field(default_factory=dict)
+    # what the run's store held, asked at the deadline or when a rank first raised
+    # (harness.storeprobe.StoreSnapshot's dict; empty when never asked)
+    store: Dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"plan": self.plan, "torch_version": self.torch_version,
@@ -132,7 +135,7 @@ class RunObservation:
                 "step_log": [s.to_dict() for s in self.step_log],
                 "port_owners": self.port_owners, "rules": self.rules,
                 "counters": self.counters,
-                "harness_memory": self.harness_memory}
+                "harness_memory": self.harness_memory, "store": self.store}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> RunObservation:
@@ -144,4 +147,5 @@ class RunObservation:
                    port_owners=list(d.get("port_owners", [])), rules=dict(d.get("rules", {})),
                    counters={str(h): {str(k): int(v) for k, v in c.items()}
                              for h, c in (d.get("counters") or {}).items()},
-                   harness_memory=dict(d.get("harness_memory", {})))
+                   harness_memory=dict(d.get("harness_memory", {})),
+                   store=dict(d.get("store") or {}))

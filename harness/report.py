@@ -287,6 +287,7 @@ def case_record(*, nodeid: str, file: str, name: str, scenario: Any = None,
         "port_owners": run.port_owners if run is not None else [],
         "rules": run.rules if run is not None else {},
         "counters": run.counters if run is not None else {},
+        "store": run.store if run is not None else {},
         "ranks": [rank_record(v, by_label.get(v.label), run.t0 if run is not None else 0.0)
                   for v in verdicts],
         "timeline": timeline(run) if run is not None else None,
