@@ -39,7 +39,14 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from .procs import PidRecord, alive, boot_id, die_with_parent, start_ticks
+from .procs import (
+    PidRecord,
+    alive,
+    boot_id,
+    default_signal_dispositions,
+    die_with_parent,
+    start_ticks,
+)
 
 MAX_MSG = 1 << 20
 N_FDS = 5     # events, stacks, stdout, stderr, stdin
@@ -107,6 +114,7 @@ def serve(fd: int, ddp: bool = False) -> None:
         print(f"harness fork server: cannot enter the resolver view: {e}", file=sys.stderr)
         os._exit(4)
     die_with_parent()
+    default_signal_dispositions()   # what its forked ranks inherit
     sock = socket.socket(fileno=fd)
     t = time.monotonic()
     try:

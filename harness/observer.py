@@ -623,7 +623,7 @@ def install() -> None:
 
 
 def _start(role: str, forked: bool = False) -> None:
-    from .procs import PidRecord, die_with_parent
+    from .procs import PidRecord, default_signal_dispositions, die_with_parent
 
     _S.role = role
     own_events = os.environ.pop(P.OBSERVE_EVENTS_ENV, "")
@@ -642,6 +642,7 @@ def _start(role: str, forked: bool = False) -> None:
         # not for a child: it may be started from a thread that ends before it (pdeathsig
         # follows the thread); the run's record and its end kill children
         die_with_parent()
+        default_signal_dispositions()
     if not forked:
         os.register_at_fork(after_in_child=_after_fork_in_child)
     if role == P.ROLE_CHILD:

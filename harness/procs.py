@@ -40,6 +40,29 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         os._exit(3)
 
 
+# signals a shell started in the background (`cmd &`, nohup) hands down ignored, and that the
+# catalog's scenarios send; a rank must meet them as a program started from a terminal does
+INHERITED_IGNORES = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM")
+
+
+def default_signal_dispositions() -> List[str]:
+    """Undo what the harness's own start left ignored: a signal ignored when this process
+    started (``nohup pytest``, or pytest in a non-interactive shell's background, which ignores
+    SIGINT and SIGQUIT) gets its default action again, SIGINT Python's KeyboardInterrupt. So a
+    scenario's verdict does not depend on how the harness was started. Returns the names reset."""
+    done = []
+    for name in INHERITED_IGNORES:
+        sig = getattr(signal, name)
+        try:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
+                              else signal.SIG_DFL)
+                done.append(name)
+        except (OSError, ValueError):   # not the main thread, or not settable
+            continue
+    return done
+
+
 def boot_id() -> str:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()

@@ -30,7 +30,7 @@ from typing import Any, Callable, List, NoReturn, Optional
 
 from . import protocol as P
 from . import resolver
-from .procs import die_with_parent
+from .procs import default_signal_dispositions, die_with_parent
 
 _EV_FD = -1
 _PHASE = "start"
@@ -280,6 +280,7 @@ def main() -> None:
     ev_fd = int(os.environ.pop(P.EVENT_FD_ENV))
     stack_fd = int(os.environ.pop(P.STACK_FD_ENV))
     die_with_parent()
+    default_signal_dispositions()
     run_rank(spec, ev_fd, stack_fd)
 
 
