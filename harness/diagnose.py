@@ -932,6 +932,152 @@ def waiting_for_a_rank_key(c: RankContext) -> Optional[Cause]:
     return Cause(text, [_exc_line(c.verdict)])
 
 
+# -- what the rank itself was told or did -----------------------------------------------------
+CONFIG_EXC = ("ValueError", "AssertionError", "TypeError", "KeyError")
+CONFIG_MSG = re.compile(r"doesn't have \w+ built in|No rendezvous handler|"
+                        r"Unknown (?:c10d )?backend|enforce fail at \S*gloo/context\.cc|"
+                        r"must have value from|cannot be 0|"
+                        r"Duplicate device type|No device associated", re.I)
+ENV_MISSING = re.compile(r"environment variable (\w+) expected, but not set")
+NOT_INT = re.compile(r"invalid literal for int\(\) with base 10: '([^']*)'")
+GLOO_RANK_CHECK = re.compile(r"gloo/context\.cc:\d+\] (rank [<>]=? ?\w+)\. (-?\d+) vs (-?\d+)")
+
+
+def torch_refused_the_setup(c: RankContext) -> Optional[Cause]:
+    """init_process_group (or importing torch.distributed) refused what the rank was given: a
+    missing or malformed variable, an unknown backend or scheme, a rank out of range. torch's
+    own message says which; the rule names the variable when it can."""
+    v = c.verdict
+    if v.outcome != "error" or v.phase not in ("import", "init") or v.role not in (
+            "rank", "worker"):
+        return None
+    cls = (v.exception or "").rsplit(".", 1)[-1]
+    if cls not in CONFIG_EXC and not CONFIG_MSG.search(v.message or ""):
+        return None
+    msg = _first_line(v.message)
+    env = c.env(v.label)
+    text = f"torch refused the set-up in {v.phase}: {msg}"
+    m = ENV_MISSING.search(msg)
+    n = NOT_INT.search(msg)
+    g = GLOO_RANK_CHECK.search(v.message or "")
+    if m is not None:
+        text = f"torch refused the set-up: {m.group(1)} was not set for this rank " \
+            f"(init_method env:// needs MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE)"
+    elif n is not None:
+        which = [k for k, val in env.items() if val == n.group(1)]
+        if which:
+            text = f"torch refused the set-up: {which[0]}={n.group(1)!r} is not a number"
+    elif g is not None:
+        text = f"torch refused the set-up: gloo's check {g.group(1)} failed ({g.group(2)} vs " \
+            f"{g.group(3)}): RANK={env.get('RANK', '?')} is outside WORLD_SIZE=" \
+            f"{env.get('WORLD_SIZE', '?')}"
+    return Cause(text, [_exc_line(v)])
+
+
+def raised_by_the_fault(c: RankContext) -> Optional[Cause]:
+    """The scenario's raise_exception fault made this rank raise where it did."""
+    v = c.verdict
+    var = (c.plan_rank(v.label).get("variation") or {}).get("raise_at") or {}
+    if v.outcome != "error" or not var or var.get("phase") != v.phase:
+        return None
+    exc = str(var.get("exception") or "")
+    if exc and exc.rsplit(".", 1)[-1] != (v.exception or "").rsplit(".", 1)[-1]:
+        return None
+    return Cause(f"raised {exc or v.exception} in {v.phase}: the scenario's raise_exception fault "
+                 f"(a bug in the rank's own code)", [_exc_line(v)])
+
+
+FILE_STORE_FAIL = re.compile(r"Operation not permitted|Read-only file system|Permission denied|"
+                             r"No such file or directory|Is a directory", re.I)
+
+
+def file_store_unusable(c: RankContext) -> Optional[Cause]:
+    """init_method file://: the file store's file could not be made or opened there."""
+    v = c.verdict
+    init = c.plan_rank(v.label).get("init") or {}
+    if v.outcome != "error" or init.get("method") != "file" or \
+            not FILE_STORE_FAIL.search(v.message or ""):
+        return None
+    return Cause(f"the file store's file {init.get('url') or ''} could not be made or opened: "
+                 f"{_first_line(v.message)}", [_exc_line(v)])
+
+
+def file_store_paths_differ(c: RankContext) -> Optional[Cause]:
+    """init_method file:// with a different path per rank: each waits alone in its own file."""
+    v = c.verdict
+    init = c.plan_rank(v.label).get("init") or {}
+    if v.outcome not in ("timeout", "hang") or init.get("method") != "file":
+        return None
+    urls = {str(r.get("label")): (r.get("init") or {}).get("url")
+            for r in c.run.plan.get("ranks", []) if r.get("role", "rank") == "rank"}
+    if len(set(urls.values())) < 2:
+        return None
+    told = ", ".join(f"rank {k} {u}" for k, u in urls.items())
+    return Cause(f"the ranks were given different file:// paths ({told}): each waited for the "
+                 f"others in a file nobody else opened", [_exc_line(v) if v.exception
+                                                           else v.reason])
+
+
+COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (recv|send) operation|"
+                                r"failed to pass monitoredBarrier|received errors while waiting "
+                                r"for send/recv from rank", re.I)
+
+
+def a_peer_missed_the_collective(c: RankContext) -> Optional[Cause]:
+    """A collective timed out in gloo (or in monitored_barrier) while a peer, by the scenario's
+    own faults, was sleeping in that step or skipped it."""
+    v = c.verdict
+    if v.outcome not in ("timeout", "error") or not COLLECTIVE_TIMEOUT.search(v.message or ""):
+        return None
+    why = []
+    for rp in c.run.plan.get("ranks", []):
+        label = str(rp.get("label"))
+        if label == v.label or rp.get("role", "rank") not in ("rank", "worker"):
+            continue
+        var = rp.get("variation") or {}
+        slow = (var.get("slow_at") or {}).get(v.phase)
+        if slow:
+            why.append(f"rank {label} slept {float(slow):g} s in {v.phase} (the scenario's "
+                       "slow_rank fault)")
+        elif v.phase in (var.get("skip") or []):
+            why.append(f"rank {label} skipped this collective (the scenario's skip_collective "
+                       "fault)")
+    if not why:
+        return None
+    m = re.search(r"(\d+)ms", v.message or "")
+    waited = f" after {int(m.group(1)) / 1000:g} s" if m else ""
+    return Cause(f"its collective in {v.phase} timed out{waited}: " + "; ".join(why),
+                 [_exc_line(v)])
+
+
+def interrupted_by_the_fault(c: RankContext) -> Optional[Cause]:
+    """KeyboardInterrupt from a SIGINT the scenario's fault sent."""
+    v, o = c.verdict, c.obs
+    if o is None or v.outcome != "error" or "KeyboardInterrupt" not in (v.exception or ""):
+        return None
+    sent = [s for s in o.signals if s.signal.removeprefix("SIG") == "INT"]
+    if not sent:
+        return None
+    return Cause(f"interrupted: SIGINT, sent by the scenario's fault at {sent[0].t:g} s, became "
+                 f"KeyboardInterrupt when control came back to Python in {v.phase}",
+                 [_exc_line(v)])
+
+
+MEMORY = re.compile(r"OOM killer|can't allocate memory|Cannot allocate memory|MemoryError", re.I)
+
+
+def out_of_memory(c: RankContext) -> Optional[Cause]:
+    """Killed by the OOM killer (a cgroup's limit), or an allocation refused (RLIMIT_AS)."""
+    v = c.verdict
+    said = (v.reason or "") + " " + (v.message or "")
+    if v.outcome not in ("crash", "error") or not MEMORY.search(said):
+        return None
+    if v.outcome == "crash":
+        return Cause(f"out of memory in {v.phase}: {v.reason}", [v.reason])
+    return Cause(f"out of memory in {v.phase}: an allocation was refused "
+                 f"({_first_line(v.message)[:160]})", [_exc_line(v)])
+
+
 def the_store_shows_who_is_missing(c: RankContext) -> Optional[Cause]:
     """What the store held at the deadline (harness.storeprobe) says whom a hung rank in init
     waits for: the ranks whose gloo address never reached the store, or a published address
@@ -979,6 +1125,11 @@ Rule = Callable[[RankContext], Optional[Cause]]
 # ordered: the first that gives a cause decides
 RULES: List[Rule] = [
     store_port_in_use,
+    torch_refused_the_setup,
+    raised_by_the_fault,
+    interrupted_by_the_fault,
+    out_of_memory,
+    file_store_unusable,
     killed_by_the_fault,
     world_size_disagrees,
     frozen_by_the_fault,
@@ -1006,6 +1157,8 @@ RULES: List[Rule] = [
     a_peer_was_frozen,
     no_store_there,
     refused_and_retried,
+    a_peer_missed_the_collective,
+    file_store_paths_differ,
     waiting_for_a_stuck_rank,   # only when nothing on the network explains the wait
     the_store_shows_who_is_missing,   # last: what the store held, where nothing else spoke
 ]

@@ -370,3 +370,66 @@ def test_harness_explain_says_alike_rows_once(obs, tmp_path):
                           "not a torch store") == 1
     assert "rank 2:" not in p.stdout
     assert p.stdout.count("stack (ranks 1-7, same stack)") == 1
+
+
+# -- what the rank itself was told or did ---------------------------------------------------------
+def _told(obs, exc, env, reached="init", variation=None, **kw):
+    r0 = obs.rank("0", reached=reached, end=0.05, exc=exc, **kw)
+    run = obs.run(r0)
+    run.plan.update({"master_port": 29500, "world_size": 2, "ranks": [
+        {"label": "0", "env": env, "variation": variation or {}}]})
+    return explain_run(run, classify_run(run))[0]
+
+
+def test_a_variable_not_set_is_named(obs):
+    v = _told(obs, obs.exc("ValueError", "Error initializing torch.distributed using env:// "
+                           "rendezvous: environment variable WORLD_SIZE expected, but not set"),
+              {"RANK": "0"})
+    assert v.cause.startswith("torch refused the set-up: WORLD_SIZE was not set for this rank")
+
+
+def test_a_variable_that_is_not_a_number_is_named_with_its_value(obs):
+    v = _told(obs, obs.exc("ValueError", "invalid literal for int() with base 10: '28D'"),
+              {"RANK": "0", "WORLD_SIZE": "28D"})
+    assert v.cause == "torch refused the set-up: WORLD_SIZE='28D' is not a number"
+
+
+def test_a_rank_outside_the_world_is_said_from_gloos_check(obs):
+    msg = ("[enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/context.cc:23] rank < "
+           "size. 2 vs 2")
+    v = _told(obs, obs.exc("RuntimeError", msg), {"RANK": "2", "WORLD_SIZE": "2"})
+    assert v.cause == ("torch refused the set-up: gloo's check rank < size failed (2 vs 2): "
+                       "RANK=2 is outside WORLD_SIZE=2")
+
+
+def test_a_network_error_in_init_is_not_called_a_refused_set_up(obs):
+    v = _told(obs, obs.exc("DistNetworkError", "Connection reset by peer"), {"RANK": "0"})
+    assert not v.cause.startswith("torch refused")
+
+
+def test_an_exception_the_fault_raised_is_said_so(obs):
+    v = _told(obs, obs.exc("ValueError", "a bug in rank 0"), {}, reached="workload step 1",
+              variation={"raise_at": {"phase": "workload step 1", "exception": "ValueError",
+                                      "message": "a bug in rank 0"}})
+    assert v.cause.startswith("raised ValueError in workload step 1: the scenario's "
+                              "raise_exception fault")
+
+
+def test_a_collective_timeout_names_the_peer_the_fault_slowed(obs):
+    msg = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] Timed "
+           "out waiting 5000ms for send operation to complete")
+    r0 = obs.rank("0", reached="workload step 2", end=6.4, exc=obs.exc("RuntimeError", msg))
+    r1 = obs.rank("1", reached="exit", end=9.0)
+    run = obs.run(r0, r1)
+    run.plan.update({"master_port": 29500, "ranks": [
+        {"label": "0", "env": {}, "variation": {}},
+        {"label": "1", "env": {}, "variation": {"slow_at": {"workload step 2": 8.0}}}]})
+    v0 = explain_run(run, classify_run(run))[0]
+    assert v0.cause == ("its collective in workload step 2 timed out after 5 s: rank 1 slept 8 s "
+                        "in workload step 2 (the scenario's slow_rank fault)")
+
+
+def test_a_keyboard_interrupt_from_the_faults_sigint_is_said_so(obs):
+    v = _told(obs, obs.exc("KeyboardInterrupt", ""), {},
+              signals=[{"signal": "INT", "t": 1.0, "why": ""}])
+    assert v.cause.startswith("interrupted: SIGINT, sent by the scenario's fault at 1 s")
