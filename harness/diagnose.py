@@ -1078,6 +1078,139 @@ def out_of_memory(c: RankContext) -> Optional[Cause]:
                  f"({_first_line(v.message)[:160]})", [_exc_line(v)])
 
 
+# -- the network the scenario's faults shaped (late in the table: only where nothing else spoke) --
+NO_ROUTE = re.compile(r"connect to (\S+?):(\d+) \(errno: 113 - No route to host\)")
+NET_UNREACHABLE = re.compile(r"Network is unreachable", re.I)
+DOWN_STEP = re.compile(r"add (\S+) \(down\) on (\S+)")
+
+
+def no_route(c: RankContext) -> Optional[Cause]:
+    """A connect the kernel failed at once: nobody on the link answers for the address (113,
+    No route to host), or no route at all (Network is unreachable)."""
+    v = c.verdict
+    msg = v.message or ""
+    m = NO_ROUTE.search(msg)
+    addrs = _host_addrs(c)
+    if m is not None:
+        ip, port = m.group(1).strip("[]"), m.group(2)
+        if ip in addrs.values():
+            return None
+        hosts = ", ".join(f"{h} {a}" for h, a in addrs.items())
+        return Cause(f"no host answers for {ip} (No route to host): it dialled {ip}:{port}, "
+                     f"an address in no host of the run{f' ({hosts})' if hosts else ''}",
+                     [_exc_line(v)])
+    if not NET_UNREACHABLE.search(msg):
+        return None
+    names = c.env(v.label).get("GLOO_SOCKET_IFNAME", "")
+    host = c.obs.host if c.obs is not None else ""
+    down = [m for m in (DOWN_STEP.search(st.what or "") for st in c.run.step_log)
+            if m is not None and (not host or m.group(2) == host)]
+    listed = [d for d in down if d.group(1) in names.split(",")]
+    if listed:
+        d = listed[0]
+        return Cause(f"GLOO_SOCKET_IFNAME={names} lists {d.group(1)}, which is down on host "
+                     f"{d.group(2)}: a gloo pair's connect over it found no route (Network is "
+                     "unreachable)", [_exc_line(v), f"step: {d.group(0)}"])
+    return Cause("a connect found no route to its address (Network is unreachable)",
+                 [_exc_line(v)])
+
+
+def mesh_peer_failed(c: RankContext) -> Optional[Cause]:
+    """gloo's connect timeout in init while the peer of the pair had already failed in init."""
+    v = c.verdict
+    if "connectFullMesh" not in (v.message or "") or not re.search(r"Connect timeout|timed out",
+                                                                   v.message or "", re.I):
+        return None
+    failed = [o for o in c.verdicts if o.label != v.label and o.role == v.role
+              and _job(o.label) == _job(v.label) and o.outcome in ("error", "crash")
+              and o.phase == "init" and o.duration is not None and v.duration is not None
+              and o.duration < v.duration]
+    if not failed:
+        return None
+    f = failed[0]
+    why = _cause_of(c, f.label, [mesh_peer_failed]) or _exc_line(f)
+    return Cause(f"gloo's full mesh never connected: rank {f.label} failed in init at "
+                 f"{f.duration:g} s ({why}); this rank waited for the pair until gloo's connect "
+                 "timeout", [_exc_line(v), _exc_line(f)])
+
+
+def _proxied(c: RankContext) -> Optional[Tuple[str, str, str, float]]:
+    """(fault, the ports it redirected in words, what the proxy did, since) of the run's fault
+    proxy, from the step log; None when no proxy ran."""
+    redirect = next((s for s in c.run.step_log if (s.what or "").startswith("start the fault "
+                                                                           "proxy; redirect")),
+                    None)
+    doing = [s for s in c.run.step_log if (s.what or "").startswith("proxy: ")
+             and s.action == "do"]
+    if redirect is None or not doing:
+        return None
+    m = re.search(r"redirect (\{'except': \[([\d, ]+)\]\}|\[([\d, ]+)\])", redirect.what)
+    if m is None:
+        return None
+    if m.group(2):
+        ports = f"every port but {m.group(2)} (gloo's data ports)"
+    else:
+        ports = f"port {m.group(3)}" + (" (the store's)" if m.group(3) == str(c.master_port)
+                                         else "")
+    last = doing[-1]
+    return last.fault, ports, last.what.removeprefix("proxy: "), float(last.t or 0.0)
+
+
+def through_the_fault_proxy(c: RankContext) -> Optional[Cause]:
+    """The scenario's proxy fault (black hole, delay...) sat on the ranks' traffic."""
+    v = c.verdict
+    if v.outcome not in ("hang", "timeout", "error"):
+        return None
+    got = _proxied(c)
+    if got is None:
+        return None
+    fault, ports, what, t = got
+    return Cause(f"the traffic of {ports} went through the harness's fault proxy: {what} (the "
+                 f"scenario's {fault} fault, from {t:g} s)",
+                 [_exc_line(v) if v.exception else v.reason])
+
+
+SADDR_DROP = re.compile(r"ip6? saddr (\S+) (drop|reject)")
+
+
+def partitioned(c: RankContext) -> Optional[Cause]:
+    """nft rules that drop everything from another host of the run: a partition."""
+    v = c.verdict
+    if v.outcome not in ("hang", "timeout", "error"):
+        return None
+    names = {a: h for h, a in _host_addrs(c).items()}
+    cuts = []
+    for host, text in c.run.rules.items():
+        for ln in text.splitlines():
+            m = SADDR_DROP.search(ln)
+            if m is not None and m.group(1) in names:
+                cuts.append((host, names[m.group(1)], ln.strip()))
+    if not cuts:
+        return None
+    said = "; ".join(f"{h} drops every packet from {o}" for h, o, _ in cuts)
+    return Cause(f"the hosts were partitioned by nft rules ({said}): the ranks on either side "
+                 "could not reach each other", [_exc_line(v) if v.exception else v.reason]
+                 + [f"nft on {h}: {ln}" for h, _, ln in cuts])
+
+
+def cut_after_init(c: RankContext) -> Optional[Cause]:
+    """A rule added by the scenario's firewall after init cut the ranks' established pairs."""
+    v = c.verdict
+    if v.outcome not in ("hang", "timeout", "error") or not (v.phase or "").startswith(
+            ("workload step", "train step", "ddp")):
+        return None
+    rule = _blanket_rule(c.run.rules)
+    added = next((s for s in c.run.step_log if s.fault == "firewall" and s.action == "do"
+                  and float(s.t or 0) > 0), None)
+    if rule is None or added is None:
+        return None
+    host, ln = rule
+    how = "rejects (a reset)" if re.search(r"\breject\b", ln) else "drops"
+    return Cause(f"an nft rule added at {float(added.t):g} s on host {host} {how} all of its "
+                 f"TCP traffic: gloo's pairs, made in init, were cut in {v.phase}",
+                 [_exc_line(v) if v.exception else v.reason, f"nft on {host}: {ln}"])
+
+
 def the_store_shows_who_is_missing(c: RankContext) -> Optional[Cause]:
     """What the store held at the deadline (harness.storeprobe) says whom a hung rank in init
     waits for: the ranks whose gloo address never reached the store, or a published address
@@ -1159,6 +1292,11 @@ RULES: List[Rule] = [
     refused_and_retried,
     a_peer_missed_the_collective,
     file_store_paths_differ,
+    no_route,
+    mesh_peer_failed,
+    cut_after_init,
+    partitioned,
+    through_the_fault_proxy,
     waiting_for_a_stuck_rank,   # only when nothing on the network explains the wait
     the_store_shows_who_is_missing,   # last: what the store held, where nothing else spoke
 ]

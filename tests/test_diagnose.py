@@ -433,3 +433,45 @@ def test_a_keyboard_interrupt_from_the_faults_sigint_is_said_so(obs):
     v = _told(obs, obs.exc("KeyboardInterrupt", ""), {},
               signals=[{"signal": "INT", "t": 1.0, "why": ""}])
     assert v.cause.startswith("interrupted: SIGINT, sent by the scenario's fault at 1 s")
+
+
+# -- the network the scenario's faults shaped ---------------------------------------------------
+def test_an_address_nobody_answers_for_is_said_no_route_to_host(obs):
+    msg = ("The client socket has failed to connect to any network address of (10.0.0.250, "
+           "29500). The client socket has failed to connect to 10.0.0.250:29500 (errno: 113 - No "
+           "route to host).")
+    r0 = obs.rank("0", reached="init", end=3.0, exc=obs.exc("DistNetworkError", msg))
+    run = obs.run(r0)
+    run.plan.update({"master_port": 29500, "hosts": [{"name": "a", "addr": "10.0.0.1"},
+                                                     {"name": "b", "addr": "10.0.0.2"}],
+                     "ranks": [{"label": "0", "env": {}}]})
+    v = explain_run(run, classify_run(run))[0]
+    assert v.cause.startswith("no host answers for 10.0.0.250 (No route to host): it dialled "
+                              "10.0.0.250:29500, an address in no host of the run (a 10.0.0.1")
+
+
+def test_a_partition_is_named_from_the_saddr_rules(obs):
+    r0 = obs.rank("0", reached="init", killed_at_deadline=True, end=12.0, stacks=obs.hung_stacks)
+    run = obs.run(r0)
+    run.plan.update({"master_port": 29500, "hosts": [{"name": "a", "addr": "10.0.0.1"},
+                                                     {"name": "b", "addr": "10.0.0.2"}],
+                     "ranks": [{"label": "0", "env": {}}]})
+    run.rules = {"a": 'ip saddr 10.0.0.2 drop comment "cut1" # handle 3', "b": ""}
+    v = explain_run(run, classify_run(run))[0]
+    assert v.cause.startswith("the hosts were partitioned by nft rules (a drops every packet "
+                              "from b)")
+
+
+def test_a_proxy_fault_says_which_ports_and_what_it_did(obs):
+    from harness.observe import StepRecord
+
+    r0 = obs.rank("0", reached="init", killed_at_deadline=True, end=12.0, stacks=obs.hung_stacks)
+    run = obs.run(r0)
+    run.plan.update({"master_port": 29500, "ranks": [{"label": "0", "env": {}}]})
+    run.step_log = [
+        StepRecord("blackhole#1", "blackhole", "do", "start the fault proxy; redirect [29500] "
+                   "through it (in :1, out :2)", "", 0.0),
+        StepRecord("blackhole#1", "blackhole", "do", "proxy: black hole (both)", "", 0.0)]
+    v = explain_run(run, classify_run(run))[0]
+    assert v.cause == ("the traffic of port 29500 (the store's) went through the harness's "
+                       "fault proxy: black hole (both) (the scenario's blackhole fault, from 0 s)")
