@@ -624,7 +624,13 @@ def ddp_params_differ(c: RankContext) -> Optional[Cause]:
     m = re.search(r"params\[\d+\] in this process with sizes \[[^\]]*\] appears not to match "
                   r"sizes of the same param in process \d+", c.verdict.message or "")
     if m is None:
-        return None
+        n = re.search(r"Rank (\d+) has (\d+) params, while rank (\d+) has inconsistent (\d+) "
+                      r"params", c.verdict.message or "")
+        if n is None:
+            return None
+        return Cause(f"the model differs between ranks: rank {n.group(1)} has {n.group(2)} "
+                     f"parameters, rank {n.group(3)} has {n.group(4)} (DDP's check at "
+                     "construction)", [_exc_line(c.verdict)])
     return Cause(f"the model differs between ranks: {m.group(0)}", [_exc_line(c.verdict)])
 
 OWN_CODE = "it was in the program's own code"
@@ -1042,6 +1048,12 @@ def a_peer_missed_the_collective(c: RankContext) -> Optional[Cause]:
         elif v.phase in (var.get("skip") or []):
             why.append(f"rank {label} skipped this collective (the scenario's skip_collective "
                        "fault)")
+        else:
+            starved = next((st for st in c.run.step_log if st.fault == "cpu_contention"
+                            and st.target == f"rank {label}"), None)
+            if starved is not None:
+                why.append(f"rank {label} was starved of CPU (the scenario's cpu_contention "
+                           f"fault: {starved.what})")
     if not why:
         return None
     m = re.search(r"(\d+)ms", v.message or "")
@@ -1211,6 +1223,37 @@ def cut_after_init(c: RankContext) -> Optional[Cause]:
                  [_exc_line(v) if v.exception else v.reason, f"nft on {host}: {ln}"])
 
 
+def out_of_descriptors(c: RankContext) -> Optional[Cause]:
+    """A rank that ran out of file descriptors (a socket, a file)."""
+    v = c.verdict
+    if v.outcome not in ("error", "crash") or not re.search(r"Too many open files",
+                                                           v.message or "", re.I):
+        return None
+    limit = next((st for st in c.run.step_log if st.fault == "open_files_limit"
+                  and st.target == f"rank {v.label}"), None)
+    return Cause(f"ran out of file descriptors in {v.phase} (Too many open files)"
+                 + (f": the scenario's open_files_limit fault ({limit.what})" if limit else ""),
+                 [_exc_line(v)])
+
+
+LINK_FAULTS = ("packet_loss", "bandwidth", "latency")
+
+
+def a_link_fault_in_force(c: RankContext) -> Optional[Cause]:
+    """A timeout or hang while the scenario's fault shaped a host's link (packet loss, a
+    bandwidth limit, a delay): said with what the fault did."""
+    v = c.verdict
+    if v.outcome not in ("hang", "timeout"):
+        return None
+    shaped = [st for st in c.run.step_log if st.fault in LINK_FAULTS and st.action == "do"
+              and not (st.what or "").startswith(("start the fault proxy", "proxy: "))]
+    if not shaped:
+        return None
+    said = "; ".join(f"{st.target}: {st.what} (from {float(st.t or 0):g} s)" for st in shaped[:3])
+    return Cause(f"the scenario's {shaped[0].fault} fault shaped the link ({said})",
+                 [_exc_line(v) if v.exception else v.reason])
+
+
 def the_store_shows_who_is_missing(c: RankContext) -> Optional[Cause]:
     """What the store held at the deadline (harness.storeprobe) says whom a hung rank in init
     waits for: the ranks whose gloo address never reached the store, or a published address
@@ -1292,11 +1335,13 @@ RULES: List[Rule] = [
     refused_and_retried,
     a_peer_missed_the_collective,
     file_store_paths_differ,
+    out_of_descriptors,
     no_route,
     mesh_peer_failed,
     cut_after_init,
     partitioned,
     through_the_fault_proxy,
+    a_link_fault_in_force,
     waiting_for_a_stuck_rank,   # only when nothing on the network explains the wait
     the_store_shows_who_is_missing,   # last: what the store held, where nothing else spoke
 ]

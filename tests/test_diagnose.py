@@ -475,3 +475,26 @@ def test_a_proxy_fault_says_which_ports_and_what_it_did(obs):
     v = explain_run(run, classify_run(run))[0]
     assert v.cause == ("the traffic of port 29500 (the store's) went through the harness's "
                        "fault proxy: black hole (both) (the scenario's blackhole fault, from 0 s)")
+
+
+def test_a_model_with_another_parameter_count_is_said_so(obs):
+    msg = ("DDP expects same model across all ranks, but Rank 0 has 8 params, while rank 1 has "
+           "inconsistent 10 params.")
+    v = _told(obs, obs.exc("RuntimeError", msg), {}, reached="workload step 1")
+    assert v.cause == ("the model differs between ranks: rank 0 has 8 parameters, rank 1 has 10 "
+                       "(DDP's check at construction)")
+
+
+def test_running_out_of_descriptors_names_the_faults_limit(obs):
+    from harness.observe import StepRecord
+
+    msg = ("[enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/device.cc:"
+           "186] rv != -1. -1 vs -1. Too many open files")
+    r0 = obs.rank("0", reached="init", end=0.3, exc=obs.exc("RuntimeError", msg))
+    run = obs.run(r0)
+    run.plan.update({"master_port": 29500, "ranks": [{"label": "0", "env": {}}]})
+    run.step_log = [StepRecord("ofl#1", "open_files_limit", "do", "open-files limit 8 on rank 0",
+                               "rank 0", 0.0)]
+    v = explain_run(run, classify_run(run))[0]
+    assert v.cause == ("ran out of file descriptors in init (Too many open files): the scenario's "
+                       "open_files_limit fault (open-files limit 8 on rank 0)")
