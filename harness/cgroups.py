@@ -24,7 +24,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 ROOT = Path("/sys/fs/cgroup")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
@@ -179,6 +179,27 @@ class Cgroup:
         except (OSError, ValueError):
             pass
         return 0
+
+    def limit_hits(self) -> Tuple[int, int, int]:
+        """(how often usage hit the limit, the peak usage, the limit) in bytes; zeros where the
+        kernel does not say (v1: memory.failcnt, max_usage_in_bytes, limit_in_bytes; v2:
+        memory.events max, memory.peak, memory.max)."""
+        def num(name: str, key: str = "") -> int:
+            try:
+                text = (self.path / name).read_text()
+                if not key:
+                    return int(text.split()[0]) if text.strip() != "max" else 0
+                for ln in text.splitlines():
+                    k, _, v = ln.partition(" ")
+                    if k == key:
+                        return int(v)
+            except (OSError, ValueError, IndexError):
+                pass
+            return 0
+        if self.h.version == 2:
+            return num("memory.events", "max"), num("memory.peak"), num("memory.max")
+        return (num("memory.failcnt"), num("memory.max_usage_in_bytes"),
+                num("memory.limit_in_bytes"))
 
     def remove(self) -> None:
         _remove(self.path)
