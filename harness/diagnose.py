@@ -532,8 +532,8 @@ def refused_and_retried(c: RankContext) -> Optional[Cause]:
 
 
 # -- signals the scenario sent, and what the peers saw of them -----------------------------------
-PEER_CLOSED = re.compile(r"closed by peer|reset by peer|connection closed|connection reset",
-                         re.I)
+PEER_CLOSED = re.compile(r"closed by peer|reset by peer|connection closed|connection reset|"
+                         r"timed out connecting: SO_ERROR: Connection refused", re.I)
 
 
 def killed_by_the_fault(c: RankContext) -> Optional[Cause]:
@@ -596,6 +596,9 @@ def peer_died(c: RankContext) -> Optional[Cause]:
             and v.outcome in ("crash", "error", "timeout") and v.duration is not None
             and v.duration <= c.verdict.duration
             and (at is None or v.addr in (at.group(1), ""))]
+    if len(dead) > 1:   # one killed, the others failing after it: the killed one is the cause
+        crashed = [v for v in dead if v.outcome == "crash"]
+        dead = crashed if len(crashed) == 1 else dead
     if len(dead) != 1:
         return None
     d = dead[0]
@@ -1254,6 +1257,70 @@ def a_link_fault_in_force(c: RankContext) -> Optional[Cause]:
                  [_exc_line(v) if v.exception else v.reason])
 
 
+def groups_disagree(c: RankContext) -> Optional[Cause]:
+    """A hang in a workload step (new_group, a collective) while another rank, by the
+    scenario's fault, never calls that step or makes its steps in another order: a deadlock."""
+    v = c.verdict
+    if v.outcome not in ("hang", "timeout") or not (v.phase or "").startswith("workload step"):
+        return None
+    plan_steps = list(c.run.plan.get("workload") or [])
+    why = []
+    own = (c.plan_rank(v.label).get("variation") or {}).get("steps")
+    if own and list(own) != plan_steps:
+        return Cause(f"this rank makes its steps in another order ({', '.join(map(str, own))} "
+                     f"against {', '.join(map(str, plan_steps))}: the scenario's rank_workload "
+                     f"fault): in {v.phase} it waits for ranks that are in another step",
+                     [v.reason if not v.exception else _exc_line(v)])
+    for rp in c.run.plan.get("ranks", []):
+        label = str(rp.get("label"))
+        if label == v.label or rp.get("role", "rank") not in ("rank", "worker"):
+            continue
+        var = rp.get("variation") or {}
+        if v.phase in (var.get("skip") or []):
+            n = int(v.phase.rsplit(" ", 1)[1])
+            step = plan_steps[n - 1] if 0 < n <= len(plan_steps) else v.phase
+            why.append(f"rank {label} never called {step} (the scenario's skip_collective "
+                       "fault)")
+        elif var.get("steps") and list(var["steps"]) != plan_steps:
+            mine, theirs = ", ".join(map(str, var["steps"])), ", ".join(map(str, plan_steps))
+            why.append(f"rank {label} makes its steps in another order ({mine} against "
+                       f"{theirs}: the scenario's rank_workload fault)")
+    if not why:
+        return None
+    return Cause(f"waiting in {v.phase} for a peer that will not come: " + "; ".join(why),
+                 [v.reason if not v.exception else _exc_line(v)])
+
+
+def torch_refused_the_call(c: RankContext) -> Optional[Cause]:
+    """torch refused a call of the workload (split_group without a device, ...) at once."""
+    v = c.verdict
+    if v.outcome != "error" or not (v.phase or "").startswith("workload step") or \
+            not CONFIG_MSG.search(v.message or ""):
+        return None
+    return Cause(f"torch refused the call in {v.phase}: {_first_line(v.message)}",
+                 [_exc_line(v)])
+
+
+def store_host_gone(c: RankContext) -> Optional[Cause]:
+    """A store client in init whose connection was reset or closed after the store's host
+    (rank 0) had ended: the store went with it."""
+    v = c.verdict
+    if v.outcome != "error" or v.phase != "init" or not re.search(
+            r"Connection reset by peer|Failed to recv|Connection was likely closed",
+            v.message or "", re.I) or _proxied(c) is not None:
+        return None
+    host = next((o for o in c.verdicts if o.label != v.label and o.role == "rank"
+                 and c.env(o.label).get("RANK", o.label) == "0"), None)
+    if host is None or host.outcome == "ok" and host.duration is None or host.duration is None \
+            or v.duration is None or host.duration > v.duration:
+        return None
+    own = _cause_of(c, host.label, [store_host_gone]) or \
+        (_exc_line(host) if host.exception else host.reason)
+    return Cause(f"the store's host, rank {host.label}, had ended ({host.outcome}) at "
+                 f"{host.duration:g} s and its store with it: {own}",
+                 [_exc_line(v), _exc_line(host) if host.exception else host.reason])
+
+
 def the_store_shows_who_is_missing(c: RankContext) -> Optional[Cause]:
     """What the store held at the deadline (harness.storeprobe) says whom a hung rank in init
     waits for: the ranks whose gloo address never reached the store, or a published address
@@ -1336,6 +1403,9 @@ RULES: List[Rule] = [
     a_peer_missed_the_collective,
     file_store_paths_differ,
     out_of_descriptors,
+    torch_refused_the_call,
+    groups_disagree,
+    store_host_gone,
     no_route,
     mesh_peer_failed,
     cut_after_init,

@@ -498,3 +498,32 @@ def test_running_out_of_descriptors_names_the_faults_limit(obs):
     v = explain_run(run, classify_run(run))[0]
     assert v.cause == ("ran out of file descriptors in init (Too many open files): the scenario's "
                        "open_files_limit fault (open-files limit 8 on rank 0)")
+
+
+def test_a_member_that_never_calls_new_group_is_named(obs):
+    r0 = obs.rank("0", reached="workload step 1", killed_at_deadline=True, end=30.0,
+                  stacks=obs.hung_stacks)
+    r1 = obs.rank("1", reached="exit", end=1.0)
+    run = obs.run(r0, r1)
+    run.plan.update({"master_port": 29500, "workload": ["new_group 0,1", "barrier"], "ranks": [
+        {"label": "0", "env": {}, "variation": {}},
+        {"label": "1", "env": {}, "variation": {"skip": ["workload step 1"]}}]})
+    v0 = explain_run(run, classify_run(run))[0]
+    assert v0.cause == ("waiting in workload step 1 for a peer that will not come: rank 1 never "
+                        "called new_group 0,1 (the scenario's skip_collective fault)")
+
+
+def test_ranks_making_groups_in_another_order_are_said_to_deadlock(obs):
+    r0 = obs.rank("0", reached="workload step 1", killed_at_deadline=True, end=30.0,
+                  stacks=obs.hung_stacks)
+    r1 = obs.rank("1", reached="workload step 1", killed_at_deadline=True, end=30.0,
+                  stacks=obs.hung_stacks)
+    run = obs.run(r0, r1)
+    steps = ["new_group 0,1", "new_group 1,2"]
+    run.plan.update({"master_port": 29500, "workload": steps, "ranks": [
+        {"label": "0", "env": {}, "variation": {}},
+        {"label": "1", "env": {}, "variation": {"steps": steps[::-1]}}]})
+    v0, v1 = explain_run(run, classify_run(run))
+    assert v0.cause.startswith("waiting in workload step 1 for a peer that will not come: rank 1 "
+                               "makes its steps in another order (new_group 1,2, new_group 0,1")
+    assert v1.cause.startswith("this rank makes its steps in another order")
