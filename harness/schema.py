@@ -177,7 +177,9 @@ class RankExpect(Strict):
     cause: Optional[str] = Field(
         None, max_length=MAX_SHORT,
         description="regular expression searched (case-insensitive) in the rank's diagnosis "
-        "(harness.diagnose: one line of cause, 'unknown: ...' when no rule explains it)")
+        "(harness.diagnose: one line of cause, 'unknown: ...' when no rule explains it); checked "
+        "when the rank did not end ok or absent (those have no cause), so a race between ok and "
+        "a failure can pin the failure's cause")
     within: Optional[Tuple[Number, Number]] = Field(
         None, description="[min, max] seconds from the start line to the rank's end")
     phase: Optional[List[Annotated[str, AfterValidator(_phase_name)]]] = Field(

@@ -233,6 +233,15 @@ def test_a_cause_expectation_matches_the_diagnosis(obs):
     assert (m.field, m.expected) == ("cause", "/SYN .* never answered/")
 
 
+def test_a_cause_expectation_is_not_checked_on_a_rank_that_ended_ok(obs):
+    """A race between ok and a failure pins the failure's cause: an ok row has none."""
+    run = obs.run(obs.rank("0"))
+    (v,) = explain_run(run, classify_run(run))
+    assert v.outcome == "ok" and v.cause in (None, "")
+    exp = RankExpect.model_validate({"outcome": ["ok", "timeout"], "cause": "not a torch store"})
+    assert check_rank(exp, v) == []
+
+
 def test_two_rows_that_would_explain_each_other_end_in_a_cause(obs):
     # rank 0 waits for clients; rank 1 waits for rank 0's process-group key: each rule asks the
     # other row for its cause, and the guard stops the circle
