@@ -254,7 +254,8 @@ class Supervisor:
         def spawn(argv: Sequence[str], out: Any, err: Any) -> ManagedProcess:
             return ManagedProcess(argv, name=spec.name, record=self.rundir.pids,
                                   env=process_env(extra={}), cwd=str(self.dir), stdout=out,
-                                  stderr=err, prefix=self.prefix(host))
+                                  stderr=err, prefix=self.prefix(host)
+                                  if spec.prefix is None else spec.prefix)
 
         try:
             with interrupts.shield():   # a process that exists is a process that is tracked
