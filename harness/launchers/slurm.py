@@ -45,10 +45,11 @@ from pydantic import Field
 from .. import protocol as P
 from ..limits import MAX_SHORT, MAX_STEPS, MAX_WORLD
 from ..rows import RowSet
-from ..steps import RUN, Step
+from ..steps import RUN, Step, StepError
 from . import LauncherSpec, Problem
 
 SRUN_LABEL = P.parent_label("srun")
+IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 EXPORT_RE = r"^(ALL|NONE|[A-Za-z_][A-Za-z0-9_]*(=[^,]*)?(,[A-Za-z_][A-Za-z0-9_]*(=[^,]*)?)*)$"
 # what the harness's observer needs in every task (srun's --export gets them whatever it says)
 OBSERVER_VARS = ("PYTHONPATH", P.OBSERVE_DIR_ENV, P.OBSERVE_ROLE_ENV, P.PID_RECORD_ENV,
@@ -79,6 +80,11 @@ class Slurm(LauncherSpec):
     nproc_per_node: Optional[int] = Field(None, ge=1, le=MAX_WORLD,
                                           description="torchrun's --nproc-per-node (form "
                                           "torchrun; default: the host's ranks)")
+    interface: str = Field(
+        "link", pattern=r"^(link|unset|[A-Za-z0-9_.:-]{1,15}(,[A-Za-z0-9_.:-]{1,15})*)$",
+        description="GLOO_SOCKET_IFNAME (and NCCL_) the job script exports: link (each node's "
+        "link, one name on every node), unset (gloo picks by the node's host name, as a user "
+        "who never set it), or an interface name or list (a wrong one)")
     args: Optional[List[str]] = Field(None, max_length=MAX_STEPS,
                                       description="more srun flags, verbatim")
 
@@ -201,7 +207,17 @@ class Slurm(LauncherSpec):
             nodes=[Node(h.name, _node_name(scn, h), plan.address_of(h.name) or "")
                    for h in hosts])
         plan.add_step(RUN, SlurmUp(cluster=cfg, target="slurm"))
-        env = plan.link_env(dict(scn.env), master.name)
+        env = dict(scn.env)
+        unset: List[str] = []
+        if self.interface == "link":
+            plan.link_env(env, master.name)
+        else:
+            for var in IFNAME_VARS:
+                if self.interface == "unset":
+                    env.pop(var, None)
+                    unset.append(var)
+                else:
+                    env[var] = self.interface
         env.update(cfg.env())
         spec = {"srun": self.srun_argv(scn), "script": self.task_script(plan, scn,
                                                                        sys.executable),
@@ -210,7 +226,8 @@ class Slurm(LauncherSpec):
         rp = plan.new_process(label=SRUN_LABEL, rank=None, env=env,
                               init=plan.init_for(scn, 0, scn.world_size), host=master.name,
                               role=P.ROLE_PARENT, observed=True, cwd=scn.program_cwd(),
-                              argv=["-m", "harness.launchers.slurm_job", json.dumps(spec)])
+                              argv=["-m", "harness.launchers.slurm_job", json.dumps(spec)],
+                              unset=unset)
         plan.add_process(rp)
         plan.notes.append(f"slurm: {' '.join(self.srun_argv(scn))} sh -c '<task script>'; "
                           f"controller on {master.name} port {cfg.ctld_port}, slurmd port "
@@ -223,9 +240,48 @@ class Slurm(LauncherSpec):
     # -- run time ----------------------------------------------------------------------------
     def poll(self, sup: Any) -> None:
         """The tasks (and torchrun's workers) as their event files appear; each row's host is
-        the node whose network namespace it runs in; an agent is labelled by its host."""
+        the node whose network namespace it runs in; an agent is labelled by its host. Once
+        srun ended, each task's exit status is Slurm's (the job script's ``job.json``)."""
         before = len(sup.ranks)
         sup.discovery.poll(sup)
+        self._hosts_of_found(sup, before)
+        self._task_codes(sup)
+
+    def _task_codes(self, sup: Any) -> None:
+        """Each task row's exit status as srun reported it (a task srun does not name exited
+        0, when srun's record exists); for rows whose own parent (slurmstepd) told nobody."""
+        from ..procs import ForeignProcess
+        from .slurm_job import task_code
+
+        srun = next((r for r in sup.ranks if r.label == SRUN_LABEL), None)
+        if srun is None or not srun.ended or getattr(srun, "_codes_read", False):
+            return
+        try:
+            record = json.loads((sup.dir / "slurm" / "job.json").read_text())
+        except (OSError, ValueError):
+            return
+        srun._codes_read = True
+        tasks = record.get("tasks") or {}
+        nodes = {(h.machine.hostname or h.name): h.name for h in sup.plan.hosts}
+        for r in sup.ranks:
+            if not isinstance(r.proc, ForeignProcess) or r.proc.returncode is not None:
+                continue
+            code: Optional[int] = None
+            if self.form == "tasks" and r.role == P.ROLE_WORKER and r.label.isdigit():
+                how = (tasks.get(r.label) or {}).get("how")
+                code = task_code(how) if how else 0
+            elif self.form == "torchrun" and r.role == P.ROLE_AGENT:
+                hows = [t.get("how") for t in tasks.values()
+                        if nodes.get(t.get("node"), t.get("node")) == r.obs.host]
+                if len(hows) <= 1 and (self.ntasks_per_node or 1) == 1:
+                    code = task_code(hows[0]) if hows and hows[0] else 0
+            if code is None:
+                continue
+            r.proc.returncode = code
+            if r.ended:
+                r.obs.returncode = code
+
+    def _hosts_of_found(self, sup: Any, before: int) -> None:
         for r in sup.ranks[before:]:
             host = _host_of_pid(sup, r.pid)
             if host is not None:
@@ -296,6 +352,11 @@ class SlurmUp(Step):
 
         cfg = self.cluster
         t0 = time.monotonic()
+        sock = len(os.fsencode(str(cfg.munge_socket)))
+        if sock > 107:
+            raise StepError(f"munge's socket {cfg.munge_socket} is {sock} bytes long, more than "
+                            "a UNIX socket path may be (107): set HARNESS_TMP to a shorter "
+                            "folder")
         cfg.write()
         wrap = [sys.executable, "-m", "harness.procs", "--exec", "--"]
         master = cfg.controller_host

@@ -19,10 +19,12 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 MAX_LINES = 60
+TRANSIENT = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED")
 TASK_LINE = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[0-9,\-\[\]]+): "
                        r"(?P<how>.+)$")
 
@@ -54,6 +56,17 @@ def parse_srun(lines: List[str]) -> Dict[str, Any]:
     return tasks
 
 
+def task_code(how: str) -> Optional[int]:
+    """srun's words for how a task ended -> its exit status (a signal as -N), None if they
+    say no status ("Exited with exit code 7": 7, "Terminated": -15, "Killed": -9)."""
+    m = re.search(r"exit code (-?[0-9]+)", how)
+    if m:
+        return int(m.group(1))
+    sig = {"terminated": 15, "killed": 9, "aborted": 6, "segmentation fault": 11,
+           "hangup": 1, "interrupt": 2, "bus error": 7}.get(how.strip().lower())
+    return -sig if sig else None
+
+
 def parse_job(text: str) -> Dict[str, str]:
     """``scontrol show job -o`` -> the fields the evidence keeps (pure)."""
     out: Dict[str, str] = {}
@@ -80,6 +93,24 @@ def summary(rc: int, job: Dict[str, str], tasks: Dict[str, Dict[str, str]],
     return text
 
 
+def final_job_state(env: Dict[str, str], limit: float = 10.0) -> Dict[str, str]:
+    """The job's fields once it left its transient states (COMPLETING...), looked at every
+    0.1 s for at most ``limit`` seconds; the last look otherwise ({} when none answered)."""
+    end = time.monotonic() + limit
+    job: Dict[str, str] = {}
+    while True:
+        try:
+            show = subprocess.run(["scontrol", "show", "job", "-o"], env=env,
+                                  capture_output=True, text=True, timeout=5, check=False)
+            shown = [ln for ln in show.stdout.splitlines() if "JobId=" in ln]
+            job = parse_job(shown[-1] if shown else "")
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if job.get("JobState") not in TRANSIENT or time.monotonic() >= end:
+            return job
+        time.sleep(0.1)
+
+
 def main(argv: List[str]) -> int:
     from .. import protocol as P
 
@@ -89,10 +120,13 @@ def main(argv: List[str]) -> int:
     env[P.OBSERVE_ROLE_ENV] = spec["role"]       # what the tasks are: ranks or agents
     env.pop(P.OBSERVE_NODE_ENV, None)            # they are nobody's children here
     out_dir = conf.parent
-    cmd = list(spec["srun"]) + [f"--output={out_dir / 'task-%t.out'}",
-                                f"--error={out_dir / 'task-%t.err'}",
-                                "sh", "-c", spec["script"]]
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=sys.stdout,
+    cmd = [*spec["srun"], f"--output={out_dir / 'task-%t.out'}",
+           f"--error={out_dir / 'task-%t.err'}", "sh", "-c", spec["script"]]
+    # srun dies with this script (util-linux's setpriv asks for the death signal, then execs
+    # it; not harness.procs --exec or a preexec_fn: the observer would see an interpreter or
+    # a fork of this one and take it for a task), so a killed run leaves no srun behind
+    proc = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "--", *cmd], env=env,
+                            stdin=subprocess.DEVNULL, stdout=sys.stdout,
                             stderr=subprocess.PIPE, text=True, errors="replace")
     lines: List[str] = []
     assert proc.stderr is not None
@@ -102,14 +136,7 @@ def main(argv: List[str]) -> int:
         if len(lines) < 10 * MAX_LINES:
             lines.append(line.rstrip("\n"))
     rc = proc.wait()
-    job: Dict[str, str] = {}
-    try:
-        show = subprocess.run(["scontrol", "show", "job", "-o"], env=env, capture_output=True,
-                              text=True, timeout=10, check=False)
-        shown = [ln for ln in show.stdout.splitlines() if "JobId=" in ln]
-        job = parse_job(shown[-1] if shown else "")
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    job = final_job_state(env)
     tasks = parse_srun(lines)
     record = {"srun_exit": rc, "job": job, "tasks": tasks,
               "srun_lines": [ln for ln in lines if ln.startswith("srun:")][-MAX_LINES:],

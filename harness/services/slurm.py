@@ -44,7 +44,8 @@ SLURMD = Tool("slurmd", package="slurmd", why="the Slurm launcher's test cluster
 SRUN = Tool("srun", package="slurm-client", why="the Slurm launcher")
 MUNGED = Tool("munged", package="munge", why="authentication of the Slurm test cluster")
 NSENTER = Tool("nsenter", package="util-linux", why="slurmd inside a host's namespaces")
-TOOLS = (SLURMCTLD, SLURMD, SRUN, MUNGED, NSENTER)
+SETPRIV = Tool("setpriv", package="util-linux", why="srun dies with the harness")
+TOOLS = (SLURMCTLD, SLURMD, SRUN, MUNGED, NSENTER, SETPRIV)
 ROOT = Probe("slurm-root", ok="the Slurm test cluster can run its daemons (root)",
              check=lambda: None if os.geteuid() == 0 else
              "the Slurm test cluster runs munged, slurmctld and slurmd as root in the run's "
