@@ -294,3 +294,32 @@ def test_a_sigkilled_slurm_run_leaves_nothing_after_the_sweeps():
         assert sup.stderr is not None
         sup.stderr.close()
         shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_a_machine_without_slurm_skips_naming_the_missing_program(monkeypatch):
+    from harness.machine import Tool
+    from harness.requirements import skip_reason
+
+    monkeypatch.setattr(svc, "TOOLS", (Tool("slurmd-not-here", package="slurmd",
+                                            why="the Slurm launcher's test cluster"),))
+    scn = scenario(BASE + "    launcher: slurm\n")
+    env = {"torch": "2.13.0", "distributed": True, "gloo": True}
+    why = skip_reason(scn, env)
+    assert why == ("launcher slurm: slurmd-not-here not found (the Slurm launcher's test "
+                   "cluster): apt-get install slurmd") or "network namespaces" in (why or "")
+
+
+def test_the_cluster_says_it_needs_root_when_the_harness_is_not(monkeypatch):
+    import os as real_os
+
+    class NotRoot:
+        def __getattr__(self, name):
+            return getattr(real_os, name)
+
+        @staticmethod
+        def geteuid():
+            return 1000
+
+    monkeypatch.setattr(svc, "os", NotRoot())     # only the probe's view of the uid
+    why = svc.ROOT.missing()
+    assert why is not None and "run as root" in why
