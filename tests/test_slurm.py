@@ -323,3 +323,18 @@ def test_the_cluster_says_it_needs_root_when_the_harness_is_not(monkeypatch):
     monkeypatch.setattr(svc, "os", NotRoot())     # only the probe's view of the uid
     why = svc.ROOT.missing()
     assert why is not None and "run as root" in why
+
+
+def test_a_node_down_fault_needs_the_slurm_launcher_and_a_host():
+    with pytest.raises(ScenarioFileError) as e:
+        scenario(BASE + "    faults: [{kind: slurm_node_down, host: node1, at: 1}]\n")
+    assert "only with launcher: slurm" in str(e.value)
+    with pytest.raises(ScenarioFileError) as e:
+        scenario(BASE + "    launcher: slurm\n"
+                        "    faults: [{kind: slurm_node_down, host: node7, at: 1}]\n")
+    assert "no host 'node7'" in str(e.value)
+    scn, plan = _plan("launcher: slurm\nfaults: [{kind: slurm_node_down, host: node1, "
+                      "at: 2, heal_after: 3}]\n")
+    step = next(s for s in plan.steps if type(s).__name__ == "NodeState")
+    assert (step.node, step.controller, step.trigger.at) == ("node1", "node0", 2)
+    assert step.undo_trigger is not None

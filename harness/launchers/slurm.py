@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Literal, Optional
@@ -263,18 +264,24 @@ class Slurm(LauncherSpec):
         srun._codes_read = True
         tasks = record.get("tasks") or {}
         nodes = {(h.machine.hostname or h.name): h.name for h in sup.plan.hosts}
+        # srun names every task that did not exit 0, but not the tasks of a node that failed
+        clean = record.get("srun_exit") == 0
+        failed = {nodes.get(n, n) for ln in record.get("srun_lines") or []
+                  for n in re.findall(r"Node failure on (\S+)", ln)}
         for r in sup.ranks:
             if not isinstance(r.proc, ForeignProcess) or r.proc.returncode is not None:
                 continue
+            if r.obs.host in failed:
+                r.note(f"srun: Node failure on {r.obs.host}")
             code: Optional[int] = None
             if self.form == "tasks" and r.role == P.ROLE_WORKER and r.label.isdigit():
                 how = (tasks.get(r.label) or {}).get("how")
-                code = task_code(how) if how else 0
+                code = task_code(how) if how else (0 if clean else None)
             elif self.form == "torchrun" and r.role == P.ROLE_AGENT:
                 hows = [t.get("how") for t in tasks.values()
                         if nodes.get(t.get("node"), t.get("node")) == r.obs.host]
                 if len(hows) <= 1 and (self.ntasks_per_node or 1) == 1:
-                    code = task_code(hows[0]) if hows and hows[0] else 0
+                    code = task_code(hows[0]) if hows and hows[0] else (0 if clean else None)
             if code is None:
                 continue
             r.proc.returncode = code
