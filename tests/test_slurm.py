@@ -338,3 +338,41 @@ def test_a_node_down_fault_needs_the_slurm_launcher_and_a_host():
     step = next(s for s in plan.steps if type(s).__name__ == "NodeState")
     assert (step.node, step.controller, step.trigger.at) == ("node1", "node0", 2)
     assert step.undo_trigger is not None
+
+
+def _slurm_run(task1_reason: str, task1_rc: int, srun_message: str):
+    from harness.classify import Verdict
+    from harness.diagnose import explain_run
+    from harness.observe import RunObservation
+
+    verdicts = [
+        Verdict(SRUN_LABEL, "error", "import", 5.0, exception="SrunFailed",
+                message=srun_message, reason="raised an exception", role="parent"),
+        Verdict("0", "crash", "init", 4.9, returncode=-15, reason="killed by SIGTERM",
+                role="worker"),
+        Verdict("1", "error", "exit", 2.0, returncode=task1_rc, reason=task1_reason,
+                role="worker"),
+    ]
+    run = RunObservation(plan={}, torch_version="2.13.0", ranks=[], wall=5.0, run_dir="/x")
+    return {v.label: v for v in explain_run(run, verdicts)}
+
+
+def test_diagnosis_names_the_task_that_failed_first_and_who_stopped_the_others():
+    v = _slurm_run("exited with status 7", 7,
+                   "srun exited with status 143; job 1 FAILED (JobLaunchFailure) ExitCode=0:15\n"
+                   "srun: error: node1: task 1: Exited with exit code 7\n"
+                   "srun: launch/slurm: _step_signal: Terminating StepId=1.0")
+    assert v[SRUN_LABEL].cause == ("srun exited with status 143: task 1 failed first: exited "
+                                   "with status 7")
+    assert v["0"].cause == ("stopped by Slurm: Slurm terminated the step after task 1 failed "
+                            "(exited with status 7)")
+    assert v["0"].cause_evidence == ["srun: launch/slurm: _step_signal: Terminating StepId=1.0"]
+
+
+def test_diagnosis_of_a_node_set_down_says_the_node_failed():
+    v = _slurm_run("ended without a word (srun: Node failure on node1)", -9,
+                   "srun exited with status 143; job 1 NODE_FAIL (NodeDown) ExitCode=0:15\n"
+                   "srun: error: Node failure on node1")
+    assert v["0"].cause == "stopped by Slurm: the node failed"
+    assert v[SRUN_LABEL].cause == ("srun exited with status 143; job 1 NODE_FAIL (NodeDown) "
+                                   "ExitCode=0:15 (srun: error: Node failure on node1)")
