@@ -148,6 +148,8 @@ def test_interface_unset_leaves_gloo_to_pick_by_the_host_name():
      "give the scenario hosts"),
     (BASE + "    launcher: {kind: slurm, nproc_per_node: 2}\n", "torchrun's"),
     (BASE + "    launcher: {kind: slurm, export: 'A,,B'}\n", "export"),
+    (BASE + "    launcher: slurm\n    faults: [{kind: concurrent_job, delay: 1}]\n",
+     "a second job beside a Slurm job is not supported"),
 ])
 def test_a_scenario_slurm_cannot_run_is_a_located_error(text, where):
     with pytest.raises(ScenarioFileError) as e:

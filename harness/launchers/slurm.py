@@ -234,6 +234,12 @@ class Slurm(LauncherSpec):
                           f"controller on {master.name} port {cfg.ctld_port}, slurmd port "
                           f"{cfg.slurmd_port}")
 
+    def plan_job(self, plan: Any, scn: Any, job: str, world: int, release: Any = None) -> None:
+        from ..plan import PlanRefusal
+
+        raise PlanRefusal("a second job beside a Slurm job is not supported (one srun per "
+                          "run): use launcher direct, torchrun or spawn for concurrent_job")
+
     def describe(self) -> str:
         given = {k: getattr(self, k) for k in self.model_fields_set if k != "kind"}
         return "slurm " + " ".join(f"{k}={v}" for k, v in given.items())
