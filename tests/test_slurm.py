@@ -231,6 +231,23 @@ def test_a_task_that_exits_under_kill_on_bad_exit_names_each_tasks_status(tmp_pa
     assert "task 1 on node1: Exited with exit code 7" in (v[SRUN_LABEL].message or "")
 
 
+@real
+def test_a_hung_job_is_killed_at_the_deadline_and_its_evidence_kept_without_sockets(tmp_path):
+    from harness.classify import classify
+    from harness.launch import run_scenario
+
+    keep = tmp_path / "kept"
+    text = BASE.replace("[barrier, all_reduce]", '[barrier, "sleep 60", all_reduce]') \
+        .replace("deadline: 60", "deadline: 15") + "    launcher: slurm\n"
+    run = run_scenario(scenario(text), keep=keep)
+    v = {r.label: classify(r, run.t0) for r in run.ranks}
+    assert {k: x.outcome for k, x in v.items()} == {SRUN_LABEL: "hang", "0": "hang", "1": "hang"}
+    assert "workload step 2" in (v["0"].phase, v["1"].phase)
+    assert (keep / "slurm" / "slurm.conf").is_file()
+    assert (keep / "slurm" / "slurmd-node1.log").is_file()
+    assert not (keep / "slurm" / "munge").exists()          # the cluster's key stays behind
+
+
 def _cmdlines():
     out = []
     for d in Path("/proc").iterdir():

@@ -245,6 +245,11 @@ class Slurm(LauncherSpec):
         return "slurm " + " ".join(f"{k}={v}" for k, v in given.items())
 
     # -- run time ----------------------------------------------------------------------------
+    def start(self, sup: Any) -> List[Any]:
+        out = super().start(sup)
+        sup.owned.append(StepDaemons(sup))   # closed after the ranks were killed
+        return out
+
     def poll(self, sup: Any) -> None:
         """The tasks (and torchrun's workers) as their event files appear; each row's host is
         the node whose network namespace it runs in; an agent is labelled by its host. Once
@@ -321,6 +326,54 @@ def _export(value: str) -> str:
     given = [] if value == "NONE" else value.split(",")
     names = {g.split("=", 1)[0] for g in given}
     return ",".join(given + [v for v in OBSERVER_VARS if v not in names])
+
+
+class StepDaemons:
+    """The run's slurmstepd processes: slurmd starts one per job step and it detaches, so it is
+    in no pid record and no process group of the run. When the run closes (its tasks are
+    killed by then) every slurmstepd in one of the run's network namespaces is killed and
+    awaited (a zombie counts as gone); a SIGKILLed run's are killed by the topology's sweep."""
+
+    def __init__(self, sup: Any):
+        self.sup = sup
+
+    def pids(self) -> List[int]:
+        inodes = set()
+        for h in self.sup.plan.hosts:
+            try:
+                inodes.add(os.stat(f"/run/netns/{h.netns}").st_ino)
+            except OSError:
+                continue
+        out = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/comm") as f:
+                    if f.read().strip() != "slurmstepd":
+                        continue
+                if os.stat(f"/proc/{d}/ns/net").st_ino in inodes:
+                    out.append(int(d))
+            except OSError:
+                continue
+        return out
+
+    def close(self) -> None:
+        import signal
+        import time
+
+        from ..procs import start_ticks
+
+        found = [(p, start_ticks(p)) for p in self.pids()]
+        for pid, _ in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        end = time.monotonic() + 5.0
+        while time.monotonic() < end and any(start_ticks(p) == t and t is not None
+                                             for p, t in found):
+            time.sleep(0.02)
 
 
 def _host_of_pid(sup: Any, pid: Optional[int]) -> Optional[str]:
