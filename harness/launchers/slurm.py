@@ -376,6 +376,32 @@ class StepDaemons:
             time.sleep(0.02)
 
 
+def _await_nodes(cfg: Any, nodes: List[Any], prefix: Any, limit: float = 30.0) -> None:
+    """Until sinfo lists every node idle (one look at all of them every 0.05 s); a StepError
+    quoting the slurmd's own output when one exits or the limit passes."""
+    import time
+
+    from ..services.slurm import node_states
+
+    end = time.monotonic() + limit
+    waiting = {n.name: svc for n, svc in nodes}
+    while waiting:
+        states = node_states(cfg, prefix)
+        for name in [x for x in waiting
+                     if states.get(x, "").rstrip("*") in ("idle", "mixed", "allocated")]:
+            del waiting[name]
+        for name, svc in waiting.items():
+            if not svc.running:
+                raise StepError(f"slurmd of node {name} exited (status {svc.proc.returncode}) "
+                                f"before it registered: {svc.output()}")
+        if waiting and time.monotonic() >= end:
+            name, svc = next(iter(waiting.items()))
+            raise StepError(f"slurmd of node {name} did not register within {limit:g} s "
+                            f"(sinfo says {states.get(name, 'nothing')}): {svc.output()}")
+        if waiting:
+            time.sleep(0.05)
+
+
 def _host_of_pid(sup: Any, pid: Optional[int]) -> Optional[str]:
     """The scenario host whose network namespace the process runs in (None: not known)."""
     if pid is None or sup.topo is None:
@@ -412,7 +438,6 @@ class SlurmUp(Step):
             NODE_SERVICE,
             ControllerUp,
             MungeAnswers,
-            NodeIdle,
             node_prefix,
         )
 
@@ -431,14 +456,17 @@ class SlurmUp(Step):
         ctl_prefix = tuple(rt.net.exec_prefix(master))
         rt.start_service(ServiceSpec(CTLD_SERVICE, wrap + cfg.slurmctld_argv(), master,
                                      ready=ControllerUp(cfg, ctl_prefix)))
+        # every slurmd started first, then all awaited together: they register in parallel
+        nodes = []
         for n in cfg.nodes:
             h = rt.net.host(n.host)
             uts = rt.net.uts_file(n.host) if rt.net.hostname(n.host) else None
             view = os.path.join("/etc/netns", h.netns)
-            rt.start_service(ServiceSpec(
-                NODE_SERVICE + n.host, cfg.slurmd_argv(n), n.host,
-                ready=NodeIdle(cfg, n.name, ctl_prefix),
+            svc = rt.start_service(ServiceSpec(
+                NODE_SERVICE + n.host, cfg.slurmd_argv(n), n.host, ready=None,
                 prefix=node_prefix(h.netns, str(uts) if uts else None, view)))
+            nodes.append((n, svc))
+        _await_nodes(cfg, nodes, ctl_prefix)
         return {"up_after_s": round(time.monotonic() - t0, 3),
                 "nodes": [n.name for n in cfg.nodes], "ctld_port": cfg.ctld_port,
                 "slurmd_port": cfg.slurmd_port, "dir": cfg.directory}

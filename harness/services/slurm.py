@@ -243,27 +243,6 @@ class ControllerUp:
         return "scontrol ping saying UP"
 
 
-@dataclass(frozen=True)
-class NodeIdle:
-    """``sinfo`` lists the node idle (it registered with the controller)."""
-
-    cfg: ClusterConfig
-    node: str
-    prefix: tuple = ()
-
-    def ready(self, svc: Any) -> bool:
-        try:
-            p = _client(self.cfg, ["sinfo", "-h", "-N", "-n", self.node, "-o", "%T"],
-                        self.prefix)
-        except (OSError, subprocess.TimeoutExpired):
-            return False
-        return p.returncode == 0 and p.stdout.strip().rstrip("*") in ("idle", "mixed",
-                                                                       "allocated")
-
-    def describe(self) -> str:
-        return f"sinfo listing node {self.node} idle"
-
-
 def node_states(cfg: ClusterConfig, prefix: Sequence[str] = ()) -> Dict[str, str]:
     """Node name -> state as sinfo says it (evidence; {} when it cannot be asked)."""
     try:
