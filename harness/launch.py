@@ -257,7 +257,8 @@ class Supervisor:
         def spawn(argv: Sequence[str], out: Any, err: Any) -> ManagedProcess:
             return ManagedProcess(argv, name=spec.name, record=self.rundir.pids,
                                   env=process_env(extra={}), cwd=str(self.dir), stdout=out,
-                                  stderr=err, prefix=self.prefix(host))
+                                  stderr=err, prefix=self.prefix(host)
+                                  if spec.prefix is None else spec.prefix)
 
         try:
             with interrupts.shield():   # a process that exists is a process that is tracked
@@ -739,6 +740,27 @@ def run_scenario(scn: Scenario, keep: Optional[Path] = None) -> RunObservation:
             raise HarnessError("cleanup left things behind: " + "; ".join(left))
 
 
+_NOT_EVIDENCE = shutil.ignore_patterns("filestore", "readonly", "owner.json", "pids.jsonl",
+                                       "*.sock", "munge")   # munge: the Slurm cluster's key
+
+
+def _not_evidence(folder: str, names: List[str]) -> Set[str]:
+    """What a kept run directory leaves out: the patterns above, and anything that is neither
+    a file nor a folder (a socket a daemon left, such as a Slurm step daemon's in its spool)."""
+    import stat
+
+    out = set(_NOT_EVIDENCE(folder, names))
+    for name in names:
+        try:
+            mode = os.lstat(os.path.join(folder, name)).st_mode
+        except OSError:
+            out.add(name)
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+            out.add(name)
+    return out
+
+
 def _cleanup(sup: Optional[Supervisor], topo: Any, lease: Optional[PortLease], rundir: RunDir,
              keep: Optional[Path], failure: Optional[BaseException]) -> List[str]:
     """Everything a run made goes, in order: processes, network, ports, run directory.
@@ -763,9 +785,7 @@ def _cleanup(sup: Optional[Supervisor], topo: Any, lease: Optional[PortLease], r
     if keep is not None and not isinstance(failure, KeyboardInterrupt):
         try:
             keep.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(rundir.path, keep, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("filestore", "readonly", "owner.json",
-                                                          "pids.jsonl", "*.sock"))
+            shutil.copytree(rundir.path, keep, dirs_exist_ok=True, ignore=_not_evidence)
             if isinstance(failure, Exception):
                 (keep / "harness-error.txt").write_text(f"{failure}\n")
         except OSError as e:

@@ -63,6 +63,10 @@ def skip_reason(scn: Scenario, env: Dict[str, Any]) -> Optional[str]:
         why, _ = interpreters.probe(interpreters.resolve(py))
         if why:
             return why
+    for req in scn.launcher.requirements(scn):
+        why = req.missing()
+        if why:
+            return f"launcher {scn.launcher.kind}: {why}"
     for f in scn.faults:
         for req in f.requirements(scn):
             why = req.missing()
@@ -101,6 +105,10 @@ def all_requirements() -> List[Requirement]:
     seen.setdefault(DNSMASQ.name, DNSMASQ)
     for tool in HOST_NAMES:
         seen[tool.name] = tool
+    from .services.slurm import ROOT, TOOLS
+
+    for one in (*TOOLS, ROOT):
+        seen.setdefault(one.name, one)
     for _, cls in REGISTRY.items():
         for req in cls.REQUIRES:
             seen.setdefault(req.name, req)

@@ -160,8 +160,11 @@ def test_launcher_problems_are_located():
     assert any(p.startswith("8: launcher.rdzv_conf:") and "known keys" in p for p in out), out
     out = problems("name: t\nabout: a\nlauncher: {kind: torchrun, agents: {nowhere: {}}}\n")
     assert any("launcher.agents.nowhere" in p and "no host" in p for p in out), out
-    out = problems("name: t\nabout: a\nlauncher: slurm\n")
-    assert any(p.startswith("3: launcher:") and "unknown launcher 'slurm'" in p
+    out = problems("name: t\nabout: a\nlauncher: pbs\n")
+    assert any(p.startswith("3: launcher:") and "unknown launcher 'pbs'" in p
+               for p in out), out
+    out = problems("name: t\nabout: a\nlauncher: slurm\n")   # a kind now: its own check
+    assert any(p.startswith("3: launcher.kind:") and "give the scenario hosts" in p
                for p in out), out
 
 

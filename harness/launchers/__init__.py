@@ -20,7 +20,8 @@ release trigger holds, fires the fault steps, enforces the deadline, takes the s
 whatever is alive and kills it all. It names no launcher.
 
 Kinds: ``direct`` (:mod:`.direct`: one ``python`` per rank), ``torchrun`` (:mod:`.torchrun`: one
-agent per host), ``spawn`` (:mod:`.spawn`: one parent per host that spawns its ranks).
+agent per host), ``spawn`` (:mod:`.spawn`: one parent per host that spawns its ranks),
+``slurm`` (:mod:`.slurm`: ``srun`` on the run's own Slurm test cluster).
 """
 
 from __future__ import annotations
@@ -84,6 +85,10 @@ class LauncherSpec(BaseModel):
     def needs_netns(self, scn: Any) -> bool:
         """The run must be in namespaces of its own (a literal port such as 29400)."""
         return False
+
+    def requirements(self, scn: Any) -> List[Any]:
+        """What it needs from the machine (harness.machine requirements: the skip reason)."""
+        return []
 
     def plan(self, plan: Any, scn: Any) -> None:
         raise NotImplementedError
@@ -466,10 +471,11 @@ def close_fds(fds: List[int]) -> None:
 def launcher_kinds() -> Dict[str, type[LauncherSpec]]:
     """Every launcher kind by name."""
     from .direct import Direct
+    from .slurm import Slurm
     from .spawn import Spawn
     from .torchrun import Launch, Torchrun
 
-    return {c.model_fields["kind"].default: c for c in (Direct, Torchrun, Launch, Spawn)}
+    return {c.model_fields["kind"].default: c for c in (Direct, Torchrun, Launch, Spawn, Slurm)}
 
 
 def launcher_of(v: Any) -> Any:

@@ -113,6 +113,9 @@ class ServiceSpec:
     ready: Optional[Readiness] = None    # None: up as soon as it started
     control: Optional[str] = None        # its control socket (a path), if it has one
     timeout: float = READY_TIMEOUT       # seconds to answer before it counts as failed
+    # how it enters its host (argv in front of ``argv``); None: the host's exec prefix. A
+    # daemon that ``ip netns exec`` cannot start (slurmd: it remounts /sys) brings its own
+    prefix: Optional[List[str]] = None
 
     def __post_init__(self) -> None:
         # a long path is reached through its folder (see Service.call); only its name counts

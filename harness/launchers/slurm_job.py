@@ -1,0 +1,156 @@
+"""The job script of ``launcher: slurm`` (``parent:srun``): what a user's batch script does on
+the first node, then Slurm's own view of how it went.
+
+``python -m harness.launchers.slurm_job SPEC``, observed (harness.observer) and held until the
+start line like the first process of every launcher. Then it runs
+``srun OPTIONS --output=<run>/slurm/task-%t.out --error=<run>/slurm/task-%t.err sh -c SCRIPT``
+(each task's own output in a file of its own, srun's messages on its stderr), waits for it,
+and reads the job's state (``scontrol show job``). It writes ``<run>/slurm/job.json``
+(srun's exit status, its messages, each task that failed and how, the job's state, reason and
+exit code) and prints one line of it. When srun exits 0 so does this; otherwise it raises
+:class:`SrunFailed` whose message says all of that, so that an expectation can name it
+(``parent:srun: {outcome: error, message: "exit code 7"}``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+MAX_LINES = 60
+TRANSIENT = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED")
+TASK_LINE = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[0-9,\-\[\]]+): "
+                       r"(?P<how>.+)$")
+
+
+class SrunFailed(RuntimeError):
+    """srun exited with a status other than 0 (the message is Slurm's view of the job)."""
+
+
+def _tasks(spec: str) -> List[int]:
+    out: List[int] = []
+    for part in spec.strip("[]").split(","):
+        if "-" in part:
+            a, b = part.split("-", 1)
+            if a.isdigit() and b.isdigit():
+                out += list(range(int(a), int(b) + 1))
+        elif part.isdigit():
+            out.append(int(part))
+    return out
+
+
+def parse_srun(lines: List[str]) -> Dict[str, Any]:
+    """What srun's own lines say about the tasks (pure): task -> how it ended, and the node."""
+    tasks: Dict[str, Dict[str, str]] = {}
+    for ln in lines:
+        m = TASK_LINE.search(ln)
+        if m:
+            for t in _tasks(m.group("tasks")):
+                tasks[str(t)] = {"node": m.group("node"), "how": m.group("how").strip()}
+    return tasks
+
+
+def task_code(how: str) -> Optional[int]:
+    """srun's words for how a task ended -> its exit status (a signal as -N), None if they
+    say no status ("Exited with exit code 7": 7, "Terminated": -15, "Killed": -9)."""
+    m = re.search(r"exit code (-?[0-9]+)", how)
+    if m:
+        return int(m.group(1))
+    sig = {"terminated": 15, "killed": 9, "aborted": 6, "segmentation fault": 11,
+           "hangup": 1, "interrupt": 2, "bus error": 7}.get(how.strip().lower())
+    return -sig if sig else None
+
+
+def parse_job(text: str) -> Dict[str, str]:
+    """``scontrol show job -o`` -> the fields the evidence keeps (pure)."""
+    out: Dict[str, str] = {}
+    for key in ("JobId", "JobState", "Reason", "ExitCode", "NodeList", "DerivedExitCode"):
+        m = re.search(rf"(?:^|\s){key}=(\S+)", text)
+        if m:
+            out[key] = m.group(1)
+    return out
+
+
+def summary(rc: int, job: Dict[str, str], tasks: Dict[str, Dict[str, str]],
+            lines: List[str]) -> str:
+    """One message (pure): srun's status, the job's state, the failed tasks, srun's lines."""
+    words = [f"srun exited with status {rc}"]
+    if job:
+        words.append(f"job {job.get('JobId', '?')} {job.get('JobState', '?')} "
+                     f"({job.get('Reason', 'None')}) ExitCode={job.get('ExitCode', '?')}")
+    for t in sorted(tasks, key=int):
+        words.append(f"task {t} on {tasks[t]['node']}: {tasks[t]['how']}")
+    text = "; ".join(words)
+    said = [ln for ln in lines if ln.startswith("srun:")]
+    if said:
+        text += "\n" + "\n".join(said[-MAX_LINES:])
+    return text
+
+
+def final_job_state(env: Dict[str, str], limit: float = 10.0) -> Dict[str, str]:
+    """The job's fields once it left its transient states (COMPLETING...), looked at every
+    0.1 s for at most ``limit`` seconds; the last look otherwise ({} when none answered)."""
+    end = time.monotonic() + limit
+    job: Dict[str, str] = {}
+    while True:
+        try:
+            show = subprocess.run(["scontrol", "show", "job", "-o"], env=env,
+                                  capture_output=True, text=True, timeout=5, check=False)
+            shown = [ln for ln in show.stdout.splitlines() if "JobId=" in ln]
+            job = parse_job(shown[-1] if shown else "")
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if job.get("JobState") not in TRANSIENT or time.monotonic() >= end:
+            return job
+        time.sleep(0.1)
+
+
+def main(argv: List[str]) -> int:
+    from .. import protocol as P
+
+    spec = json.loads(argv[0])
+    conf = Path(spec["slurm_conf"])
+    env = dict(os.environ)
+    env[P.OBSERVE_ROLE_ENV] = spec["role"]       # what the tasks are: ranks or agents
+    env.pop(P.OBSERVE_NODE_ENV, None)            # they are nobody's children here
+    out_dir = conf.parent
+    cmd = [*spec["srun"], f"--output={out_dir / 'task-%t.out'}",
+           f"--error={out_dir / 'task-%t.err'}", "sh", "-c", spec["script"]]
+    # srun dies with this script (util-linux's setpriv asks for the death signal, then execs
+    # it; not harness.procs --exec or a preexec_fn: the observer would see an interpreter or
+    # a fork of this one and take it for a task), so a killed run leaves no srun behind
+    proc = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "--", *cmd], env=env,
+                            stdin=subprocess.DEVNULL, stdout=sys.stdout,
+                            stderr=subprocess.PIPE, text=True, errors="replace")
+    lines: List[str] = []
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        if len(lines) < 10 * MAX_LINES:
+            lines.append(line.rstrip("\n"))
+    rc = proc.wait()
+    job = final_job_state(env)
+    tasks = parse_srun(lines)
+    record = {"srun_exit": rc, "job": job, "tasks": tasks,
+              "srun_lines": [ln for ln in lines if ln.startswith("srun:")][-MAX_LINES:],
+              "argv": cmd[:-1] + ["<script>"]}
+    try:
+        (out_dir / "job.json").write_text(json.dumps(record, indent=1) + "\n")
+    except OSError:
+        pass
+    text = summary(rc, job, tasks, lines)
+    print(text.splitlines()[0], flush=True)
+    if rc != 0:
+        raise SrunFailed(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
