@@ -1382,11 +1382,21 @@ def the_store_shows_who_is_missing(c: RankContext) -> Optional[Cause]:
     snap = StoreSnapshot.from_dict(c.run.store)
     if not snap.answered:
         return None
+    # the store asked is the first rank's (its host, its MASTER_PORT): it speaks for this row
+    # only when this row was told the same store, or is that rank
+    ranks = c.run.plan.get("ranks") or []
+    first = dict(ranks[0]) if ranks else {}
+    told, host_told = c.env(v.label), dict(first.get("env") or {})
+    same = str(first.get("label")) == v.label or (
+        bool(told.get("MASTER_PORT")) and all(told.get(k) == host_told.get(k)
+                                              for k in ("MASTER_ADDR", "MASTER_PORT")))
+    if not same:
+        return None
     world = int(c.run.plan.get("world_size") or 0)
     ev = snap.lines()
     if world and snap.joined is not None and snap.joined < world and not snap.gloo:
         return Cause(f"the store counted {snap.joined} of {world} clients joined: "
-                     f"{world - snap.joined} never connected to it", ev)
+                     f"{world - snap.joined} of the ranks never connected to it", ev)
     if not snap.listed or not world:
         return None
     missing = [r for r in range(world) if str(r) not in snap.gloo]

@@ -84,7 +84,9 @@ def test_the_rule_names_the_ranks_whose_gloo_address_never_reached_the_store(obs
     r1 = obs.rank("1", reached="init", killed_at_deadline=True, end=10.0, stacks=obs.hung_stacks)
     r2 = obs.rank("2", reached="init", killed_at_deadline=True, end=10.0, stacks=obs.hung_stacks)
     run = obs.run(r0, r1, r2)
-    run.plan.update({"world_size": 3, "master_port": 29500})
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    run.plan.update({"world_size": 3, "master_port": 29500, "ranks": [
+        {"label": str(r), "env": env} for r in range(3)]})
     run.store = parse("127.0.0.1:29500", {
         b"init/": b"3", b"/default_pg/0//cpu//0/0": _gloo_blob("127.0.0.1", 40000),
         b"/default_pg/0//cpu//0/1": _gloo_blob("127.0.0.1", 40001)}).to_dict()
@@ -96,6 +98,9 @@ def test_the_rule_names_the_ranks_whose_gloo_address_never_reached_the_store(obs
     assert "store 127.0.0.1:29500: 3 keys, 3 clients joined" in cause.evidence
     # rank 2 itself is not said to wait for itself
     assert the_store_shows_who_is_missing(RankContext(vs[2], run.ranks[2], run, vs)) is None
+    # a rank told another store is not judged by this one
+    run.plan["ranks"][1]["env"] = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29600"}
+    assert the_store_shows_who_is_missing(RankContext(vs[1], run.ranks[1], run, vs)) is None
     explain_run(run, vs)
     assert vs[0].cause
 
