@@ -43,10 +43,13 @@ out its parts, so you can say why a move is or is not a change). The allowance i
   rank that reads "closed/reset by peer" ends when its peer does) also carries the largest
   move of the case's other ranks (those whose end is their own).
 
-Repeated cases (both sides ran N times) compare the new runs' median against the old runs' own
-spread (min..max) widened by the same tolerances. Not used: the expectation's ``within:``
-window. It is an acceptance bound written to pass on any machine (busy_port bound: 3-35 s for a
-5 s timeout), far wider than a case's spread; the diff is there to see moves the test lets pass.
+Repeated cases (both sides ran N times) compare each rank's outcome frequencies and what it
+said (``families``: exception and message family, counted over the runs) with Fisher's exact
+test (a change only at p < ``ALPHA``; the note says how sure), and the new runs' median
+against the old runs' own spread (min..max) widened by the same tolerances. Not used: the
+expectation's ``within:`` window. It is an acceptance bound written to pass on any machine
+(busy_port bound: 3-35 s for a 5 s timeout), far wider than a case's spread; the diff is there
+to see moves the test lets pass.
 
 A changed setting is a change (``settings``): the case ran with another torch timeout,
 deadline, world size or backend, e.g. the same catalog file with ``timeout:`` 5 -> 10. The
@@ -196,6 +199,27 @@ def _frequency_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any
         if pv < ALPHA:
             out.append(Change(cid, label, "frequency", f"{outcome} {a}/{n1}",
                               f"{outcome} {b}/{n2}",
+                              f"p = {pv:.3g}: {100 * (1 - pv):.1f}% sure it changed"))
+    return out
+
+
+def _family_frequency_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any]
+                              ) -> List[Change]:
+    """Repeated runs on both sides: what the rank said (exception and message family, counted
+    over the runs) differs beyond what the repeats can tell apart. Families are derived again
+    by today's rules only where a report kept them (older reports have none: nothing compared).
+    """
+    of, nf = o.get("families"), n.get("families")
+    if not isinstance(of, dict) or not isinstance(nf, dict):
+        return []
+    n1, n2 = sum(of.values()), sum(nf.values())
+    out: List[Change] = []
+    for fam in sorted(set(of) | set(nf)):
+        a, b = int(of.get(fam, 0)), int(nf.get(fam, 0))
+        pv = fisher_exact(a, n1, b, n2)
+        if pv < ALPHA:
+            out.append(Change(cid, label, "family", f"{a}/{n1}: {fam or '(nothing raised)'}",
+                              f"{b}/{n2}: {fam or '(nothing raised)'}",
                               f"p = {pv:.3g}: {100 * (1 - pv):.1f}% sure it changed"))
     return out
 
@@ -445,6 +469,7 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
             elif (o.get("repeat") or 1) > 1 and (n.get("repeat") or 1) > 1:
                 # repeated on both sides: frequencies and spreads, not single draws
                 changes += _frequency_changes(cid, label, orank, nrank)
+                changes += _family_frequency_changes(cid, label, orank, nrank)
                 allow = duration_allowance(o, n, label, orank, nrank, abs_tol)
                 changes += _repeated_duration_change(cid, label, orank, nrank, rel_tol, allow)
             else:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -78,6 +78,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "each rank's outcome frequencies are reported and checked against the "
                     "expectations' frequency bounds; a rank that varies where its expectation "
                     "allows one outcome makes the case flaky")
+    group.addoption("--harness-python", metavar="PATH", default=None,
+                    help="run every rank, torchrun agent and spawning parent with this "
+                    "interpreter (another venv or image's python; the scenario's own python: "
+                    "entries still win); the report's environment describes it")
     parser.addini("harness_scenarios", type="args", default=[],
                   help="extra globs of YAML files to collect as scenarios (relative to rootdir)")
 
@@ -347,8 +351,9 @@ class ScenarioItem(pytest.Item):
         from .launch import run_scenario
         from .requirements import skip_reason
 
-        env = probe()
-        why = skip_reason(self.scenario, env)
+        python = self.python()
+        env = probe(python or None)
+        why = skip_reason(self.started(), env)
         if why:
             pytest.skip(why)
         self.expectation = self.scenario.expectation_for(env["torch"])
@@ -367,9 +372,22 @@ class ScenarioItem(pytest.Item):
         self.user_properties.append(("job", job_outcome(self.verdicts)))
 
     def started(self) -> Scenario:
-        """The scenario with --harness-start's choice, if given."""
+        """The scenario with --harness-start's and --harness-python's choices, if given."""
+        update: Dict[str, Any] = {}
         opt = self.config.getoption("harness_start", None)
-        return self.scenario.model_copy(update={"start": opt}) if opt else self.scenario
+        if opt:
+            update["start"] = opt
+        python = self.python()
+        if python:   # the default of every process; the scenario's own entries win
+            update["python"] = {"*": python, **self.scenario.python}
+        return self.scenario.model_copy(update=update) if update else self.scenario
+
+    def python(self) -> str:
+        """--harness-python, resolved ('' when not given)."""
+        from . import interpreters
+
+        opt = self.config.getoption("harness_python", None)
+        return interpreters.resolve(opt) if opt else ""
 
     def repeat(self) -> int:
         """How many times this case runs: --harness-repeat, else the scenario's repeat:."""
