@@ -4,9 +4,10 @@ In a source checkout the catalog is the repository's top-level ``scenarios/`` fo
 ``pytest scenarios/`` runs it); in an installed wheel it is the package data folder
 ``harness/scenarios`` (copied there by setup.py's ``build_py``). ``harness run --builtin``,
 ``harness list --builtin``, ``harness validate --builtin`` and ``harness compare`` read it from
-here. Case ids are the same both ways (``scenarios/FILE.yaml::CASE``: the run's rootdir is the
-catalog's parent), so a report made from a checkout and one made from a wheel compare case by
-case.
+here. ``--builtin`` runs with the current folder as pytest's rootdir, so the catalog's case ids
+are ``FILE.yaml::CASE`` from an installed package wherever it lies (``scenarios/FILE.yaml::CASE``
+when the current folder is a checkout); ``harness diff`` pairs ids that differ only in the
+folders before the file, so reports made either way compare case by case.
 """
 
 from __future__ import annotations

@@ -519,6 +519,13 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
     from . import report as report_mod
 
     pargs: List[str] = [str(f) for f in files]
+    if getattr(args, "builtin", False):
+        # the catalog as a folder: its cases are named relative to it (FILE.yaml::CASE), as a
+        # file named alone would be "::CASE" outside the rootdir
+        from .catalog import require_builtin
+
+        cat = require_builtin().resolve()
+        pargs = [str(cat)] + [p for p in pargs if cat not in Path(p).resolve().parents]
     # --assert=plain: scenario items assert nothing, and pytest would otherwise rewrite every
     # module of every pytest11 plugin's distribution (~200 here, 1-2 s of CPU per process and
     # per xdist worker, each time where bytecode is not written)
@@ -529,11 +536,11 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
     if getattr(args, "builtin", False):
         from .catalog import require_builtin
 
-        # ids as in a checkout (scenarios/FILE.yaml::CASE), whichever installation runs them;
-        # evidence under the current folder, never inside an installed package
-        pargs += ["--rootdir", str(require_builtin().parent)]
-        if not args.keep:
-            pargs += ["--harness-evidence", os.path.join(os.getcwd(), ".harness", "evidence")]
+        # the current folder is the rootdir: evidence goes there, never inside an installed
+        # package, the user's folders keep their ids, and the catalog's cases are named
+        # relative to the catalog (FILE.yaml::CASE), wherever the package is installed
+        require_builtin()
+        pargs += ["--rootdir", os.getcwd()]
     if args.keep:
         pargs += ["--harness-evidence", args.keep]
     if args.k:

@@ -410,6 +410,29 @@ def _rank_changes(cid: str, o: Dict[str, Any], n: Dict[str, Any], rel_tol: float
     return out
 
 
+def _file_case(cid: str) -> str:
+    """``FILE.yaml::CASE`` of a case id, without the folders before the file."""
+    path, sep, rest = cid.partition("::")
+    return path.rsplit("/", 1)[-1] + sep + rest
+
+
+def moved_cases(old_ids: Sequence[str], new_ids: Sequence[str]) -> List[tuple]:
+    """(old id, new id) of cases whose ids differ only in the folders before the file, paired
+    where that is unambiguous on both sides: the same catalog run from a checkout
+    (``scenarios/healthy.yaml::healthy``) and from an installed package (``healthy.yaml::
+    healthy``), or from another working folder."""
+    only_old = [i for i in old_ids if i not in set(new_ids)]
+    only_new = [i for i in new_ids if i not in set(old_ids)]
+    by_old: Dict[str, List[str]] = {}
+    by_new: Dict[str, List[str]] = {}
+    for i in only_old:
+        by_old.setdefault(_file_case(i), []).append(i)
+    for i in only_new:
+        by_new.setdefault(_file_case(i), []).append(i)
+    return [(by_old[k][0], v[0]) for k, v in by_new.items()
+            if len(v) == 1 and len(by_old.get(k, [])) == 1]
+
+
 def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFAULT_REL_TOL,
                  abs_tol: float = DEFAULT_ABS_TOL, ignore: Sequence[str] = ()) -> DiffResult:
     """Every behaviour change from ``old`` to ``new`` (both session reports as dicts)."""
@@ -421,6 +444,8 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
                                                      new.get("environment") or {}))
     ocases = {c["id"]: c for c in old.get("cases", [])}
     ncases = {c["id"]: c for c in new.get("cases", [])}
+    for oid, nid in moved_cases(list(ocases), list(ncases)):
+        ncases[oid] = ncases.pop(nid)
     changes: List[Change] = []
     for cid in list(ocases) + [c for c in ncases if c not in ocases]:
         o, n = ocases.get(cid), ncases.get(cid)

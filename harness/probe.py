@@ -79,7 +79,9 @@ def probe(python: Optional[str] = None) -> Dict[str, Any]:
     and the variables it reads are unchanged (asking costs a torch import, ~1-3 s, in every pytest
     worker), else asked and cached. A GPU count can change without those: the cache holds
     only where no GPU was seen."""
-    if python and os.path.realpath(python) != os.path.realpath(sys.executable):
+    # not realpath: a venv's python is a symlink to the base interpreter, and the venv (its
+    # site-packages, its .pth files) is what differs
+    if python and os.path.abspath(python) != os.path.abspath(sys.executable):
         info = _ask(python)
         info["python_executable"] = python
         return info
