@@ -45,7 +45,9 @@ out its parts, so you can say why a move is or is not a change). The allowance i
 
 Repeated cases (both sides ran N times) compare each rank's outcome frequencies and what it
 said (``families``: exception and message family, counted over the runs) with Fisher's exact
-test (a change only at p < ``ALPHA``; the note says how sure), and the new runs' median
+test (a change only at p < ``ALPHA``; the note says how sure); an outcome or family that was
+the same on every run of each side and differs between the sides is a change however few the
+runs (no race was seen; Fisher's test alone cannot count 3/3 against 0/3), and the new runs' median
 against the old runs' own spread (min..max) widened by the same tolerances. Not used: the
 expectation's ``within:`` window. It is an acceptance bound written to pass on any machine
 (busy_port bound: 3-35 s for a 5 s timeout), far wider than a case's spread; the diff is there
@@ -186,6 +188,19 @@ def fisher_exact(a: int, n1: int, b: int, n2: int) -> float:
                         if q <= observed * (1 + 1e-9)))
 
 
+def _steady_change(cid: str, label: str, kind: str, oc: Dict[str, int], nc: Dict[str, int]
+                   ) -> Optional[Change]:
+    """Every run of each side the same, and the two sides differ: a change however few the
+    runs (no race was seen to tell apart; Fisher's test needs 4 runs a side before even 4/4
+    against 0/4 counts)."""
+    if len(oc) != 1 or len(nc) != 1 or set(oc) == set(nc):
+        return None
+    (a, n1), (b, n2) = next(iter(oc.items())), next(iter(nc.items()))
+    return Change(cid, label, kind, f"{n1}/{n1}: {a or '(nothing raised)'}",
+                  f"{n2}/{n2}: {b or '(nothing raised)'}",
+                  "the same on every run of each side: no race seen to tell apart")
+
+
 def _frequency_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any]
                        ) -> List[Change]:
     """Repeated runs on both sides: a change for each outcome whose share differs beyond what
@@ -193,6 +208,9 @@ def _frequency_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any
     oc, nc = o.get("outcomes") or {}, n.get("outcomes") or {}
     n1, n2 = sum(oc.values()), sum(nc.values())
     out: List[Change] = []
+    steady = _steady_change(cid, label, "outcome", oc, nc)
+    if steady is not None:
+        return [steady]
     for outcome in sorted(set(oc) | set(nc)):
         a, b = int(oc.get(outcome, 0)), int(nc.get(outcome, 0))
         pv = fisher_exact(a, n1, b, n2)
@@ -214,6 +232,9 @@ def _family_frequency_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[s
         return []
     n1, n2 = sum(of.values()), sum(nf.values())
     out: List[Change] = []
+    steady = _steady_change(cid, label, "family", of, nf)
+    if steady is not None:
+        return [steady]
     for fam in sorted(set(of) | set(nf)):
         a, b = int(of.get(fam, 0)), int(nf.get(fam, 0))
         pv = fisher_exact(a, n1, b, n2)
@@ -493,8 +514,10 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
                 changes.append(Change(cid, label, "rank_removed", orank.get("outcome"), None))
             elif (o.get("repeat") or 1) > 1 and (n.get("repeat") or 1) > 1:
                 # repeated on both sides: frequencies and spreads, not single draws
-                changes += _frequency_changes(cid, label, orank, nrank)
-                changes += _family_frequency_changes(cid, label, orank, nrank)
+                freq = _frequency_changes(cid, label, orank, nrank)
+                changes += freq
+                if not any(c.kind == "outcome" for c in freq):   # else it says the same again
+                    changes += _family_frequency_changes(cid, label, orank, nrank)
                 allow = duration_allowance(o, n, label, orank, nrank, abs_tol)
                 changes += _repeated_duration_change(cid, label, orank, nrank, rel_tol, allow)
             else:

@@ -512,6 +512,7 @@ def write_html(report: Dict[str, Any], path: Union[str, Path]) -> Path:
 # -- two runs side by side (harness compare) -----------------------------------------------------
 
 COMPARE_CSS = """
+main { max-width: none; }
 .sides { display: grid; grid-template-columns: 1fr 1fr; gap: 12px; align-items: start; }
 .sides > div { min-width: 0; overflow-x: auto; border: 1px solid #ddd; padding: 4px 8px; }
 .sides h4 { margin: 4px 0; }

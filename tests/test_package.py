@@ -249,9 +249,25 @@ def test_repeated_message_families_change_only_beyond_chance():
 
     same = diff_reports(rep({"E: a": 3, "E: b": 2}), rep({"E: a": 2, "E: b": 3}))
     assert same.changes == []
-    moved = diff_reports(rep({"E: a": 6}), rep({"E: b": 6}))
+    moved = diff_reports(rep({"E: a": 5, "E: b": 1}), rep({"E: b": 6}))
     assert {c.kind for c in moved.changes} == {"family"}
     assert all("sure it changed" in c.note for c in moved.changes)
+    # the same on every run of each side: a change even with 2 runs (Fisher alone: p = 0.33)
+    (steady,) = diff_reports(rep({"E: a": 2}), rep({"E: b": 2})).changes
+    assert (steady.kind, steady.old, steady.new) == ("family", "2/2: E: a", "2/2: E: b")
+    assert "no race seen" in steady.note
+
+
+def test_repeated_outcomes_steady_on_each_side_are_a_change_however_few_runs():
+    from harness.diff import diff_reports
+
+    def rep(outcome):
+        return {"cases": [{"id": "c", "status": "passed", "repeat": 3,
+                           "ranks": [{"label": "1", "outcomes": {outcome: 3},
+                                      "durations": [7.0] * 3}]}]}
+
+    (c,) = diff_reports(rep("timeout"), rep("hang")).changes
+    assert (c.kind, c.old, c.new) == ("outcome", "3/3: timeout", "3/3: hang")
 
 
 def test_python_override_keeps_the_scenarios_own_interpreters(counter_ports):
