@@ -80,8 +80,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "allows one outcome makes the case flaky")
     group.addoption("--harness-python", metavar="PATH", default=None,
                     help="run every rank, torchrun agent and spawning parent with this "
-                    "interpreter (another venv or image's python; the scenario's own python: "
-                    "entries still win); the report's environment describes it")
+                    "interpreter (another image's python, or a venv folder; the scenario's own "
+                    "python: entries still win); the report's environment describes it")
     parser.addini("harness_scenarios", type="args", default=[],
                   help="extra globs of YAML files to collect as scenarios (relative to rootdir)")
 

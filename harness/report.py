@@ -569,6 +569,9 @@ class SessionRecorder:
         session = self.config.stash.get(SESSION_KEY, None)
         sig = interrupts.interrupted()
         python = self.config.getoption("harness_python", None)
+        if python:
+            from .interpreters import resolve
+            python = resolve(python)
         rep = build(cases, collect_errors=self.collect_errors, source="pytest",
                     env=environment(python) if python else None,
                     argv=list(self.config.invocation_params.args),

@@ -296,3 +296,12 @@ def test_python_override_keeps_the_scenarios_own_interpreters(counter_ports):
     p = make_plan(with_interpreter(t, "/image/python"), "/tmp/x", take_port=counter_ports)
     agents = [r for r in p.ranks if r.role == "agent"]
     assert agents and all(r.python == "/image/python" for r in agents)
+
+
+def test_a_venv_folder_stands_for_its_python(tmp_path):
+    from harness import interpreters
+
+    (tmp_path / "v" / "bin").mkdir(parents=True)
+    (tmp_path / "v" / "bin" / "python").write_text("")
+    assert interpreters.resolve(str(tmp_path / "v")) == str(tmp_path / "v" / "bin" / "python")
+    assert interpreters.resolve(str(tmp_path)) == str(tmp_path)     # no bin/python: as given
