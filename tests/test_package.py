@@ -305,3 +305,27 @@ def test_a_venv_folder_stands_for_its_python(tmp_path):
     (tmp_path / "v" / "bin" / "python").write_text("")
     assert interpreters.resolve(str(tmp_path / "v")) == str(tmp_path / "v" / "bin" / "python")
     assert interpreters.resolve(str(tmp_path)) == str(tmp_path)     # no bin/python: as given
+
+
+def test_compare_names_the_phase_change_of_lazy_gloo_init(tmp_path):
+    """Side B sets TORCH_GLOO_LAZY_INIT=1, as an image's ENV line would: gloo connects at the
+    first collective instead of in init_process_group. Watched (torch 2.13.0+cpu, 4 runs: one
+    by hand with both cases of the file, three of this test): rank 1 (RANK=2 of 2) fails in
+    init on both sides, but rank 0, which times out waiting for it, now does so in 'workload
+    step 1' instead of 'init' (5.0 and 5.6 s in the run by hand, about the same on both
+    sides), and the scenario's expectation (phase init) fails on side B."""
+    r = subprocess.run([sys.executable, "-m", "harness", "compare", sys.executable,
+                        sys.executable, "--env-b", "TORCH_GLOO_LAZY_INIT=1",
+                        str(ROOT / "scenarios" / "rank_out_of_range.yaml"), "-k",
+                        "rank_equals_world_size", "--out", str(tmp_path / "cmp"), "-q"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 1, r.stdout[-4000:] + r.stderr[-2000:]
+    changes = json.loads((tmp_path / "cmp" / "changes.json").read_text())
+    case = "scenarios/rank_out_of_range.yaml::rank_out_of_range[rank_equals_world_size]"
+    assert {(c["case"], c["rank"], c["kind"], c["old"], c["new"])
+            for c in changes["changes"]} == {
+        (case, None, "status", "passed", "failed"),
+        (case, "0", "phase", "init", "workload step 1")}
+    assert {"key": "env TORCH_GLOO_LAZY_INIT", "old": None, "new": "1"} in \
+        changes["environment"]
+    assert "workload step 1" in r.stdout and "2 behaviour changes in 1 case" in r.stdout
