@@ -687,6 +687,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 reports[s.name] = report_mod.read(s.report)
             except report_mod.ReportError as e:
                 raise UsageError(str(e)) from None
+    saved = [reports[s.name] for s in sides if s.report is not None]
+    if runs and saved and not args.repeat:   # run as often as the saved side ran
+        args.repeat = cmp.repeat_of(saved[0]) or None
+    for s in sides:
+        if s.report is not None:
             continue
         argv = cmp.run_argv(s, paths, out.resolve(), builtin=args.builtin, k=args.k, m=args.m,
                             repeat=args.repeat, n=args.n, start=args.start, keep=None)

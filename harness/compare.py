@@ -12,10 +12,11 @@ A side is one of:
   report and HTML are written into the output folder.
 
 Both sides run the same scenario files, the same ``-k``/``-m`` selection, the same repeat count
-and the same start method; a scenario's random draws are seeded by the scenario itself
+(against a saved report: the report's own, unless ``--repeat`` says otherwise; an
+interpreter's ranks always start fresh); a scenario's random draws are seeded by the scenario itself
 (``malformed_env``'s faker seed, the proxy's seed), so both sides draw the same. The reports are
 compared by :func:`harness.diff.diff_reports`: with ``--repeat N`` (N > 1) a rank's outcome
-frequencies (and its message families: :func:`family_counts`) are compared with Fisher's exact
+frequencies (and what it said: ``families``, :func:`harness.report.family_key`) are compared with Fisher's exact
 test, and a difference counts only when chance explains it less often than ``ALPHA`` (5%); the
 table says how sure (1 - p). Run once per side, a move inside a race the scenario declares is
 variation, not a change; anything else is one draw against one draw, and the summary says so.
@@ -147,6 +148,20 @@ def run_side(s: Side, argv: Sequence[str], out: Path, echo: Any = None) -> Path:
                            f"code {rc} and {'no report' if not report.is_file() else 'an error'}"
                            f"; the end of {log}:\n{tail}")
     return report
+
+
+def repeat_of(report: Dict[str, Any]) -> int:
+    """How many times a saved report ran its cases (the most common repeat count of the cases
+    that ran; 0 for once): an interpreter side compared with it runs as often."""
+    counts: Dict[int, int] = {}
+    for c in report.get("cases") or []:
+        if c.get("status") != "skipped":
+            n = int(c.get("repeat") or 1)
+            counts[n] = counts.get(n, 0) + 1
+    if not counts:
+        return 0
+    n = max(counts, key=lambda k: (counts[k], k))
+    return n if n > 1 else 0
 
 
 def sureness(old: Dict[str, Any], new: Dict[str, Any]) -> str:

@@ -228,6 +228,15 @@ def test_a_case_run_from_a_checkout_and_from_a_wheel_is_one_case():
     assert {c.kind for c in res.changes} == {"removed", "added"}
 
 
+def test_an_interpreter_side_runs_as_often_as_the_saved_side_ran():
+    from harness.compare import repeat_of
+
+    assert repeat_of({"cases": [{"repeat": 5, "status": "passed"},
+                                {"repeat": 5, "status": "failed"},
+                                {"status": "skipped"}]}) == 5
+    assert repeat_of({"cases": [{"status": "passed"}]}) == 0
+
+
 def test_sureness_says_how_the_sides_were_repeated():
     from harness.compare import sureness
 
