@@ -16,10 +16,12 @@ Both sides run the same scenario files, the same ``-k``/``-m`` selection, the sa
 interpreter's ranks always start fresh); a scenario's random draws are seeded by the scenario itself
 (``malformed_env``'s faker seed, the proxy's seed), so both sides draw the same. The reports are
 compared by :func:`harness.diff.diff_reports`: with ``--repeat N`` (N > 1) a rank's outcome
-frequencies (and what it said: ``families``, :func:`harness.report.family_key`) are compared with Fisher's exact
-test, and a difference counts only when chance explains it less often than ``ALPHA`` (5%); the
-table says how sure (1 - p). Run once per side, a move inside a race the scenario declares is
-variation, not a change; anything else is one draw against one draw, and the summary says so.
+frequencies (and what it said: ``families``, :func:`harness.report.family_key`) are compared
+with Fisher's exact test, and a difference counts only when chance explains it less often than
+``ALPHA`` (5%); the table says how sure (1 - p); what was the same on every run of each side and
+differs between them is a change at any N. Run once per side, a move inside a race the
+scenario declares is variation, not a change; anything else is one draw against one draw, and
+the summary says so.
 
 This module plans and runs the sides (processes: the harness's own CLI in a child) and writes
 the side-by-side HTML; the front door is ``harness.cli``.
@@ -30,11 +32,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
+
+STOP_WAIT = 120.0   # s a side's run may take to clean up after an interrupt
 
 
 class CompareError(Exception):
@@ -137,11 +142,15 @@ def run_side(s: Side, argv: Sequence[str], out: Path, echo: Any = None) -> Path:
         proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=env)
         assert proc.stdout is not None
-        for line in proc.stdout:
-            f.write(line)
-            if echo is not None:
-                echo(line.rstrip("\n"))
-        rc = proc.wait()
+        try:
+            for line in proc.stdout:
+                f.write(line)
+                if echo is not None:
+                    echo(line.rstrip("\n"))
+            rc = proc.wait()
+        except BaseException:
+            _stop(proc)
+            raise
     if not report.is_file() or rc in (2, 3, 4):
         tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
         raise CompareError(f"side {s.name} ({s.describe()}): `harness run` ended with exit "
@@ -162,6 +171,22 @@ def repeat_of(report: Dict[str, Any]) -> int:
         return 0
     n = max(counts, key=lambda k: (counts[k], k))
     return n if n > 1 else 0
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """This process was interrupted (Ctrl-C, SIGTERM): the side's run gets the same signal
+    (a SIGTERM sent to this process alone would not reach it) and is awaited while it cleans
+    up its runs, as `harness run` does after SIGTERM; killed only if it does not end."""
+    from . import interrupts
+
+    with interrupts.shield():
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=STOP_WAIT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def sureness(old: Dict[str, Any], new: Dict[str, Any]) -> str:

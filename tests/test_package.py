@@ -338,3 +338,36 @@ def test_compare_names_the_phase_change_of_lazy_gloo_init(tmp_path):
     assert {"key": "env TORCH_GLOO_LAZY_INIT", "old": None, "new": "1"} in \
         changes["environment"]
     assert "workload step 1" in r.stdout and "2 behaviour changes in 1 case" in r.stdout
+
+
+def test_sigterm_to_compare_alone_stops_its_side_run_and_leaves_nothing(tmp_path):
+    """`kill PID` of `harness compare` (not its group) while a side's ranks run: the side's
+    `harness run` gets the SIGTERM too, cleans up its run, and every descendant is gone."""
+    import signal as sig
+    import time
+
+    import psutil
+
+    p = subprocess.Popen([sys.executable, "-m", "harness", "compare", sys.executable,
+                          sys.executable, str(ROOT / "scenarios" / "wrong_port.yaml"),
+                          "--out", str(tmp_path / "cmp"), "-q"], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    me = psutil.Process(p.pid)
+    until = time.monotonic() + 180
+    ranks = []
+    while time.monotonic() < until and not ranks:
+        try:
+            ranks = [k for k in me.children(recursive=True)
+                     if "harness.worker" in " ".join(k.cmdline())]
+        except psutil.Error:
+            pass
+        time.sleep(0.2)
+    assert ranks, "no rank of side A's run appeared within 180 s"
+    descendants = me.children(recursive=True)
+    p.send_signal(sig.SIGTERM)
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == -sig.SIGTERM, out[-3000:]
+    assert "interrupted by SIGTERM" in out
+    _, alive = psutil.wait_procs(descendants, timeout=30)
+    assert [a for a in alive if a.status() != psutil.STATUS_ZOMBIE] == []
