@@ -86,7 +86,7 @@ def test_builtin_without_a_catalog_is_a_clear_error(monkeypatch, capsys):
 
     monkeypatch.setattr(catalog, "builtin_dir", lambda: None)
     assert cli.main(["list", "--builtin"]) == 2
-    err = capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.split())      # rich wraps at the console's width
     assert "has no built-in catalog" in err and "Traceback" not in err
 
 
@@ -94,7 +94,7 @@ def test_run_needs_paths_or_builtin(capsys):
     from harness import cli
 
     assert cli.main(["run"]) == 2
-    assert "--builtin" in capsys.readouterr().err
+    assert "--builtin" in " ".join(capsys.readouterr().err.split())
 
 
 # -- installed: the catalog, the user's own folder ----------------------------------------------
@@ -203,15 +203,18 @@ def test_compare_names_the_store_backend_change_of_an_image(user_venv, tmp_path_
 def test_compare_bad_sides_are_located_errors(tmp_path, capsys):
     from harness import cli
 
+    def err() -> str:     # one line: rich wraps at the console's width
+        return " ".join(capsys.readouterr().err.split())
+
     assert cli.main(["compare", str(tmp_path / "nope.json"), sys.executable, "x"]) == 2
-    assert "no such report, interpreter or virtual environment" in capsys.readouterr().err
+    assert "no such report, interpreter or virtual environment" in err()
     (tmp_path / "dir").mkdir()
     assert cli.main(["compare", str(tmp_path / "dir"), sys.executable, "x"]) == 2
-    assert "without bin/python" in capsys.readouterr().err
+    assert "without bin/python" in err()
     assert cli.main(["compare", sys.executable, sys.executable]) == 2
-    assert "give scenario files or folders, or --builtin" in capsys.readouterr().err
+    assert "give scenario files or folders, or --builtin" in err()
     assert cli.main(["compare", sys.executable, sys.executable, "--env-b", "1X", "a"]) == 2
-    assert "KEY=VALUE" in capsys.readouterr().err
+    assert "KEY=VALUE" in err()
 
 
 def test_a_case_run_from_a_checkout_and_from_a_wheel_is_one_case():
