@@ -11,6 +11,7 @@ user.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -23,11 +24,25 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parent.parent
 
 
+SOURCES = ("harness", "scenarios", "pyproject.toml", "setup.py", "MANIFEST.in", "README.md")
+
+
 def build_wheel(out: Path) -> Path:
-    """The project's wheel, built from this checkout into ``out``."""
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(out), str(ROOT)], check=True,
-                   capture_output=True, text=True, timeout=600)
+    """The project's wheel, built from a copy of this checkout's sources into ``out`` (a build
+    in the checkout itself writes its build/ folder there, which two xdist workers would
+    share)."""
+    src = out / "src"
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            src.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                        "--no-build-isolation", "-w", str(out), str(src)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
     (whl,) = out.glob("torchdist_harness-*.whl")
     return whl
 
