@@ -56,15 +56,31 @@ def find_scenarios(paths: Sequence[str], skipped: Optional[List[Path]] = None) -
     return files
 
 
+def scenario_paths(args: argparse.Namespace) -> List[str]:
+    """The paths a command was given, with the built-in catalog first under ``--builtin``."""
+    paths = list(getattr(args, "paths", None) or [])
+    if getattr(args, "builtin", False):
+        from .catalog import require_builtin
+
+        try:
+            paths.insert(0, str(require_builtin()))
+        except FileNotFoundError as e:
+            raise UsageError(str(e)) from None
+    if not paths:
+        raise UsageError("give scenario files or folders, or --builtin for the built-in catalog")
+    return paths
+
+
 # -- validate ------------------------------------------------------------------------------------
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from .loader import ScenarioFileError, load_file, one_line
 
     skipped: List[Path] = []
-    files = find_scenarios(args.paths, skipped)
+    paths = scenario_paths(args)
+    files = find_scenarios(paths, skipped)
     if not files:
-        raise UsageError(f"no scenario files (*.yaml, *.yml) under {' '.join(args.paths)}")
+        raise UsageError(f"no scenario files (*.yaml, *.yml) under {' '.join(paths)}")
     con = _console()
 
     def line(text: str, style: str = "") -> None:   # one line each, whatever the width
@@ -101,7 +117,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     from .loader import ScenarioFileError, item_name, load_file
 
-    files = find_scenarios(args.paths)
+    files = find_scenarios(scenario_paths(args))
     rows: List[Dict[str, Any]] = []
     broken: List[str] = []
     for f in files:
@@ -470,9 +486,10 @@ def print_summary(rep: Dict[str, Any], con: Any, show_failures: bool = True) -> 
 def cmd_run(args: argparse.Namespace) -> int:
     import tempfile
 
-    files = find_scenarios(args.paths)
+    paths = scenario_paths(args)
+    files = find_scenarios(paths)
     if not files:
-        raise UsageError(f"no scenario files (*.yaml, *.yml) under {' '.join(args.paths)}")
+        raise UsageError(f"no scenario files (*.yaml, *.yml) under {' '.join(paths)}")
     for f in files:
         if not f.is_file():   # named explicitly: pytest would only say "not found"
             raise UsageError(f"{f}: not a regular file (a FIFO, a device or a broken symlink?)")
@@ -508,6 +525,13 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
     from . import report as report_mod
 
     pargs: List[str] = [str(f) for f in files]
+    if getattr(args, "builtin", False):
+        # the catalog as a folder: its cases are named relative to it (FILE.yaml::CASE), as a
+        # file named alone would be "::CASE" outside the rootdir
+        from .catalog import require_builtin
+
+        cat = require_builtin().resolve()
+        pargs = [str(cat)] + [p for p in pargs if cat not in Path(p).resolve().parents]
     # --assert=plain: scenario items assert nothing, and pytest would otherwise rewrite every
     # module of every pytest11 plugin's distribution (~200 here, 1-2 s of CPU per process and
     # per xdist worker, each time where bytecode is not written)
@@ -515,6 +539,14 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
               "--harness-report", report_path]
     if args.html:
         pargs += ["--harness-html", args.html]
+    if getattr(args, "builtin", False):
+        from .catalog import require_builtin
+
+        # the current folder is the rootdir: evidence goes there, never inside an installed
+        # package, the user's folders keep their ids, and the catalog's cases are named
+        # relative to the catalog (FILE.yaml::CASE), wherever the package is installed
+        require_builtin()
+        pargs += ["--rootdir", os.getcwd()]
     if args.keep:
         pargs += ["--harness-evidence", args.keep]
     if args.k:
@@ -529,6 +561,8 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
         pargs += ["--harness-repeat", str(args.repeat)]
     if getattr(args, "start", None):
         pargs += ["--harness-start", args.start]
+    if getattr(args, "python", None):
+        pargs += ["--harness-python", args.python]
     pargs += list(getattr(args, "pytest_args", None) or [])
     con = _console()
     progress = _progress_plugin(enabled=not args.no_progress and not args.verbose)
@@ -616,6 +650,86 @@ def cmd_diff(args: argparse.Namespace) -> int:
     else:
         render_table(res, str(args.old), str(args.new), old.get("environment"),
                      new.get("environment"), console=_console())
+    return 1 if res.changes else 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from . import compare as cmp
+    from . import report as report_mod
+    from .diff import KINDS, diff_reports, render_table
+    from .html import write_compare_html
+
+    ignore = [k.strip() for x in args.ignore for k in x.split(",") if k.strip()]
+    bad = [k for k in ignore if k not in KINDS]
+    if bad:
+        raise UsageError(f"--ignore {','.join(bad)}: unknown change kind; known: "
+                         f"{', '.join(KINDS)}")
+    try:
+        sides = [cmp.side("a", args.a, cmp.parse_env(args.env_a)),
+                 cmp.side("b", args.b, cmp.parse_env(args.env_b))]
+    except cmp.CompareError as e:
+        raise UsageError(str(e)) from None
+    runs = [s for s in sides if s.python is not None]
+    paths: List[str] = []
+    if runs:
+        paths = list(args.paths)
+        if not paths and not args.builtin:
+            raise UsageError("an interpreter side runs scenarios: give scenario files or "
+                             "folders, or --builtin for the built-in catalog")
+        if args.builtin:
+            scenario_paths(args)       # a clear error when this installation has no catalog
+        if paths:
+            find_scenarios(paths)      # a missing path is bad input before anything runs
+    elif args.paths or args.builtin or args.repeat:
+        raise UsageError("both sides are saved reports: nothing is run (no PATH, --builtin "
+                         "or --repeat)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    con = _console()
+    reports: Dict[str, Dict[str, Any]] = {}
+    for s in sides:
+        if s.report is not None:
+            try:
+                reports[s.name] = report_mod.read(s.report)
+            except report_mod.ReportError as e:
+                raise UsageError(str(e)) from None
+    saved = [reports[s.name] for s in sides if s.report is not None]
+    if runs and saved and not args.repeat:   # run as often as the saved side ran
+        args.repeat = cmp.repeat_of(saved[0]) or None
+    for s in sides:
+        if s.report is not None:
+            continue
+        argv = cmp.run_argv(s, paths, out.resolve(), builtin=args.builtin, k=args.k, m=args.m,
+                            repeat=args.repeat, n=args.n, start=args.start, keep=None)
+        con.print(_text(f"side {s.name.upper()}: {s.describe()}", "bold"))
+        echo = None if args.quiet else (lambda line: con.print(_text("  " + line),
+                                                               soft_wrap=True))
+        try:
+            path = cmp.run_side(s, argv, out, echo=echo)
+            reports[s.name] = report_mod.read(path)
+        except (cmp.CompareError, report_mod.ReportError) as e:
+            from .errors import HarnessError
+            raise HarnessError(str(e)) from None
+    old, new = reports["a"], reports["b"]
+    res = diff_reports(old, new, rel_tol=args.tolerance, abs_tol=args.abs_tolerance,
+                       ignore=ignore)
+    how_sure = cmp.sureness(old, new)
+    names = [s.describe() for s in sides]
+    d = res.to_dict()
+    d.update(a=names[0], b=names[1], how_sure=how_sure)
+    cmp.write_json(out / "changes.json", d)
+    html = write_compare_html(old, new, res, names[0], names[1], how_sure, out / "compare.html")
+    if args.json:
+        print(json.dumps(d, indent=1, default=str))
+    else:
+        render_table(res, "A: " + names[0], "B: " + names[1], old.get("environment"),
+                     new.get("environment"), console=con)
+        con.print(_text(how_sure, "dim"))
+        for s in sides:
+            if s.python is not None:
+                con.print(_text(f"{s.name.upper()}: {out / (s.name + '.json')}, "
+                                f"{out / (s.name + '.html')}", "dim"))
+        con.print(_text(f"changes: {out / 'changes.json'}; side by side: {html}", "dim"))
     return 1 if res.changes else 0
 
 
@@ -856,7 +970,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run scenarios (pytest with the harness plugin)",
                        description="Run scenario files or folders; print a summary table. "
                        "Arguments after -- go to pytest unchanged. Exit code: pytest's.")
-    r.add_argument("paths", nargs="+", metavar="PATH", help="scenario files or folders")
+    r.add_argument("paths", nargs="*", metavar="PATH", help="scenario files or folders")
+    r.add_argument("--builtin", action="store_true", help="run the built-in catalog (shipped "
+                   "with the package), before any PATH given")
     r.add_argument("-k", metavar="EXPR", help="only cases whose id/keywords match (pytest -k); "
                    "fault kinds, backend and init method are keywords")
     r.add_argument("-m", metavar="MARKEXPR", help="only cases whose marks match (pytest -m)")
@@ -870,6 +986,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the scenarios' start: (fork: from a per-host server that imported torch)")
     r.add_argument("--repeat", type=int, metavar="N", help="run every case N times: outcome "
                    "frequencies per rank, frequency bounds checked, flaky cases named")
+    r.add_argument("--python", metavar="PATH", help="run the ranks (and torchrun agents, "
+                   "spawning parents) with this interpreter: another venv's or image's python")
     r.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output "
                    "live (no progress bar)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar or lines")
@@ -878,12 +996,14 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="check scenario files; every problem with file:line",
                        description="Check scenario files without running them. Exit 1 if any "
                        "file is invalid.")
-    v.add_argument("paths", nargs="+", metavar="PATH")
+    v.add_argument("paths", nargs="*", metavar="PATH")
+    v.add_argument("--builtin", action="store_true", help="the built-in catalog too")
     v.add_argument("-q", "--quiet", action="store_true", help="print only the problems")
     v.set_defaults(func=cmd_validate)
 
     ls = sub.add_parser("list", help="list scenario cases: ids, marks, faults, expectations")
-    ls.add_argument("paths", nargs="+", metavar="PATH")
+    ls.add_argument("paths", nargs="*", metavar="PATH")
+    ls.add_argument("--builtin", action="store_true", help="the built-in catalog too")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(func=cmd_list)
 
@@ -916,6 +1036,41 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="machine-readable output")
     d.set_defaults(func=cmd_diff)
 
+    c = sub.add_parser("compare", help="the same scenarios under two interpreters/images (or "
+                       "two saved reports): one table of behaviour changes",
+                       description="A and B: each a saved JSON report, or an interpreter (a "
+                       "python, a venv folder) to run the scenarios with. Both run the same "
+                       "scenarios, selection and repeat count; writes a.json/a.html, b.json/"
+                       "b.html, changes.json and compare.html (side by side) into --out. "
+                       "Exit 0: no behaviour change; 1: changes; 2: bad input; 3: a side's run "
+                       "failed.")
+    c.add_argument("a", metavar="A", help="the accepted side: report.json, python or venv")
+    c.add_argument("b", metavar="B", help="the candidate side: report.json, python or venv")
+    c.add_argument("paths", nargs="*", metavar="PATH", help="scenario files or folders to run")
+    c.add_argument("--builtin", action="store_true", help="run the built-in catalog too")
+    c.add_argument("-k", metavar="EXPR", help="only cases whose id/keywords match (pytest -k)")
+    c.add_argument("-m", metavar="MARKEXPR", help="only cases whose marks match (pytest -m)")
+    c.add_argument("--repeat", type=int, metavar="N", help="run every case N times per side: "
+                   "frequencies compared with Fisher's exact test instead of one draw each")
+    c.add_argument("-n", type=int, metavar="N", help="N scenarios at a time (pytest-xdist)")
+    c.add_argument("--start", choices=("fresh", "fork"), help="how ranks start on both sides "
+                   "(an interpreter side runs its ranks fresh in any case)")
+    c.add_argument("--env-a", action="append", default=[], metavar="KEY=VALUE",
+                   help="an environment variable of side A's run (as an image's ENV would set)")
+    c.add_argument("--env-b", action="append", default=[], metavar="KEY=VALUE",
+                   help="an environment variable of side B's run")
+    c.add_argument("--out", default="harness-compare", metavar="DIR",
+                   help="where the reports, logs and compare.html go (default harness-compare)")
+    c.add_argument("--tolerance", type=_fraction, default=DEFAULT_REL_TOL, metavar="REL",
+                   help="relative duration tolerance (default 50%%)")
+    c.add_argument("--abs-tolerance", type=_seconds, default=DEFAULT_ABS_TOL, metavar="SECONDS",
+                   help=f"absolute duration tolerance (default {DEFAULT_ABS_TOL:g} s)")
+    c.add_argument("--ignore", action="append", default=[], metavar="KIND[,KIND]",
+                   help="do not count these change kinds (e.g. duration)")
+    c.add_argument("-q", "--quiet", action="store_true", help="do not echo the sides' runs")
+    c.add_argument("--json", action="store_true", help="the changes as JSON on stdout")
+    c.set_defaults(func=cmd_compare)
+
     h = sub.add_parser("html", help="render the HTML report from a JSON report")
     h.add_argument("report", metavar="REPORT.json")
     h.add_argument("-o", "--output", metavar="OUT.html", help="default: REPORT.html")
@@ -946,7 +1101,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "--" in argv:   # `harness run PATHS -- PYTEST_ARGS`: the rest goes to pytest unchanged
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest and getattr(args, "paths", None) is not None and \
+            not any(r.startswith("-") for r in rest):
+        args.paths = list(args.paths) + rest   # paths after an option (`compare A B --env-b X P`)
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if extra and args.command != "run":
         parser.error("arguments after -- are passed to pytest, only by `harness run`")
     args.pytest_args = extra

@@ -43,10 +43,15 @@ out its parts, so you can say why a move is or is not a change). The allowance i
   rank that reads "closed/reset by peer" ends when its peer does) also carries the largest
   move of the case's other ranks (those whose end is their own).
 
-Repeated cases (both sides ran N times) compare the new runs' median against the old runs' own
-spread (min..max) widened by the same tolerances. Not used: the expectation's ``within:``
-window. It is an acceptance bound written to pass on any machine (busy_port bound: 3-35 s for a
-5 s timeout), far wider than a case's spread; the diff is there to see moves the test lets pass.
+Repeated cases (both sides ran N times) compare each rank's outcome frequencies and what it
+said (``families``: exception and message family, counted over the runs) with Fisher's exact
+test (a change only at p < ``ALPHA``; the note says how sure); an outcome or family that was
+the same on every run of each side and differs between the sides is a change however few the
+runs (no race was seen; Fisher's test alone cannot count 3/3 against 0/3), and the new runs' median
+against the old runs' own spread (min..max) widened by the same tolerances. Not used: the
+expectation's ``within:`` window. It is an acceptance bound written to pass on any machine
+(busy_port bound: 3-35 s for a 5 s timeout), far wider than a case's spread; the diff is there
+to see moves the test lets pass.
 
 A changed setting is a change (``settings``): the case ran with another torch timeout,
 deadline, world size or backend, e.g. the same catalog file with ``timeout:`` 5 -> 10. The
@@ -183,6 +188,19 @@ def fisher_exact(a: int, n1: int, b: int, n2: int) -> float:
                         if q <= observed * (1 + 1e-9)))
 
 
+def _steady_change(cid: str, label: str, kind: str, oc: Dict[str, int], nc: Dict[str, int]
+                   ) -> Optional[Change]:
+    """Every run of each side the same, and the two sides differ: a change however few the
+    runs (no race was seen to tell apart; Fisher's test needs 4 runs a side before even 4/4
+    against 0/4 counts)."""
+    if len(oc) != 1 or len(nc) != 1 or set(oc) == set(nc):
+        return None
+    (a, n1), (b, n2) = next(iter(oc.items())), next(iter(nc.items()))
+    return Change(cid, label, kind, f"{n1}/{n1}: {a or '(nothing raised)'}",
+                  f"{n2}/{n2}: {b or '(nothing raised)'}",
+                  "the same on every run of each side: no race seen to tell apart")
+
+
 def _frequency_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any]
                        ) -> List[Change]:
     """Repeated runs on both sides: a change for each outcome whose share differs beyond what
@@ -190,12 +208,39 @@ def _frequency_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any
     oc, nc = o.get("outcomes") or {}, n.get("outcomes") or {}
     n1, n2 = sum(oc.values()), sum(nc.values())
     out: List[Change] = []
+    steady = _steady_change(cid, label, "outcome", oc, nc)
+    if steady is not None:
+        return [steady]
     for outcome in sorted(set(oc) | set(nc)):
         a, b = int(oc.get(outcome, 0)), int(nc.get(outcome, 0))
         pv = fisher_exact(a, n1, b, n2)
         if pv < ALPHA:
             out.append(Change(cid, label, "frequency", f"{outcome} {a}/{n1}",
                               f"{outcome} {b}/{n2}",
+                              f"p = {pv:.3g}: {100 * (1 - pv):.1f}% sure it changed"))
+    return out
+
+
+def _family_frequency_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any]
+                              ) -> List[Change]:
+    """Repeated runs on both sides: what the rank said (exception and message family, counted
+    over the runs) differs beyond what the repeats can tell apart. Families are derived again
+    by today's rules only where a report kept them (older reports have none: nothing compared).
+    """
+    of, nf = o.get("families"), n.get("families")
+    if not isinstance(of, dict) or not isinstance(nf, dict):
+        return []
+    n1, n2 = sum(of.values()), sum(nf.values())
+    out: List[Change] = []
+    steady = _steady_change(cid, label, "family", of, nf)
+    if steady is not None:
+        return [steady]
+    for fam in sorted(set(of) | set(nf)):
+        a, b = int(of.get(fam, 0)), int(nf.get(fam, 0))
+        pv = fisher_exact(a, n1, b, n2)
+        if pv < ALPHA:
+            out.append(Change(cid, label, "family", f"{a}/{n1}: {fam or '(nothing raised)'}",
+                              f"{b}/{n2}: {fam or '(nothing raised)'}",
                               f"p = {pv:.3g}: {100 * (1 - pv):.1f}% sure it changed"))
     return out
 
@@ -386,6 +431,29 @@ def _rank_changes(cid: str, o: Dict[str, Any], n: Dict[str, Any], rel_tol: float
     return out
 
 
+def _file_case(cid: str) -> str:
+    """``FILE.yaml::CASE`` of a case id, without the folders before the file."""
+    path, sep, rest = cid.partition("::")
+    return path.rsplit("/", 1)[-1] + sep + rest
+
+
+def moved_cases(old_ids: Sequence[str], new_ids: Sequence[str]) -> List[tuple]:
+    """(old id, new id) of cases whose ids differ only in the folders before the file, paired
+    where that is unambiguous on both sides: the same catalog run from a checkout
+    (``scenarios/healthy.yaml::healthy``) and from an installed package (``healthy.yaml::
+    healthy``), or from another working folder."""
+    only_old = [i for i in old_ids if i not in set(new_ids)]
+    only_new = [i for i in new_ids if i not in set(old_ids)]
+    by_old: Dict[str, List[str]] = {}
+    by_new: Dict[str, List[str]] = {}
+    for i in only_old:
+        by_old.setdefault(_file_case(i), []).append(i)
+    for i in only_new:
+        by_new.setdefault(_file_case(i), []).append(i)
+    return [(by_old[k][0], v[0]) for k, v in by_new.items()
+            if len(v) == 1 and len(by_old.get(k, [])) == 1]
+
+
 def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFAULT_REL_TOL,
                  abs_tol: float = DEFAULT_ABS_TOL, ignore: Sequence[str] = ()) -> DiffResult:
     """Every behaviour change from ``old`` to ``new`` (both session reports as dicts)."""
@@ -397,6 +465,8 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
                                                      new.get("environment") or {}))
     ocases = {c["id"]: c for c in old.get("cases", [])}
     ncases = {c["id"]: c for c in new.get("cases", [])}
+    for oid, nid in moved_cases(list(ocases), list(ncases)):
+        ncases[oid] = ncases.pop(nid)
     changes: List[Change] = []
     for cid in list(ocases) + [c for c in ncases if c not in ocases]:
         o, n = ocases.get(cid), ncases.get(cid)
@@ -444,7 +514,10 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
                 changes.append(Change(cid, label, "rank_removed", orank.get("outcome"), None))
             elif (o.get("repeat") or 1) > 1 and (n.get("repeat") or 1) > 1:
                 # repeated on both sides: frequencies and spreads, not single draws
-                changes += _frequency_changes(cid, label, orank, nrank)
+                freq = _frequency_changes(cid, label, orank, nrank)
+                changes += freq
+                if not any(c.kind == "outcome" for c in freq):   # else it says the same again
+                    changes += _family_frequency_changes(cid, label, orank, nrank)
                 allow = duration_allowance(o, n, label, orank, nrank, abs_tol)
                 changes += _repeated_duration_change(cid, label, orank, nrank, rel_tol, allow)
             else:

@@ -514,3 +514,80 @@ def write_html(report: Dict[str, Any], path: Union[str, Path]) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(render(report), encoding="utf-8")
     return p
+
+
+# -- two runs side by side (harness compare) -----------------------------------------------------
+
+COMPARE_CSS = """
+main { max-width: none; }
+.sides { display: grid; grid-template-columns: 1fr 1fr; gap: 12px; align-items: start; }
+.sides > div { min-width: 0; overflow-x: auto; border: 1px solid #ddd; padding: 4px 8px; }
+.sides h4 { margin: 4px 0; }
+tr.changed td { background: #fdecea; }
+.missing { color: #888; font-style: italic; }
+"""
+
+
+def render_compare(a: Dict[str, Any], b: Dict[str, Any], res: Any, a_name: str, b_name: str,
+                   how_sure: str = "") -> str:
+    """Two session reports side by side: the behaviour changes first (``res``, a
+    :class:`harness.diff.DiffResult`), then every case with side A's record left and side B's
+    right (each as the single-report page shows it: timeline, ranks, causes, stacks)."""
+    changed = set(res.changed_cases)
+    title = (f"torchdist-harness compare · {len(res.changes)} behaviour change"
+             f"{'s' * (len(res.changes) != 1)}")
+    head = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{esc(title)}</title><style>{CSS}{COMPARE_CSS}</style><script>{SCRIPT}</script>"
+        "</head><body>",
+        f"<header><h1>{esc(title)}</h1><div class=\"meta\">A: {esc(a_name)} "
+        f"({esc(a.get('tool'))}) · B: {esc(b_name)} ({esc(b.get('tool'))})</div></header>",
+        "<main>"]
+    if how_sure:
+        head.append(f'<p class="muted">{esc(how_sure)}</p>')
+    if res.environment:
+        head.append("<h2>Environment differences (context, not counted)</h2>" + _table(
+            ["", "A", "B"], [[esc(e["key"]), esc(e["old"]), esc(e["new"])]
+                             for e in res.environment]))
+    ids = [c["id"] for c in a.get("cases", [])]
+    ids += [c["id"] for c in b.get("cases", []) if c["id"] not in set(ids)]
+    anchor = {cid: f"pair-{i}" for i, cid in enumerate(ids)}
+    if res.changes:
+        rows = [[f'<a href="#{anchor.get(c.case, "")}">{esc(c.case)}</a>', esc(c.rank or ""),
+                 esc(c.kind), esc(c.old), esc(c.new), esc(c.note)] for c in res.changes]
+        head.append("<h2>Behaviour changes</h2>" + _table(
+            ["case", "rank", "change", "A", "B", "note"], rows, "changes"))
+    else:
+        head.append(f"<h2>No behaviour change</h2><p>{res.compared} cases compared.</p>")
+    if res.within:
+        rows = [[esc(c.case), esc(c.rank or ""), esc(c.kind), esc(c.old), esc(c.new),
+                 esc(c.note)] for c in res.within]
+        head.append("<details><summary>not counted: differences inside what the scenarios "
+                    "declare may vary</summary>" + _table(
+                        ["case", "rank", "change", "A", "B", "note"], rows) + "</details>")
+    acases = {c["id"]: c for c in a.get("cases", [])}
+    bcases = {c["id"]: c for c in b.get("cases", [])}
+    body = []
+    for i, cid in enumerate(ids):
+        mark = " ✗ changed" if cid in changed else ""
+        cols = []
+        for side, cases, k in (("A", acases, 2 * i), ("B", bcases, 2 * i + 1)):
+            c = cases.get(cid)
+            inner = case_html(k, c) if c is not None else \
+                f'<p class="missing">not in side {side}\'s report</p>'
+            cols.append(f"<div><h4>{side}</h4>{inner}</div>")
+        body.append(f'<section id="{anchor[cid]}"><h2>{esc(cid)}{esc(mark)}</h2>'
+                    f'<div class="sides">{"".join(cols)}</div></section>')
+    env = "<h2>Environments</h2><div class=\"sides\">" + "".join(
+        f"<div><h4>{side}</h4>{_env_html(r.get('environment') or {})}</div>"
+        for side, r in (("A", a), ("B", b))) + "</div>"
+    return "\n".join(head + body + [env, "</main></body></html>"]) + "\n"
+
+
+def write_compare_html(a: Dict[str, Any], b: Dict[str, Any], res: Any, a_name: str,
+                       b_name: str, how_sure: str, path: Union[str, Path]) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(render_compare(a, b, res, a_name, b_name, how_sure), encoding="utf-8")
+    return p

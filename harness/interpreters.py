@@ -20,8 +20,11 @@ _PROBE = ("import sys, torch, torch.distributed as d; "
 
 
 def resolve(spec: str) -> str:
-    """The interpreter's path as the plan gives it to the launcher ('' for none)."""
+    """The interpreter's path as the plan gives it to the launcher ('' for none); a virtual
+    environment's folder stands for its ``bin/python``."""
     path = os.path.expandvars(os.path.expanduser(spec))
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "bin", "python")):
+        return os.path.join(os.path.abspath(path), "bin", "python")
     if os.sep not in path:
         return shutil.which(path) or path
     return path

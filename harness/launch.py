@@ -29,7 +29,7 @@ import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import cgroups, interrupts
 from .capture import Capture
@@ -39,7 +39,16 @@ from .observe import RunObservation
 from .plan import HostPlan, RunPlan, make_plan
 from .ports import PortLease
 from .procs import ForeignProcess, ManagedProcess, kill_observed
-from .protocol import EXCEPTION, PHASE, RESULT, STACK_SIGNAL, Event, ready_event
+from .protocol import (
+    EXCEPTION,
+    PHASE,
+    RESULT,
+    STACK_SIGNAL,
+    Event,
+    last_phase,
+    ready_event,
+    result_of,
+)
 from .rundir import RunDir, kill_recorded, sweep
 from .schema import Scenario, launcher_spec_of
 from .services import ReadyLine, Service, ServiceError, Services, ServiceSpec
@@ -199,8 +208,10 @@ class Supervisor:
     the Clock their triggers read. Use ``run_scenario`` unless you build plans yourself."""
 
     def __init__(self, plan: RunPlan, run_dir: RunDir, topo: Any = None,
-                 launcher: Optional[str] = None):
+                 launcher: Optional[str] = None,
+                 progress: Optional[Callable[[str], None]] = None):
         self.plan = plan
+        self.progress = progress         # one line at the start line and at each row's end
         self.topo = topo                 # harness.topology.Topology when the run has namespaces
         self.rundir = run_dir
         self.dir = Path(plan.run_dir)
@@ -442,6 +453,28 @@ class Supervisor:
             self._native = {r.label: (self._native_pool.submit(native_stacks, r.proc.pid), now)
                             for r in alive}
 
+    def _say(self, line: str) -> None:
+        """A progress line (pytest -v shows them live); a failing printer never stops a run."""
+        if self.progress is not None:
+            try:
+                self.progress(line)
+            except Exception:  # noqa: BLE001 - progress is a courtesy
+                self.progress = None
+
+    def _say_end(self, r: RankProcess) -> None:
+        if self.progress is None:
+            return
+        res = result_of(r.obs.events)
+        if res is not None and res.data.get("status") == "exception":
+            how = f"raised {(res.data.get('exc') or {}).get('type') or 'an exception'}"
+        elif res is not None:
+            how = "ok"
+        else:
+            how = f"exit status {r.obs.returncode}"
+        who = f"rank {r.label}" if r.label.isdigit() else r.label
+        self._say(f"{who}: ended at {r.obs.ended_at or 0:.2f} s in "
+                  f"{last_phase(r.obs.events)}: {how}")
+
     def run(self) -> RunObservation:
         self.scheduler.setup()            # set-up steps: before any process of the run starts
         looking = self._port_owners_start()   # while the ranks import (none binds before
@@ -454,6 +487,8 @@ class Supervisor:
         torch_version = next((str(e.data.get("torch")) for r in self.ranks
                               for e in [ready_event(r.obs.events)] if e is not None), "unknown")
         deadline = self.plan.deadline
+        self._say(f"start line: {len(self.ranks)} process{'es' * (len(self.ranks) != 1)} "
+                  f"ready (torch {torch_version}), released; deadline {deadline:g} s")
         while True:
             now = self.now()
             for r in self.ranks:
@@ -465,7 +500,8 @@ class Supervisor:
                     self._take_sockets([r])   # before it exits, if it has not yet
                     if self._store is None:
                         self._take_store()
-                r.poll_end(self.now())
+                if r.poll_end(self.now()):
+                    self._say_end(r)
             self.launcher.poll(self)          # workers started by agents or parents
             self.scheduler.tick(now)
             if all(r.ended for r in self.ranks):
@@ -481,6 +517,8 @@ class Supervisor:
         live = [r for r in self.ranks if not r.ended]
         if live:
             self._take_store(again=True)
+            self._say(f"deadline {deadline:g} s: {', '.join(r.label for r in live)} still "
+                      "alive: taking stacks, killing")
             self._take_sockets(live)
             self._capture_stacks(live)
             for r in live:
@@ -691,12 +729,15 @@ class Supervisor:
         self.capture.close()
 
 
-def run_scenario(scn: Scenario, keep: Optional[Path] = None) -> RunObservation:
+def run_scenario(scn: Scenario, keep: Optional[Path] = None,
+                 progress: Optional[Callable[[str], None]] = None) -> RunObservation:
     """Plan and run one scenario case for real; leaves nothing behind, also when interrupted
     (Ctrl-C, SIGTERM: the cleanup runs shielded, then the interrupt goes on).
 
     ``keep``: copy the run directory (events, stacks, stdout/stderr) there before removal; also
     when the harness failed (a HarnessError), with the error in ``harness-error.txt``.
+    ``progress``: called with one line when the start line is released, when each row ends
+    and at the deadline (``pytest -v`` prints them live).
     """
     from . import topology
 
@@ -723,7 +764,7 @@ def run_scenario(scn: Scenario, keep: Optional[Path] = None) -> RunObservation:
                                      service_hosts=plan.service_hosts())
             with interrupts.shield():   # made whole or torn down whole
                 topo.__enter__()
-        sup = Supervisor(plan, rundir, topo)
+        sup = Supervisor(plan, rundir, topo, progress=progress)
         return sup.run()
     except StepError as e:
         failure = HarnessError(f"a fault step failed: {e}")

@@ -272,6 +272,14 @@ class RunPlan:
         py = scn.interpreter(rank, host)
         return interpreters.resolve(py) if py else ""
 
+    def host_python(self, scn: Scenario, host: str) -> str:
+        """The interpreter of a process that stands for a whole host (a torchrun agent, a
+        spawning parent; its workers run with it): the host's ``python:``, else ``python['*']``
+        ("": the harness's own)."""
+        by_host = {h.name: h.python for h in scn.hosts or [] if h.python}
+        py = by_host.get(host) or scn.python.get("*", "")
+        return interpreters.resolve(py) if py else ""
+
     def new_process(self, **fields: Any) -> RankPlan:
         """A RankPlan (for a launcher, which does not import this module)."""
         return RankPlan(**fields)

@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 _CODE = r"""
 import json, os, sys
@@ -73,11 +73,18 @@ def _cache_path(key: str) -> Any:
 
 
 @functools.cache
-def probe() -> Dict[str, Any]:
-    """The probe's answer: from the per-user cache when the interpreter, torch's files and the
-    variables it reads are unchanged (asking costs a torch import, ~1-3 s, in every pytest
+def probe(python: Optional[str] = None) -> Dict[str, Any]:
+    """The probe's answer (of ``python``, another interpreter, when given: asked once per
+    process, not cached on disk): from the per-user cache when the interpreter, torch's files
+    and the variables it reads are unchanged (asking costs a torch import, ~1-3 s, in every pytest
     worker), else asked and cached. A GPU count can change without those: the cache holds
     only where no GPU was seen."""
+    # not realpath: a venv's python is a symlink to the base interpreter, and the venv (its
+    # site-packages, its .pth files) is what differs
+    if python and os.path.abspath(python) != os.path.abspath(sys.executable):
+        info = _ask(python)
+        info["python_executable"] = python
+        return info
     key = _cache_key()
     if key:
         try:
@@ -99,9 +106,12 @@ def probe() -> Dict[str, Any]:
     return info
 
 
-def _ask() -> Dict[str, Any]:
-    p = subprocess.run([sys.executable, "-c", _CODE], capture_output=True, text=True,
-                       timeout=300)
+def _ask(python: Optional[str] = None) -> Dict[str, Any]:
+    try:
+        p = subprocess.run([python or sys.executable, "-c", _CODE], capture_output=True,
+                           text=True, timeout=300)
+    except OSError as e:
+        return {"torch": "none", "error": f"{python}: {e}"}
     try:
         info: Dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -78,12 +78,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "each rank's outcome frequencies are reported and checked against the "
                     "expectations' frequency bounds; a rank that varies where its expectation "
                     "allows one outcome makes the case flaky")
+    group.addoption("--harness-python", metavar="PATH", default=None,
+                    help="run every rank, torchrun agent and spawning parent with this "
+                    "interpreter (another image's python, or a venv folder; the scenario's own "
+                    "python: entries still win); the report's environment describes it")
     parser.addini("harness_scenarios", type="args", default=[],
                   help="extra globs of YAML files to collect as scenarios (relative to rootdir)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "scenario: a torchdist-harness scenario case")
+    if getattr(config.option, "markers", False):   # `pytest --markers`: collection does not run
+        for mark, files in scenario_marks(config).items():
+            config.addinivalue_line("markers", f"{mark}: scenario mark (marks: in "
+                                    f"{', '.join(files[:3])}{' ...' * (len(files) > 3)})")
     config.stash[_BROKEN_KEY] = 0
     state = _SessionState()
     config.stash[_STATE_KEY] = state
@@ -116,6 +124,33 @@ def pytest_configure(config: pytest.Config) -> None:
     state.owner = interrupts.install(on_first=None if worker else
                                      lambda sig: _forward_to_workers(state, sig),
                                      quiet=worker)
+
+
+def scenario_marks(config: pytest.Config) -> Dict[str, List[str]]:
+    """Every ``marks:`` name of the scenario files this session would collect (the paths
+    given, and the rootdir's scenario folders and ``harness_scenarios`` globs), with the files
+    that use it: what ``pytest --markers`` lists, although it collects nothing."""
+    from .discovery import find_scenarios
+
+    paths = [a.split("::")[0] for a in config.args if Path(a.split("::")[0]).exists()]
+    root = config.rootpath
+    try:
+        files = find_scenarios(list(dict.fromkeys([*paths, str(root)])), root=root,
+                               globs=config.getini("harness_scenarios"))
+    except OSError:
+        return {}
+    out: Dict[str, List[str]] = {}
+    for f in files:
+        try:
+            cases = load_file(f)
+        except (ScenarioFileError, OSError):
+            continue   # said where it is collected, not here
+        for scn in cases:
+            for m in scn.marks:
+                names = out.setdefault(m, [])
+                if f.name not in names:
+                    names.append(f.name)
+    return dict(sorted(out.items()))
 
 
 def evidence_root(config: pytest.Config) -> Path:
@@ -278,7 +313,11 @@ class ScenarioFile(pytest.File):
                     p.file = shown
             raise self.CollectError(e.short()) from None
         for scn in cases:
-            yield ScenarioItem.from_parent(self, name=item_name(scn), scenario=scn)
+            name = item_name(scn)
+            # the id given as a string: pytest >= 9.2 parses "name[case]" into its structured
+            # id as it parses the ids in its cache, so that --lf and --sw find the case again
+            yield ScenarioItem.from_parent(self, name=name, scenario=scn,
+                                           nodeid=f"{self.nodeid}::{name}")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -319,6 +358,14 @@ def write_evidence(d: Path, run: RunObservation, verdicts: List[Verdict]) -> Non
             (d / f"rank-{r.label.replace(':', '-')}.native").write_text(r.native_stacks)
 
 
+def with_interpreter(scn: Scenario, python: str) -> Scenario:
+    """The scenario with ``python`` (--harness-python) as the interpreter of every process it
+    does not give one itself (its own ``python:`` entries win)."""
+    if not python:
+        return scn
+    return scn.model_copy(update={"python": {"*": python, **scn.python}})
+
+
 class ScenarioMismatch(Exception):
     pass
 
@@ -347,8 +394,9 @@ class ScenarioItem(pytest.Item):
         from .launch import run_scenario
         from .requirements import skip_reason
 
-        env = probe()
-        why = skip_reason(self.scenario, env)
+        python = self.python()
+        env = probe(python or None)
+        why = skip_reason(self.started(), env)
         if why:
             pytest.skip(why)
         self.expectation = self.scenario.expectation_for(env["torch"])
@@ -359,7 +407,8 @@ class ScenarioItem(pytest.Item):
         n = self.repeat()
         for i in range(1, n + 1):   # a repeated case keeps each run's evidence in run-<i>/
             where = self.evidence if n == 1 else self.evidence / f"run-{i}"
-            run = run_scenario(self.started(), keep=where)
+            say = self._progress(f"run {i} of {n}: " if n > 1 else "")
+            run = run_scenario(self.started(), keep=where, progress=say)
             verdicts = explain_run(run, classify_run(run))
             write_evidence(where, run, verdicts)
             self.runs.append((run, verdicts))
@@ -367,9 +416,42 @@ class ScenarioItem(pytest.Item):
         self.user_properties.append(("job", job_outcome(self.verdicts)))
 
     def started(self) -> Scenario:
-        """The scenario with --harness-start's choice, if given."""
+        """The scenario with --harness-start's and --harness-python's choices, if given."""
+        update: Dict[str, Any] = {}
         opt = self.config.getoption("harness_start", None)
-        return self.scenario.model_copy(update={"start": opt}) if opt else self.scenario
+        if opt:
+            update["start"] = opt
+        scn = self.scenario.model_copy(update=update) if update else self.scenario
+        return with_interpreter(scn, self.python())
+
+    def python(self) -> str:
+        """--harness-python, resolved ('' when not given)."""
+        from . import interpreters
+
+        opt = self.config.getoption("harness_python", None)
+        return interpreters.resolve(opt) if opt else ""
+
+    def _progress(self, prefix: str = "") -> Optional[Any]:
+        """Under -v (not in an xdist worker, whose output nobody sees live): a printer of the
+        run's progress lines (start line released, each row's end, the deadline), written
+        past pytest's output capture, so that a long case is not minutes of silence."""
+        config = self.config
+        if config.getoption("verbose", 0) <= 0 or hasattr(config, "workerinput"):
+            return None
+        tr = config.pluginmanager.get_plugin("terminalreporter")
+        capman = config.pluginmanager.get_plugin("capturemanager")
+        if tr is None:
+            return None
+
+        def say(line: str) -> None:
+            import contextlib
+
+            ctx = capman.global_and_fixture_disabled() if capman is not None \
+                else contextlib.nullcontext()
+            with ctx:
+                tr.ensure_newline()
+                tr.write_line(f"    {self.name}: {prefix}{line}")
+        return say
 
     def repeat(self) -> int:
         """How many times this case runs: --harness-repeat, else the scenario's repeat:."""

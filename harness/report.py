@@ -62,13 +62,15 @@ def relevant_env(environ: Optional[Dict[str, str]] = None) -> Dict[str, str]:
             if k.startswith(ENV_PREFIXES) or k in ENV_EXACT}
 
 
-def environment() -> Dict[str, Any]:
+def environment(python: Optional[str] = None) -> Dict[str, Any]:
     """The fingerprint of this machine and image: torch (version, git hash, backends), Python,
-    kernel, the libuv store default and the relevant environment variables."""
+    kernel, the libuv store default and the relevant environment variables. ``python``: the
+    interpreter the ranks ran with when it is not the harness's own (``--harness-python``):
+    torch, Python and the store default are that interpreter's."""
     from . import __version__
     from .probe import probe
 
-    info = dict(probe())
+    info = dict(probe(python))
     return {
         "torch": info.get("torch"),
         "torch_git": info.get("torch_git"),
@@ -82,7 +84,7 @@ def environment() -> Dict[str, Any]:
         "libuv_store_default": info.get("libuv_store_default"),
         "probe_error": info.get("error"),
         "python": info.get("python") or platform.python_version(),
-        "python_executable": sys.executable,
+        "python_executable": python or sys.executable,
         "kernel": platform.release(),
         "platform": platform.platform(),
         "machine": platform.machine(),
@@ -439,12 +441,17 @@ def repeated_record(item: Any, runs: Sequence[Any], expectation: Any, res: Any
                       expectation=expectation, mismatches=mismatches,
                       evidence=_evidence_of(item))
     durations: Dict[str, List[Optional[float]]] = {}
+    families: Dict[str, Dict[str, int]] = {}
     for _, verdicts in runs:
         for v in verdicts:
             durations.setdefault(v.label, []).append(v.duration)
+            fam = families.setdefault(v.label, {})
+            key = family_key(v.exception, v.message)
+            fam[key] = fam.get(key, 0) + 1
     for r in rec["ranks"]:
         r["outcomes"] = dict(res.counts.get(r["label"], {}))
         r["durations"] = durations.get(r["label"], [])
+        r["families"] = families.get(r["label"], {})
     rec.update(repeat=len(runs), flaky=list(res.flaky),
                runs=[{"job": job_outcome(verdicts), "wall": run.wall,
                       "ranks": {v.label: v.outcome for v in verdicts}}
@@ -476,6 +483,13 @@ def _skip_reason(rep: Any) -> str:
     else:
         msg = getattr(rep, "longreprtext", "") or str(lr or "")
     return msg[len("Skipped: "):] if msg.startswith("Skipped: ") else msg
+
+
+def family_key(exception: Optional[str], message: Optional[str]) -> str:
+    """What a repeated rank said, as counted over its runs (``families`` of a repeated case's
+    rank): ``Exception: family``, or "" for a rank that raised nothing."""
+    fam = message_family(message)
+    return ": ".join(x for x in (exception or "", fam) if x)
 
 
 class SessionRecorder:
@@ -555,7 +569,12 @@ class SessionRecorder:
 
         session = self.config.stash.get(SESSION_KEY, None)
         sig = interrupts.interrupted()
+        python = self.config.getoption("harness_python", None)
+        if python:
+            from .interpreters import resolve
+            python = resolve(python)
         rep = build(cases, collect_errors=self.collect_errors, source="pytest",
+                    env=environment(python) if python else None,
                     argv=list(self.config.invocation_params.args),
                     duration=time.monotonic() - self.started,
                     workers=_workers(self.config),

@@ -83,7 +83,7 @@ class Spawn(LauncherSpec):
             rp = plan.new_process(label=P.parent_label(host, job), rank=None, env=env,
                                   init=plan.init_for(scn, first, total), host=host,
                                   role=P.ROLE_PARENT, argv=argv, observed=True, job=job,
-                                  cwd=scn.program_cwd())
+                                  cwd=scn.program_cwd(), python=plan.host_python(scn, host))
             if release is not None:
                 rp.release = release
             plan.add_process(rp)

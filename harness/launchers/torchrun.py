@@ -225,7 +225,7 @@ class Torchrun(LauncherSpec, AgentFlags):
             rp = plan.new_process(label=P.agent_label(host, job), rank=None, env=env,
                                   init=plan.init_for(scn, 0, scn.world_size), host=host,
                                   role=P.ROLE_AGENT, argv=argv, observed=True, job=job,
-                                  cwd=scn.program_cwd())
+                                  cwd=scn.program_cwd(), python=plan.host_python(scn, host))
             if release is not None:
                 rp.release = release
             plan.add_process(rp)
