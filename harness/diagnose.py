@@ -692,6 +692,29 @@ def agent_waiting_for_workers(c: RankContext) -> Optional[Cause]:
     return Cause(f"waiting for its workers, alive at the deadline: ranks "
                  f"{', '.join(w.label for w in workers)}", [v.reason])
 
+def agent_after_its_workers(c: RankContext) -> Optional[Cause]:
+    """An agent that failed or hung although every worker it started had ended ok: the job
+    failed after the training succeeded (its rendezvous service went away while it watched
+    its workers, say). The faults' steps done by then are named."""
+    v = c.verdict
+    if v.role != "agent" or v.outcome in ("ok", "absent"):
+        return None
+    workers = [w for w in c.verdicts if w.node == v.label]
+    if not workers or any(w.outcome != "ok" for w in workers):
+        return None
+    done = [o.ended_at for o in c.run.ranks if o.node == v.label and o.ended_at is not None]
+    by = f" (the last by {max(done):g} s)" if done else ""
+    end = v.duration if v.duration is not None else float("inf")
+    steps = [s for s in c.run.step_log if s.action == "do" and s.fault != "run" and s.t <= end]
+    what = "hung" if v.outcome == "hang" else f"{v.outcome} ({_exc_line(v)})" \
+        if v.exception else v.outcome
+    text = f"{what} after all its workers had ended ok{by}: ranks " \
+        f"{', '.join(w.label for w in workers)}"
+    if steps:
+        text += "; the faults did: " + "; ".join(f"{s.what} at {s.t:g} s" for s in steps[:3])
+    return Cause(text, [v.reason] + [f"rank {w.label}: {w.reason}" for w in workers])
+
+
 # -- launchers: agents, their workers ------------------------------------------------------------
 def _cause_of(c: RankContext, label: str, skip: Sequence[Rule]) -> str:
     """Another row's own cause (its rules minus ``skip``, so two rows never explain each other
@@ -943,6 +966,7 @@ RULES: List[Rule] = [
     stopped_by_agent,
     agent_child_failed,
     parent_child_failed,
+    agent_after_its_workers,
     rendezvous_store_lost,
     rendezvous_join_timeout,
     connected_to_a_non_store,
