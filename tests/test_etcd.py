@@ -314,3 +314,53 @@ def test_a_sigkilled_run_leaves_no_etcd_or_namespace_after_the_sweep(tmp_path):
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(ns in listed for ns in namespaces)
     assert not run.exists()          # its data directory went with the run directory
+
+
+# ---- the causes of agents on a rendezvous service (harness.diagnose, pure) --------------------
+
+def _agents_run(agent_outcome: str, worker_outcome: str, exception: Any = None,
+                backend: str = "etcd") -> Any:
+    from harness.classify import Verdict
+    from harness.diagnose import explain_run
+    from harness.observe import RunObservation, StepRecord
+
+    argv = ["-m", "torch.distributed.run", "--rdzv-backend", backend, "--rdzv-endpoint",
+            "10.0.0.254:2400", "-m", "harness.worker", "{}"]
+    run = RunObservation.from_dict({
+        "plan": {"ranks": [{"label": "agent:node0", "argv": argv}]}, "ranks": [],
+        "torch_version": "2.13.0+cpu", "wall": 40.0, "run_dir": "/tmp/r", "t0": 0.0,
+        "step_log": [StepRecord("run#1", "run", "do", "start etcd on host etcd", "host etcd",
+                                0.0).to_dict(),
+                     StepRecord("etcd_server#0.1", "etcd_server", "do",
+                                "etcd frozen (SIGSTOP)", "host etcd", 6.1).to_dict()],
+        "port_owners": [], "rules": {}, "counters": {}})
+    agent = Verdict("agent:node0", agent_outcome, "workers", 40.0 if agent_outcome == "hang"
+                    else 9.0, exception=exception, role="agent", reason="its reason")
+    worker = Verdict("0", worker_outcome, "exit", 8.5, role="worker", node="agent:node0",
+                     reason="worker reason")
+    return explain_run(run, [agent, worker])
+
+
+def test_an_agent_hung_after_its_workers_ended_ok_says_so_and_names_the_fault():
+    agent, _ = _agents_run("hang", "ok")
+    assert agent.cause.startswith("hung after all its workers had ended ok: ranks 0; the "
+                                  "faults did: etcd frozen (SIGSTOP) at 6.1 s"), agent.cause
+
+
+def test_an_agent_failed_after_its_workers_ended_ok_names_its_exception():
+    agent, _ = _agents_run("error", "ok", exception="RendezvousConnectionError")
+    assert agent.cause.startswith("error (RendezvousConnectionError) after all its workers "
+                                  "had ended ok"), agent.cause
+
+
+def test_an_agent_whose_rendezvous_service_was_faulted_says_which_and_when():
+    agent, _ = _agents_run("error", "crash", exception="EtcdConnectionFailed",
+                           backend="etcd-v2")
+    assert agent.cause == "EtcdConnectionFailed: its rendezvous service (etcd-v2 at " \
+        "10.0.0.254:2400) was faulted: etcd frozen (SIGSTOP) at 6.1 s", agent.cause
+
+
+def test_a_c10d_agent_is_not_blamed_on_a_service():
+    agent, _ = _agents_run("error", "crash", exception="RendezvousConnectionError",
+                           backend="c10d")
+    assert "rendezvous service" not in agent.cause

@@ -142,6 +142,23 @@ class EtcdUp(Step):
 
 
 @dataclass
+class EtcdAbsent(Step):
+    """Set-up, of the fault: etcd is not started (the plan's ``start`` is off); nothing to do
+    but say so in the step log and on the timeline."""
+
+    UNDO_AT_TEARDOWN: ClassVar[bool] = False
+    etcd: Optional[EtcdPlan] = None
+
+    def do(self, rt: Any) -> Dict[str, Any]:
+        assert self.etcd is not None
+        return {"endpoint": self.etcd.endpoint}
+
+    def describe(self) -> str:
+        assert self.etcd is not None
+        return f"etcd not started: nothing listens at {self.etcd.endpoint}"
+
+
+@dataclass
 class EtcdKill(Step):
     """etcd SIGKILLed (its group, reaped); ``wipe``: its data directory removed and etcd
     started again empty at once. A heal (``undo``, never at teardown) starts it again on
@@ -223,5 +240,5 @@ class EtcdDrop(Step):
         return f"etcd's client port {self.etcd.client_port} dropped on its host"
 
 
-__all__ = ["EtcdDrop", "EtcdFreeze", "EtcdKill", "EtcdPlan", "EtcdUp", "plan_etcd",
+__all__ = ["EtcdAbsent", "EtcdDrop", "EtcdFreeze", "EtcdKill", "EtcdPlan", "EtcdUp", "plan_etcd",
            "start_etcd"]

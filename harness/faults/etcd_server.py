@@ -21,7 +21,7 @@ from ..machine import NAMESPACES, Requirement
 from ..services.etcd import ETCD, PYTHON_ETCD
 from ..triggers import When
 from . import Fault
-from ._etcd import EtcdDrop, EtcdFreeze, EtcdKill
+from ._etcd import EtcdAbsent, EtcdDrop, EtcdFreeze, EtcdKill
 
 
 class EtcdServer(Fault, When):
@@ -65,6 +65,7 @@ class EtcdServer(Fault, When):
         etcd = plan.etcd
         if self.mode == "absent":
             etcd.start = False
+            plan.add_step(self, EtcdAbsent(etcd=etcd, target=etcd.where()))
             plan.notes.append(f"etcd_server: etcd is never started ({etcd.endpoint})")
             return
         target = etcd.where()
