@@ -68,6 +68,12 @@ def _agent_argv(plan: Any, label: str = "agent:node0") -> List[str]:
      "nothing to heal"),
     ("etcd: {}\nfaults: [{kind: etcd_server, mode: paused, at: 1}]\n", 8, "mode"),
     ("dns: {}\netcd: {host: dns}\n", 8, "name server's own host"),
+    ("etcd: {}\nfaults: [{kind: etcd_server, mode: frozen, at: 1, hosts: [node1]}]\n", 8,
+     "hosts is for mode dropped"),
+    ("etcd: {}\nfaults: [{kind: etcd_server, mode: dropped, at: 1, hosts: [node7]}]\n", 8,
+     "no host 'node7'"),
+    ("etcd: {host: node0}\nfaults: [{kind: etcd_server, mode: dropped, at: 1, "
+     "hosts: [node0]}]\n", 8, "etcd's own host"),
 ])
 def test_a_bad_etcd_block_or_fault_is_a_located_error(text, line, words):
     with pytest.raises(ScenarioFileError) as e:
@@ -142,6 +148,14 @@ def test_the_faults_become_steps_with_their_triggers():
         ("0", "train step 2")
     assert steps["EtcdKill"].undo_trigger is None and steps["EtcdDrop"].trigger.at == 3
     assert not type(steps["EtcdKill"]).UNDO_AT_TEARDOWN   # a kill is never healed at teardown
+    assert steps["EtcdDrop"].peers == []                   # from every host
+
+
+def test_dropped_from_some_hosts_drops_only_their_packets():
+    plan = _plan("etcd: {}\nlauncher: {kind: torchrun, rdzv_backend: etcd}\n"
+                 "faults: [{kind: etcd_server, mode: dropped, at: 3, hosts: [node1]}]\n")
+    (drop,) = [s for s in plan.steps if s.fault == "etcd_server"]
+    assert drop.peers == ["node1"] and drop.describe().endswith("(from node1 only)")
 
 
 def test_absent_leaves_etcd_unstarted_but_the_agents_still_dial_its_address():

@@ -218,6 +218,7 @@ class EtcdDrop(Step):
 
     UNDO_AT_TEARDOWN: ClassVar[bool] = False   # the rule goes with the run's namespaces
     etcd: Optional[EtcdPlan] = None
+    peers: List[str] = field(default_factory=list)   # only from these hosts (none: from all)
     _handles: List[str] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def _host(self, rt: Any) -> str:
@@ -226,8 +227,10 @@ class EtcdDrop(Step):
 
     def do(self, rt: Any) -> Dict[str, Any]:
         assert self.etcd is not None
+        peers: List[Optional[str]] = list(self.peers) or [None]   # None: from everyone
         self._handles = [rt.net.filter_rule(self._host(rt), action="drop", direction="in",
-                                            ports=[self.etcd.client_port])]
+                                            ports=[self.etcd.client_port], peer=p)
+                         for p in peers]
         return {"rules": list(self._handles), "port": self.etcd.client_port}
 
     def undo(self, rt: Any) -> None:
@@ -237,7 +240,8 @@ class EtcdDrop(Step):
 
     def describe(self) -> str:
         assert self.etcd is not None
-        return f"etcd's client port {self.etcd.client_port} dropped on its host"
+        return f"etcd's client port {self.etcd.client_port} dropped on its host" + (
+            f" (from {', '.join(self.peers)} only)" if self.peers else "")
 
 
 __all__ = ["EtcdAbsent", "EtcdDrop", "EtcdFreeze", "EtcdKill", "EtcdPlan", "EtcdUp", "plan_etcd",

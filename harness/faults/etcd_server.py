@@ -4,8 +4,9 @@ service of torchrun's ``etcd`` / ``etcd-v2`` backends.
 Modes: ``absent`` (never started: nothing listens at the endpoint the agents are given; no
 time), ``killed`` (SIGKILL; ``heal_after``: started again on its data), ``frozen`` (SIGSTOP;
 ``heal_after``: SIGCONT), ``dropped`` (an nftables drop of its client port on its host, live
-connections too; ``heal_after``: removed), ``wiped`` (SIGKILL, its data directory removed,
-started again empty at once: every key of the rendezvous is gone). The timed modes take the
+connections too; ``hosts``: only from these scenario hosts; ``heal_after``: removed),
+``wiped`` (SIGKILL, its data directory removed, started again empty at once: every key of the
+rendezvous is gone). The timed modes take the
 usual trigger (``at``, or ``phase`` + ``rank`` + ``after``): "during rendezvous" is
 ``{phase: rendezvous, rank: "agent:node0"}``, "in training step k" ``{phase: "train step k",
 rank: 0}`` (a ``ddp`` workload).
@@ -34,6 +35,9 @@ class EtcdServer(Fault, When):
         description="absent: never started; killed: SIGKILL (heal: started again on its "
         "data); frozen: SIGSTOP (heal: SIGCONT); dropped: its client port dropped on its host "
         "(heal: removed); wiped: killed, data removed, started again empty")
+    hosts: List[str] = Field(
+        default_factory=list, max_length=16, description="dropped only: the scenario hosts "
+        "cut off from etcd (default: every host)")
 
     def requirements(self, scn: Any) -> Sequence[Requirement]:
         return (ETCD, PYTHON_ETCD, NAMESPACES) if self.mode == "dropped" \
@@ -55,6 +59,18 @@ class EtcdServer(Fault, When):
         if self.mode == "wiped" and self.heal_after is not None:
             problems.append((("heal_after",), "wiped has nothing to heal: the new etcd is "
                              "already running"))
+        names = scn.host_names()
+        for i, h in enumerate(self.hosts):
+            if self.mode != "dropped":
+                problems.append((("hosts",), "hosts is for mode dropped (etcd cut off from "
+                                 "some hosts)"))
+                break
+            if h not in names:
+                problems.append((("hosts", i), f"no host {h!r} in this scenario (hosts: "
+                                 f"{', '.join(names)})"))
+            elif h == scn.etcd.host:
+                problems.append((("hosts", i), f"{h!r} is etcd's own host: its own traffic "
+                                 "does not come from a peer"))
         if self.mode == "dropped" and not scn.needs_namespaces():
             problems.append((("mode",), "dropped needs etcd on a host of the run's network "
                              "(etcd: host: a host of its own or a scenario host), not on the "
@@ -76,7 +92,8 @@ class EtcdServer(Fault, When):
         elif self.mode == "frozen":
             step = EtcdFreeze(etcd=etcd, trigger=self.trigger(), target=target)
         else:
-            step = EtcdDrop(etcd=etcd, trigger=self.trigger(), target=target)
+            step = EtcdDrop(etcd=etcd, peers=list(self.hosts), trigger=self.trigger(),
+                            target=target)
         plan.add_step(self, step)
         step.undo_trigger = self.heal(step.id)
         plan.notes.append(f"etcd_server: {self.mode}, {self.when()}")
