@@ -708,7 +708,8 @@ def _cleanup(sup: Optional[Supervisor], topo: Any, lease: Optional[PortLease], r
             keep.mkdir(parents=True, exist_ok=True)
             shutil.copytree(rundir.path, keep, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("filestore", "readonly", "owner.json",
-                                                          "pids.jsonl", "*.sock"))
+                                                          "pids.jsonl", "*.sock",
+                                                          "etcd-data"))
             if isinstance(failure, Exception):
                 (keep / "harness-error.txt").write_text(f"{failure}\n")
         except OSError as e:

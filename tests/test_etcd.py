@@ -98,7 +98,7 @@ def test_the_agents_dial_the_runs_etcd_on_its_own_host(backend):
     etcd = plan.etcd
     assert etcd.own_host and etcd.host == "etcd" and plan.service_hosts() == ["etcd"]
     assert etcd.addr.endswith(".254") and etcd.client_port != etcd.peer_port
-    assert etcd.data_dir == "/tmp/run-t1/etcd/data"
+    assert etcd.data_dir == "/tmp/run-t1/etcd/etcd-data"
     for label in ("agent:node0", "agent:node1"):
         argv = _agent_argv(plan, label)
         i = argv.index("--rdzv-endpoint")

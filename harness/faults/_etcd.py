@@ -8,7 +8,8 @@ line, readiness, requirements) is :mod:`harness.services.etcd`.
   address; ``loopback`` runs it on 127.0.0.1 of a single-host run (in the machine's network
   namespace when the run has none: no root needed).
 * Ports: a client and a peer port leased for the run (never 2379/2380, so that runs beside it
-  under ``pytest -n 4`` never share one). Data: ``<run>/etcd/data``.
+  under ``pytest -n 4`` never share one). Data: ``<run>/etcd/etcd-data`` (left out of the
+  kept evidence: etcd preallocates a 64 MB write-ahead log; its log is ``service-etcd.err``).
 * Started by the set-up step :class:`EtcdUp` through ``python -m harness.procs --exec`` (a
   death signal for a program the harness did not write; the pid record lets the next run's
   sweep kill it after a SIGKILLed run), ready when ``GET /version`` answers 200 from inside
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional
 
-from ..services.etcd import ETCD, SERVICE, EtcdAnswers, argv, plain_socket, url
+from ..services.etcd import DATA_DIR, ETCD, SERVICE, EtcdAnswers, argv, plain_socket, url
 from ..steps import RUN, Step
 
 
@@ -55,7 +56,8 @@ class EtcdPlan:
 
     @property
     def data_dir(self) -> str:
-        return str(Path(self.directory) / "data")
+        # a name of its own: the kept evidence leaves it out (etcd preallocates a 64 MB WAL)
+        return str(Path(self.directory) / DATA_DIR)
 
     @property
     def service(self) -> str:

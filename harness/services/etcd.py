@@ -27,6 +27,7 @@ from ..machine import Probe, Tool
 ETCD = Tool("etcd", package="etcd-server",
             why="the run's etcd for torchrun's etcd / etcd-v2 rendezvous (an etcd: block)")
 SERVICE = "etcd"
+DATA_DIR = "etcd-data"     # in the run directory; never copied into the kept evidence
 NAME = "harness"          # the member's name (one member)
 
 
