@@ -719,8 +719,8 @@ RDZV_SERVICE_BACKENDS = ("etcd", "etcd-v2")   # torchrun backends whose store is
 
 
 def rendezvous_service_faulted(c: RankContext) -> Optional[Cause]:
-    """An agent on a rendezvous service (``--rdzv-backend etcd|etcd-v2``) that failed or hung
-    while none of its workers had failed first, after the faults did something to the run's
+    """An agent on a rendezvous service (``--rdzv-backend etcd|etcd-v2``) that failed (not for
+    a failed worker: no ChildFailedError) or hung, after the faults did something to the run's
     services (a step whose target is no process): the service's fault is the cause."""
     v = c.verdict
     if v.role != "agent" or v.outcome in ("ok", "absent"):
@@ -729,8 +729,8 @@ def rendezvous_service_faulted(c: RankContext) -> Optional[Cause]:
     backend = _argv_opt(argv, "--rdzv-backend")
     if backend not in RDZV_SERVICE_BACKENDS:
         return None
-    if any(w.node == v.label and w.outcome not in ("ok", "crash") for w in c.verdicts):
-        return None   # a worker failed on its own: agent_child_failed says it
+    if "ChildFailedError" in (v.exception or ""):
+        return None   # it ended for a worker that failed: agent_child_failed says it
     end = v.duration if v.duration is not None else float("inf")
     steps = [s for s in c.run.step_log if s.action == "do" and s.fault != "run" and s.t <= end
              and not s.target.startswith(("rank ", "agent", "worker", "parent"))]

@@ -246,6 +246,9 @@ def test_etcd_starts_answers_v2_freezes_restarts_wiped_and_stops(tmp_path):
             freeze.do(rt)
             assert not _answers(plan)                 # frozen: no answer
             freeze.undo(rt)
+            end = time.monotonic() + 15   # thawed: answers again (a loaded machine: bounded)
+            while not _answers(plan) and time.monotonic() < end:
+                time.sleep(0.1)
             assert _answers(plan)
             old = rt.service(SERVICE).pid
             wipe.do(rt)                               # killed, data gone, a new etcd
@@ -378,3 +381,11 @@ def test_a_c10d_agent_is_not_blamed_on_a_service():
     agent, _ = _agents_run("error", "crash", exception="RendezvousConnectionError",
                            backend="c10d")
     assert "rendezvous service" not in agent.cause
+
+
+def test_an_agent_that_raised_itself_is_blamed_on_the_service_even_if_its_worker_erred():
+    # watched: the other agent's SIGTERM killed a worker, this agent's worker saw gloo's reset
+    # (error), and this agent raised RendezvousConnectionError at its own poll
+    agent, _ = _agents_run("error", "error", exception="RendezvousConnectionError",
+                           backend="etcd-v2")
+    assert "its rendezvous service (etcd-v2 at 10.0.0.254:2400) was faulted" in agent.cause
