@@ -243,7 +243,7 @@ def test_etcd_starts_answers_v2_freezes_restarts_wiped_and_stops(tmp_path):
                                         "/v2/keys/probe")
             assert (Path(etcd.data_dir) / "member").is_dir()
             freeze, wipe = [s for s in plan.steps if s.fault == "etcd_server"]
-            freeze.do(rt)
+            assert freeze.do(rt)["stopped"]           # the kernel says it is stopped
             assert not _answers(plan)                 # frozen: no answer
             freeze.undo(rt)
             end = time.monotonic() + 15   # thawed: answers again (a loaded machine: bounded)

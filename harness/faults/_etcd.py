@@ -121,6 +121,27 @@ def start_etcd(rt: Any, etcd: EtcdPlan) -> Dict[str, Any]:
     return {"pid": svc.pid, "ready_after": svc.ready_after, "service": etcd.service}
 
 
+STOP_WAIT = 2.0
+
+
+def _wait_state(pid: int, state: str, limit: float) -> bool:
+    """Poll /proc/PID/stat until the process is in ``state`` (``T``: stopped), up to
+    ``limit`` s; whether it got there."""
+    import time
+
+    end = time.monotonic() + limit
+    while True:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if stat[stat.rindex(")") + 2:].startswith(state):
+                return True
+        except (OSError, ValueError):
+            return False
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.005)
+
+
 @dataclass
 class EtcdUp(Step):
     """Set-up: start the run's etcd and wait until it answers (nothing when the scenario's
@@ -203,7 +224,11 @@ class EtcdFreeze(Step):
         assert self.etcd is not None
         svc = rt.service(self.etcd.service)
         svc.proc.signal_group(signal.SIGSTOP)
-        return {"pid": svc.pid, "signal": "SIGSTOP"}
+        # a signal is delivered when the process is next scheduled: on a loaded machine etcd
+        # answered a request after kill() had returned (watched once in the real test), so
+        # the step is done when the kernel says the process is stopped (bounded)
+        stopped = _wait_state(svc.pid, "T", STOP_WAIT)
+        return {"pid": svc.pid, "signal": "SIGSTOP", "stopped": stopped}
 
     def undo(self, rt: Any) -> None:
         assert self.etcd is not None
