@@ -701,6 +701,57 @@ def agent_waiting_for_workers(c: RankContext) -> Optional[Cause]:
     return Cause(f"waiting for its workers, alive at the deadline: ranks "
                  f"{', '.join(w.label for w in workers)}", [v.reason])
 
+def agent_after_its_workers(c: RankContext) -> Optional[Cause]:
+    """An agent that failed or hung although every worker it started had ended ok: the job
+    failed after the training succeeded (its rendezvous service went away while it watched
+    its workers, say). The faults' steps done by then are named."""
+    v = c.verdict
+    if v.role != "agent" or v.outcome in ("ok", "absent"):
+        return None
+    workers = [w for w in c.verdicts if w.node == v.label]
+    if not workers or any(w.outcome != "ok" for w in workers):
+        return None
+    done = [o.ended_at for o in c.run.ranks if o.node == v.label and o.ended_at is not None]
+    by = f" (the last by {max(done):g} s)" if done else ""
+    end = v.duration if v.duration is not None else float("inf")
+    steps = [s for s in c.run.step_log if s.action == "do" and s.fault != "run" and s.t <= end]
+    what = "hung" if v.outcome == "hang" else f"{v.outcome} ({v.exception})" \
+        if v.exception else v.outcome
+    text = f"{what} after all its workers had ended ok{by}: ranks " \
+        f"{', '.join(w.label for w in workers)}"
+    if steps:
+        text += "; the faults did: " + "; ".join(f"{s.what} at {s.t:g} s" for s in steps[:3])
+    return Cause(text, [v.reason] + [f"rank {w.label}: {w.reason}" for w in workers])
+
+
+RDZV_SERVICE_BACKENDS = ("etcd", "etcd-v2")   # torchrun backends whose store is a service
+
+
+def rendezvous_service_faulted(c: RankContext) -> Optional[Cause]:
+    """An agent on a rendezvous service (``--rdzv-backend etcd|etcd-v2``) that failed (not for
+    a failed worker: no ChildFailedError) or hung, after the faults did something to the run's
+    services (a step whose target is no process): the service's fault is the cause."""
+    v = c.verdict
+    if v.role != "agent" or v.outcome in ("ok", "absent"):
+        return None
+    argv = list(c.plan_rank(v.label).get("argv") or [])
+    backend = _argv_opt(argv, "--rdzv-backend")
+    if backend not in RDZV_SERVICE_BACKENDS:
+        return None
+    if "ChildFailedError" in (v.exception or ""):
+        return None   # it ended for a worker that failed: agent_child_failed says it
+    end = v.duration if v.duration is not None else float("inf")
+    steps = [s for s in c.run.step_log if s.action == "do" and s.fault != "run" and s.t <= end
+             and not s.target.startswith(("rank ", "agent", "worker", "parent"))]
+    if not steps:
+        return None
+    what = "hung" if v.outcome == "hang" else (v.exception or v.outcome)
+    ep = _argv_opt(argv, "--rdzv-endpoint")
+    return Cause(f"{what}: its rendezvous service ({backend} at {ep}) was faulted: "
+                 + "; ".join(f"{s.what} at {s.t:g} s" for s in steps[:3]),
+                 [v.reason] + [f"step {s.step}: {s.what} at {s.t:g} s" for s in steps[:3]])
+
+
 # -- launchers: agents, their workers ------------------------------------------------------------
 def _cause_of(c: RankContext, label: str, skip: Sequence[Rule]) -> str:
     """Another row's own cause (its rules minus ``skip``, so two rows never explain each other
@@ -1439,6 +1490,8 @@ RULES: List[Rule] = [
     parent_child_failed,
     srun_failed,
     stopped_by_slurm,
+    agent_after_its_workers,
+    rendezvous_service_faulted,
     rendezvous_store_lost,
     rendezvous_join_timeout,
     connected_to_a_non_store,

@@ -782,7 +782,8 @@ def run_scenario(scn: Scenario, keep: Optional[Path] = None,
 
 
 _NOT_EVIDENCE = shutil.ignore_patterns("filestore", "readonly", "owner.json", "pids.jsonl",
-                                       "*.sock", "munge")   # munge: the Slurm cluster's key
+                                       "*.sock", "munge",   # munge: the Slurm cluster's key
+                                       "etcd-data")   # etcd preallocates a 64 MB log there
 
 
 def _not_evidence(folder: str, names: List[str]) -> Set[str]:

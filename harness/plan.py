@@ -180,10 +180,14 @@ class RunPlan:
     start: str = "fresh"             # what the run asked for: fresh | fork (ranks say what
     #                                  each got: RankPlan.start, start_note)
     dns: Any = None                  # harness.services.dns.DnsPlan (a dns: block), else None
+    etcd: Any = None                 # harness.faults._etcd.EtcdPlan (an etcd: block), else None
 
     def service_hosts(self) -> List[str]:
-        """Hosts of the run's services (no ranks): the name server's."""
-        return [self.dns.host] if self.dns is not None else []
+        """Hosts of the run's services (no ranks): the name server's, then etcd's own."""
+        out = [self.dns.host] if self.dns is not None else []
+        if self.etcd is not None and self.etcd.own_host:
+            out.append(self.etcd.host)
+        return out
 
     def rank(self, label: Any) -> RankPlan:
         """A process the launcher starts, by label: a rank ("1"), an agent ("agent:node0")..."""
@@ -446,7 +450,8 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
     run_id = run_id or Path(run_dir).name.replace("run-", "").replace("-", "_")
     multi = scn.hosts is not None and len(scn.hosts) > 1
     use_ns = scn.needs_namespaces() or (netns and scn.isolate == "auto")
-    link = multi or scn.dns is not None or any(f.needs_link for f in faults)
+    own_etcd = scn.etcd is not None and scn.etcd.own_host(scn.host_names())
+    link = multi or scn.dns is not None or own_etcd or any(f.needs_link for f in faults)
     hosts = plan_hosts(scn, run_id, use_ns, link)
     master = next(h for h in hosts if h.name == (scn.master_host or hosts[0].name))
     addr = master.addr if link else scn.master_addr
@@ -463,6 +468,10 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
         link=link, run_id=run_id, launcher=scn.launcher, program=scn.program_dict(),
         url_port=port2, ip=scn.ip, start=scn.start,
     )
+    if scn.etcd is not None:   # the run's etcd, before the launcher, which points at it
+        from .faults._etcd import plan_etcd
+
+        plan_etcd(plan, scn)
     scn.launcher.plan(plan, scn)
     if not use_ns:
         plan.add_step(RUN, WriteResolverView(path=resolver_view(run_dir, hosts[0]),

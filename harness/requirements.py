@@ -54,6 +54,16 @@ def skip_reason(scn: Scenario, env: Dict[str, Any]) -> Optional[str]:
         why = DNSMASQ.missing()
         if why:
             return f"dns: {why}"
+    if scn.etcd is not None:
+        from .services.etcd import ETCD, PYTHON_ETCD
+
+        if scn.etcd.binary is None:
+            why = ETCD.missing()
+        else:
+            why = _program_missing(scn.etcd.binary)
+        why = why or PYTHON_ETCD.missing()
+        if why:
+            return f"etcd: {why}"
     if scn.hostnames == "own" or any(h.hostname for h in scn.hosts or []):
         for tool in HOST_NAMES:
             why = tool.missing()
@@ -73,6 +83,17 @@ def skip_reason(scn: Scenario, env: Dict[str, Any]) -> Optional[str]:
             if why:
                 return f"{f.kind}: {why}"
     return None
+
+
+def _program_missing(path: str) -> Optional[str]:
+    """Why a program given by path (or name) cannot be run, or None."""
+    import os
+    import shutil
+
+    found = shutil.which(path) if os.sep not in path else (path if os.access(path, os.X_OK)
+                                                           else None)
+    return None if found else f"the etcd program {path!r} is not there or not executable " \
+        "(etcd: binary:)"
 
 
 def backend_missing(scn: Scenario, env: Dict[str, Any]) -> Optional[str]:
@@ -103,6 +124,10 @@ def all_requirements() -> List[Requirement]:
     from .services.dns import DNSMASQ
 
     seen.setdefault(DNSMASQ.name, DNSMASQ)
+    from .services.etcd import ETCD, PYTHON_ETCD
+
+    seen.setdefault(ETCD.name, ETCD)
+    seen.setdefault(PYTHON_ETCD.name, PYTHON_ETCD)
     for tool in HOST_NAMES:
         seen[tool.name] = tool
     from .services.slurm import ROOT, TOOLS

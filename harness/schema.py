@@ -581,6 +581,25 @@ class Host(Strict):
 DNS_NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,62})(\.[a-z0-9]([a-z0-9-]{0,62}))*$"
 
 
+class Etcd(Strict):
+    """The run's own etcd (``etcd:``), for torchrun's ``etcd`` / ``etcd-v2`` rendezvous: one
+    member with ``--enable-v2``, its data directory and leased ports in the run directory
+    (harness.services.etcd, harness.faults._etcd)."""
+
+    host: str = Field(
+        "etcd", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,15}$",
+        description="where it runs: a host of its own of this name (the default 'etcd': no "
+        "ranks on it, on the run's link), a host of the scenario (beside that agent), or "
+        "'loopback' (127.0.0.1 of a single-host run: no namespaces needed)")
+    binary: Optional[str] = Field(
+        None, max_length=MAX_SHORT, description="the etcd program (default: etcd on PATH, "
+        "Debian's etcd-server)")
+
+    def own_host(self, scenario_hosts: List[str]) -> bool:
+        """It runs on a host of its own (not a scenario host, not loopback)."""
+        return self.host != "loopback" and self.host not in scenario_hosts
+
+
 class Dns(Strict):
     """The run's own name server (``dns:``): dnsmasq on a host of its own, with no upstream;
     every scenario host resolves through it (harness.services.dns)."""
@@ -716,6 +735,9 @@ class Scenario(Strict):
     dns: Optional[Dns] = Field(
         None, description="a real name server in the topology (dnsmasq, no upstream) that "
         "every host resolves with: records, search domain, the master's name (README: DNS)")
+    etcd: Optional[Etcd] = Field(
+        None, description="a real etcd of the run, for torchrun's etcd / etcd-v2 rendezvous "
+        "(README: etcd)")
     expect: List[Expect] = Field(
         default_factory=lambda: [Expect()], max_length=MAX_EXPECT_BLOCKS,
         description="one block, or a list of torch-scoped blocks (the first whose 'torch' range "
@@ -906,6 +928,20 @@ class Scenario(Strict):
                                   "the run's own network) or loopback")
         return self
 
+    @model_validator(mode="after")
+    def _etcd_host(self) -> Scenario:
+        if self.etcd is None:
+            return self
+        names = self.host_names()
+        if self.etcd.host == "loopback" and len(names) > 1:
+            raise located("etcd", "host 'loopback' is for a single-host run: with several "
+                          "hosts the agents could not reach it; give a host of the scenario "
+                          "or a name of its own")
+        if self.dns is not None and self.etcd.host == self.dns.host:
+            raise located("etcd", f"host {self.etcd.host!r} is the name server's own host: "
+                          "give etcd another host")
+        return self
+
     def host_names(self) -> List[str]:
         return [h.name for h in self.hosts] if self.hosts else ["local"]
 
@@ -921,7 +957,9 @@ class Scenario(Strict):
         says so (a literal port), or ``isolate: always``."""
         multi = self.hosts is not None and len(self.hosts) > 1
         whole = self.hostnames == "own" or any(h.is_whole_machine() for h in self.hosts or [])
+        own_etcd = self.etcd is not None and self.etcd.own_host(self.host_names())
         return multi or whole or self.isolate == "always" or self.dns is not None \
+            or own_etcd \
             or any(f.needs_netns for f in self.faults) \
             or self.launcher.needs_netns(self)
 

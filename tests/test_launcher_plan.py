@@ -150,7 +150,7 @@ def test_launcher_problems_are_located():
         launcher:
           kind: torchrun
           nnodes: "2:x"
-          rdzv_backend: etcd
+          rdzv_backend: zookeeper
           rdzv_conf: {nonsense: 1}
           agents:
             nowhere: {max_restarts: 1}

@@ -13,7 +13,9 @@ them for one agent, ``null`` there drops a flag):
 
 * ``nnodes`` (``2`` or ``"1:2"``; default: the number of hosts), ``nproc_per_node`` (default:
   the host's ranks), ``node_rank`` (default: the agent's index, with the static backend);
-* ``rdzv_backend`` (static | c10d; torchrun's default is static), ``rdzv_endpoint``
+* ``rdzv_backend`` (static | c10d | etcd | etcd-v2; torchrun's default is static; the etcd
+  ones on the run's own etcd, the scenario's ``etcd:`` block, whose address is then the
+  endpoint), ``rdzv_endpoint``
   (``HOST[:PORT]``: HOST a host of the scenario, written as its address on the run's link, or
   a loopback address or name; PORT omitted: the run's leased port), ``rdzv_id``, ``rdzv_conf``
   (``join_timeout``, ``last_call_timeout``, ``close_timeout``, ``read_timeout``, ``timeout``,
@@ -55,6 +57,7 @@ FLAGS = ("nnodes", "nproc_per_node", "node_rank", "rdzv_backend", "rdzv_endpoint
          "rdzv_conf", "master_addr", "master_port", "standalone", "max_restarts",
          "monitor_interval", "args")
 MODULE = "torch.distributed.run"
+ETCD_BACKENDS = ("etcd", "etcd-v2")   # on the run's etcd (harness.faults._etcd)
 
 
 class AgentFlags(BaseModel):
@@ -67,7 +70,8 @@ class AgentFlags(BaseModel):
     nproc_per_node: Optional[int] = Field(None, ge=1, le=MAX_WORLD,
                                           description="--nproc-per-node")
     node_rank: Optional[int] = Field(None, ge=0, le=MAX_HOSTS, description="--node-rank")
-    rdzv_backend: Optional[Literal["static", "c10d"]] = Field(None, description="--rdzv-backend")
+    rdzv_backend: Optional[Literal["static", "c10d", "etcd", "etcd-v2"]] = Field(
+        None, description="--rdzv-backend (etcd, etcd-v2: on the run's etcd, an etcd: block)")
     rdzv_endpoint: Optional[str] = Field(None, max_length=MAX_ADDR + 6,
                                          description="--rdzv-endpoint HOST[:PORT]")
     rdzv_id: Optional[str] = Field(None, pattern=ID_RE, description="--rdzv-id")
@@ -201,6 +205,17 @@ class Torchrun(LauncherSpec, AgentFlags):
                 why = refuse_address(host.strip("[]"))
                 if why:
                     out.append((where + (name,), why))
+        for where, flags in [((), self)] + [(("agents", k), f) for k, f in self.agents.items()]:
+            if flags.rdzv_backend not in ETCD_BACKENDS:
+                continue
+            if scn.etcd is None:
+                out.append((where + ("rdzv_backend",), f"rdzv_backend {flags.rdzv_backend} "
+                            "needs the scenario's etcd: block (the run's own etcd; e.g. "
+                            "etcd: {host: etcd})"))
+            if flags.rdzv_endpoint is not None:
+                out.append((where + ("rdzv_endpoint",), f"with rdzv_backend "
+                            f"{flags.rdzv_backend} the endpoint is the run's etcd: leave "
+                            "rdzv_endpoint out"))
         if scn.init != "env":
             out.append((("kind",), f"torchrun's workers initialise from the environment it "
                         f"sets: use init: env (the scenario says {scn.init!r})"))
@@ -254,7 +269,8 @@ class Torchrun(LauncherSpec, AgentFlags):
         endpoint = get("rdzv_endpoint")
         maddr, mport = get("master_addr"), get("master_port")
         # several hosts and no rendezvous given: the static recipe on the master host
-        recipe = n_agents > 1 and not (endpoint[0] or maddr[0] or mport[0] or standalone)
+        recipe = n_agents > 1 and not (endpoint[0] or maddr[0] or mport[0] or standalone
+                                       or backend[1] in ETCD_BACKENDS)
         given, nnodes = get("nnodes")
         if not given:
             nnodes = None if standalone else n_agents
@@ -275,6 +291,8 @@ class Torchrun(LauncherSpec, AgentFlags):
             out += ["--rdzv-backend", backend[1]]
         if endpoint[1] is not None:
             out += ["--rdzv-endpoint", self.endpoint(plan, endpoint[1])]
+        elif backend[1] in ETCD_BACKENDS and plan.etcd is not None:
+            out += ["--rdzv-endpoint", plan.etcd.endpoint]
         given, rid = get("rdzv_id")
         if rid is not None:
             out += ["--rdzv-id", rid]

@@ -1,0 +1,99 @@
+"""etcd_server: a fault on the run's etcd (the scenario's ``etcd:`` block), the rendezvous
+service of torchrun's ``etcd`` / ``etcd-v2`` backends.
+
+Modes: ``absent`` (never started: nothing listens at the endpoint the agents are given; no
+time), ``killed`` (SIGKILL; ``heal_after``: started again on its data), ``frozen`` (SIGSTOP;
+``heal_after``: SIGCONT), ``dropped`` (an nftables drop of its client port on its host, live
+connections too; ``hosts``: only from these scenario hosts; ``heal_after``: removed),
+``wiped`` (SIGKILL, its data directory removed, started again empty at once: every key of the
+rendezvous is gone). The timed modes take the
+usual trigger (``at``, or ``phase`` + ``rank`` + ``after``): "during rendezvous" is
+``{phase: rendezvous, rank: "agent:node0"}``, "in training step k" ``{phase: "train step k",
+rank: 0}`` (a ``ddp`` workload).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, List, Literal, Sequence
+
+from pydantic import Field
+
+from ..machine import NAMESPACES, Requirement
+from ..services.etcd import ETCD, PYTHON_ETCD
+from ..triggers import When
+from . import Fault
+from ._etcd import EtcdAbsent, EtcdDrop, EtcdFreeze, EtcdKill
+
+
+class EtcdServer(Fault, When):
+    kind: Literal["etcd_server"] = "etcd_server"
+    summary = "the run's etcd (torchrun's etcd rendezvous): never started, killed, frozen, " \
+        "unreachable, wiped"
+    HINTS = ("a rendezvous service that is down", "etcd killed", "etcd frozen")
+    REQUIRES: ClassVar[Sequence[Requirement]] = (ETCD, PYTHON_ETCD, NAMESPACES)
+    mode: Literal["absent", "killed", "frozen", "dropped", "wiped"] = Field(
+        description="absent: never started; killed: SIGKILL (heal: started again on its "
+        "data); frozen: SIGSTOP (heal: SIGCONT); dropped: its client port dropped on its host "
+        "(heal: removed); wiped: killed, data removed, started again empty")
+    hosts: List[str] = Field(
+        default_factory=list, max_length=16, description="dropped only: the scenario hosts "
+        "cut off from etcd (default: every host)")
+
+    def requirements(self, scn: Any) -> Sequence[Requirement]:
+        return (ETCD, PYTHON_ETCD, NAMESPACES) if self.mode == "dropped" \
+            else (ETCD, PYTHON_ETCD)
+
+    def check(self, scn: Any) -> List[Any]:
+        problems = super().check(scn)
+        if getattr(scn, "etcd", None) is None:
+            return problems + [(("kind",), "etcd_server needs the scenario's etcd: block (the "
+                                "run's own etcd)")]
+        timed = self.at is not None or self.phase is not None
+        if self.mode == "absent":
+            if timed or self.heal_after is not None:
+                problems.append((("mode",), "absent: etcd never starts; give no at, phase or "
+                                 "heal_after (killed is the mode for a time)"))
+        elif not timed:
+            problems.append((("mode",), f"{self.mode}: give when, 'at' (seconds) or 'phase' "
+                             "(+ rank), e.g. {phase: rendezvous, rank: 'agent:node0'}"))
+        if self.mode == "wiped" and self.heal_after is not None:
+            problems.append((("heal_after",), "wiped has nothing to heal: the new etcd is "
+                             "already running"))
+        names = scn.host_names()
+        for i, h in enumerate(self.hosts):
+            if self.mode != "dropped":
+                problems.append((("hosts",), "hosts is for mode dropped (etcd cut off from "
+                                 "some hosts)"))
+                break
+            if h not in names:
+                problems.append((("hosts", i), f"no host {h!r} in this scenario (hosts: "
+                                 f"{', '.join(names)})"))
+            elif h == scn.etcd.host:
+                problems.append((("hosts", i), f"{h!r} is etcd's own host: its own traffic "
+                                 "does not come from a peer"))
+        if self.mode == "dropped" and not scn.needs_namespaces():
+            problems.append((("mode",), "dropped needs etcd on a host of the run's network "
+                             "(etcd: host: a host of its own or a scenario host), not on the "
+                             "machine's loopback"))
+        return problems
+
+    def apply(self, plan: Any, scn: Any) -> None:
+        etcd = plan.etcd
+        if self.mode == "absent":
+            etcd.start = False
+            plan.add_step(self, EtcdAbsent(etcd=etcd, target=etcd.where()))
+            plan.notes.append(f"etcd_server: etcd is never started ({etcd.endpoint})")
+            return
+        target = etcd.where()
+        step: Any
+        if self.mode in ("killed", "wiped"):
+            step = EtcdKill(etcd=etcd, wipe=self.mode == "wiped", trigger=self.trigger(),
+                            target=target)
+        elif self.mode == "frozen":
+            step = EtcdFreeze(etcd=etcd, trigger=self.trigger(), target=target)
+        else:
+            step = EtcdDrop(etcd=etcd, peers=list(self.hosts), trigger=self.trigger(),
+                            target=target)
+        plan.add_step(self, step)
+        step.undo_trigger = self.heal(step.id)
+        plan.notes.append(f"etcd_server: {self.mode}, {self.when()}")
