@@ -389,3 +389,42 @@ def test_an_agent_that_raised_itself_is_blamed_on_the_service_even_if_its_worker
     agent, _ = _agents_run("error", "error", exception="RendezvousConnectionError",
                            backend="etcd-v2")
     assert "its rendezvous service (etcd-v2 at 10.0.0.254:2400) was faulted" in agent.cause
+
+
+def test_a_slow_etcd_is_stopped_most_of_the_time_and_runs_after_the_heal(tmp_path):
+    """mode slow: the duty cycle really stops etcd (the kernel's state, sampled) and the heal
+    leaves it running and answering."""
+    from harness.ports import PortLease
+
+    single = "name: e\nabout: etcd\nworld_size: 2\ntimeout: 5\nworkload: [barrier]\n"
+    (scn,) = load_text(single + "etcd: {host: loopback}\n"
+                       "launcher: {kind: torchrun, rdzv_backend: etcd}\n"
+                       "faults: [{kind: etcd_server, mode: slow, stopped_ms: 300, "
+                       "running_ms: 50, at: 1}]\n", "e.yaml")
+    lease = PortLease()
+    try:
+        plan = make_plan(scn, str(tmp_path), lease.take, netns=False, run_id="t3")
+        rt = _Rt(tmp_path, plan)
+        try:
+            (up,) = [s for s in plan.steps if type(s).__name__ == "EtcdUp"]
+            up.do(rt)
+            (slow,) = [s for s in plan.steps if s.fault == "etcd_server"]
+            assert slow.do(rt) == {"stopped_ms": 300, "running_ms": 50}
+            pid = rt.service(SERVICE).pid
+            states = []
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:
+                states.append(Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0])
+                time.sleep(0.01)
+            stopped = states.count("T") / len(states)
+            assert stopped > 0.5, (stopped, len(states))   # 300 of every 350 ms, loosely
+            slow.undo(rt)
+            assert Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "T"
+            end = time.monotonic() + 15
+            while not _answers(plan) and time.monotonic() < end:
+                time.sleep(0.1)
+            assert _answers(plan)
+        finally:
+            assert rt.services.stop_all() == []
+    finally:
+        lease.release()

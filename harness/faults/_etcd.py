@@ -239,6 +239,54 @@ class EtcdFreeze(Step):
 
 
 @dataclass
+class EtcdSlow(Step):
+    """etcd made slow: a duty cycle of SIGSTOP for ``stopped_ms`` and SIGCONT for
+    ``running_ms``, kept by a thread of the supervisor until the heal (or teardown), which
+    leaves it running. Every request waits up to ``stopped_ms`` for its answer; a client whose
+    own timeout is shorter sees a slow service as a dead one."""
+
+    etcd: Optional[EtcdPlan] = None
+    stopped_ms: int = 200
+    running_ms: int = 50
+    _stop: Any = field(default=None, init=False, repr=False, compare=False)
+    _thread: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def do(self, rt: Any) -> Dict[str, Any]:
+        import threading
+
+        assert self.etcd is not None
+        proc = rt.service(self.etcd.service).proc
+        stop = threading.Event()
+        cycles = [0]
+
+        def cycle() -> None:
+            while not stop.is_set():
+                proc.signal_group(signal.SIGSTOP)
+                cycles[0] += 1
+                if stop.wait(self.stopped_ms / 1000.0):
+                    break
+                proc.signal_group(signal.SIGCONT)
+                stop.wait(self.running_ms / 1000.0)
+            proc.signal_group(signal.SIGCONT)
+
+        self._stop, self._thread = stop, threading.Thread(target=cycle, name="etcd-slow",
+                                                          daemon=True)
+        self._thread.start()
+        return {"stopped_ms": self.stopped_ms, "running_ms": self.running_ms}
+
+    def undo(self, rt: Any) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            self._thread.join(timeout=2.0)
+            self._stop = self._thread = None
+        assert self.etcd is not None
+        rt.service(self.etcd.service).proc.signal_group(signal.SIGCONT)
+
+    def describe(self) -> str:
+        return f"etcd slow (stopped {self.stopped_ms} ms, running {self.running_ms} ms, again)"
+
+
+@dataclass
 class EtcdDrop(Step):
     """etcd unreachable: an nftables drop of every packet to its client port on its host
     (established connections too); the heal removes it."""

@@ -6,7 +6,8 @@ time), ``killed`` (SIGKILL; ``heal_after``: started again on its data), ``frozen
 ``heal_after``: SIGCONT), ``dropped`` (an nftables drop of its client port on its host, live
 connections too; ``hosts``: only from these scenario hosts; ``heal_after``: removed),
 ``wiped`` (SIGKILL, its data directory removed, started again empty at once: every key of the
-rendezvous is gone). The timed modes take the
+rendezvous is gone), ``slow`` (a duty cycle: SIGSTOP for ``stopped_ms``, SIGCONT for
+``running_ms``, again, until the heal). The timed modes take the
 usual trigger (``at``, or ``phase`` + ``rank`` + ``after``): "during rendezvous" is
 ``{phase: rendezvous, rank: "agent:node0"}``, "in training step k" ``{phase: "train step k",
 rank: 0}`` (a ``ddp`` workload).
@@ -22,19 +23,24 @@ from ..machine import NAMESPACES, Requirement
 from ..services.etcd import ETCD, PYTHON_ETCD
 from ..triggers import When
 from . import Fault
-from ._etcd import EtcdAbsent, EtcdDrop, EtcdFreeze, EtcdKill
+from ._etcd import EtcdAbsent, EtcdDrop, EtcdFreeze, EtcdKill, EtcdSlow
 
 
 class EtcdServer(Fault, When):
     kind: Literal["etcd_server"] = "etcd_server"
     summary = "the run's etcd (torchrun's etcd rendezvous): never started, killed, frozen, " \
-        "unreachable, wiped"
+        "unreachable, wiped, slow"
     HINTS = ("a rendezvous service that is down", "etcd killed", "etcd frozen")
     REQUIRES: ClassVar[Sequence[Requirement]] = (ETCD, PYTHON_ETCD, NAMESPACES)
-    mode: Literal["absent", "killed", "frozen", "dropped", "wiped"] = Field(
+    mode: Literal["absent", "killed", "frozen", "dropped", "wiped", "slow"] = Field(
         description="absent: never started; killed: SIGKILL (heal: started again on its "
         "data); frozen: SIGSTOP (heal: SIGCONT); dropped: its client port dropped on its host "
-        "(heal: removed); wiped: killed, data removed, started again empty")
+        "(heal: removed); wiped: killed, data removed, started again empty; slow: stopped "
+        "stopped_ms, running running_ms, again (heal: running)")
+    stopped_ms: int = Field(200, ge=1, le=60000, description="slow only: how long each stop "
+                            "lasts (ms)")
+    running_ms: int = Field(50, ge=1, le=60000, description="slow only: how long it runs "
+                            "between stops (ms)")
     hosts: List[str] = Field(
         default_factory=list, max_length=16, description="dropped only: the scenario hosts "
         "cut off from etcd (default: every host)")
@@ -56,6 +62,8 @@ class EtcdServer(Fault, When):
         elif not timed:
             problems.append((("mode",), f"{self.mode}: give when, 'at' (seconds) or 'phase' "
                              "(+ rank), e.g. {phase: rendezvous, rank: 'agent:node0'}"))
+        if self.mode != "slow" and ({"stopped_ms", "running_ms"} & self.model_fields_set):
+            problems.append((("mode",), "stopped_ms and running_ms are for mode slow"))
         if self.mode == "wiped" and self.heal_after is not None:
             problems.append((("heal_after",), "wiped has nothing to heal: the new etcd is "
                              "already running"))
@@ -91,6 +99,9 @@ class EtcdServer(Fault, When):
                             target=target)
         elif self.mode == "frozen":
             step = EtcdFreeze(etcd=etcd, trigger=self.trigger(), target=target)
+        elif self.mode == "slow":
+            step = EtcdSlow(etcd=etcd, stopped_ms=self.stopped_ms, running_ms=self.running_ms,
+                            trigger=self.trigger(), target=target)
         else:
             step = EtcdDrop(etcd=etcd, peers=list(self.hosts), trigger=self.trigger(),
                             target=target)
