@@ -585,6 +585,20 @@ def a_peer_was_frozen(c: RankContext) -> Optional[Cause]:
                  [_exc_line(v)] if v.exception else [v.reason])
 
 
+def _ended_at(c: RankContext, v: Verdict) -> float:
+    """When a row ended: its duration, or earlier the time the scenario's fault sent the signal
+    that killed it (the supervisor notices an exit on its next poll, after the peer that saw
+    the connection close may already have raised)."""
+    end = float(v.duration if v.duration is not None else 1e9)
+    o = c.obs_of(v.label)
+    if o is not None and v.outcome == "crash" and v.returncode is not None and v.returncode < 0:
+        fatal = [x.t for x in o.signals
+                 if "SIG" + x.signal.removeprefix("SIG") == signal_name(v.returncode)]
+        if fatal:
+            end = min(end, float(fatal[0]))
+    return end
+
+
 def peer_died(c: RankContext) -> Optional[Cause]:
     """gloo's connection to a peer closed or reset: the one other rank that had ended before it
     (killed, or failed on its own)."""
@@ -594,7 +608,7 @@ def peer_died(c: RankContext) -> Optional[Cause]:
     at = re.search(r"\[([^\]]+)\]:(\d+)", msg)
     dead = [v for v in c.verdicts if v.label != c.verdict.label and v.role in ("rank", "worker")
             and v.outcome in ("crash", "error", "timeout") and v.duration is not None
-            and v.duration <= c.verdict.duration
+            and _ended_at(c, v) <= c.verdict.duration
             and (at is None or v.addr in (at.group(1), ""))]
     if len(dead) > 1:   # one killed, the others failing after it: the killed one is the cause
         crashed = [v for v in dead if v.outcome == "crash"]
@@ -607,7 +621,7 @@ def peer_died(c: RankContext) -> Optional[Cause]:
     how = "died" if d.outcome == "crash" else f"ended ({d.outcome})"
     where = f" ([{at.group(1)}]:{at.group(2)})" if at else ""
     return Cause(f"its gloo connection to rank {d.label}{where} was closed: rank {d.label} had "
-                 f"{how} at {d.duration:g} s: {own}",
+                 f"{how} at {round(_ended_at(c, d), 3):g} s: {own}",
                  [_exc_line(c.verdict), f"rank {d.label}: {d.reason}"])
 
 
