@@ -40,6 +40,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -131,10 +132,34 @@ def _loopback(addr: str) -> bool:
 
 
 def interfaces() -> Dict[str, List[str]]:
+    """Interface -> its addresses as ``addr/prefix`` (IPv4 and IPv6)."""
     import psutil
 
-    return {name: [a.address for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6)]
-            for name, addrs in psutil.net_if_addrs().items()}
+    out: Dict[str, List[str]] = {}
+    for name, addrs in psutil.net_if_addrs().items():
+        for a in addrs:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                addr = a.address.split("%")[0]
+                try:
+                    net = ipaddress.ip_interface(f"{addr}/{a.netmask}") if a.netmask else \
+                        ipaddress.ip_interface(addr)
+                except ValueError:
+                    net = ipaddress.ip_interface(addr)
+                out.setdefault(name, []).append(f"{addr}/{net.network.prefixlen}")
+    return out
+
+
+def _holder(addr: str, ifs: Dict[str, List[str]]) -> Optional[str]:
+    """The interface whose address is ``addr``, else whose network holds it (lo's 127/8)."""
+    ip = ipaddress.ip_address(addr.split("%")[0])
+    for exact in (True, False):
+        for name, addrs in ifs.items():
+            for a in addrs:
+                i = ipaddress.ip_interface(a)
+                if (i.ip == ip) if exact else (ip in i.network and i.network.prefixlen < 32
+                                               and i.version == ip.version):
+                    return name
+    return None
 
 
 def gloo_interface(hostname: str, own: List[str], ifs: Dict[str, List[str]]
@@ -143,7 +168,8 @@ def gloo_interface(hostname: str, own: List[str], ifs: Dict[str, List[str]]
     want = os.environ.get("GLOO_SOCKET_IFNAME", "")
     if want:
         name = want.split(",")[0]
-        addrs = [a for a in ifs.get(name, []) if ":" not in a] or ifs.get(name, [])
+        addrs = [a.split("/")[0] for a in ifs.get(name, [])]
+        addrs = [a for a in addrs if ":" not in a] or addrs
         if not addrs:
             return {"source": "GLOO_SOCKET_IFNAME", "ifname": name, "addr": None,
                     "problem": f"GLOO_SOCKET_IFNAME={want} but this node has no interface "
@@ -151,14 +177,14 @@ def gloo_interface(hostname: str, own: List[str], ifs: Dict[str, List[str]]
         return {"source": "GLOO_SOCKET_IFNAME", "ifname": name, "addr": addrs[0],
                 "problem": None}
     for addr in own:
-        for name, addrs in ifs.items():
-            if addr in addrs:
-                problem = None
-                if _loopback(addr):
-                    problem = (f"GLOO_SOCKET_IFNAME unset and {hostname} resolves to {addr} "
-                               f"({name}): gloo would advertise loopback to its peers")
-                return {"source": f"host name {hostname}", "ifname": name, "addr": addr,
-                        "problem": problem}
+        holder = _holder(addr, ifs)
+        if holder is not None:
+            problem = None
+            if _loopback(addr):
+                problem = (f"GLOO_SOCKET_IFNAME unset and {hostname} resolves to {addr} "
+                           f"({holder}): gloo would advertise loopback to its peers")
+            return {"source": f"host name {hostname}", "ifname": holder, "addr": addr,
+                    "problem": problem}
     first = own[0] if own else None
     return {"source": f"host name {hostname}", "ifname": None, "addr": first,
             "problem": f"{hostname} resolves to {', '.join(own) or 'nothing'}, an address on "
@@ -182,14 +208,38 @@ def versions() -> Dict[str, Optional[str]]:
     return out
 
 
-def _dial(addr: str, port: int, bound: float) -> Dict[str, Any]:
+def _dial(addr: str, port: int, bound: float, expect: str) -> Dict[str, Any]:
+    """Connect, then read the listener's node name: reaching *a* listener is not enough (a
+    loopback address reaches the dialler itself)."""
     t0 = time.monotonic()
     try:
-        with socket.create_connection((addr, port), timeout=bound):
+        with socket.create_connection((addr, port), timeout=bound) as s:
+            s.settimeout(max(0.1, bound - (time.monotonic() - t0)))
+            who = s.recv(256).decode(errors="replace").strip()
+            if who != expect:
+                return {"ok": False, "s": round(time.monotonic() - t0, 3),
+                        "error": f"{addr}:{port} answered as {who or 'nothing'!r}, not {expect}"
+                                 + (" (a loopback address reaches the dialler itself)"
+                                    if _loopback(addr) else "")}
             return {"ok": True, "s": round(time.monotonic() - t0, 3)}
     except OSError as e:
         return {"ok": False, "s": round(time.monotonic() - t0, 3),
                 "error": (type(e).__name__ + (f": {e}" if str(e) else ""))}
+
+
+def _answer(s: socket.socket, node: str) -> None:
+    """A listener's loop: each connection is told this node's name (until the socket closes)."""
+    while True:
+        try:
+            c, _ = s.accept()
+        except OSError:
+            return
+        try:
+            c.sendall(f"{node}\n".encode())
+        except OSError:
+            pass
+        finally:
+            c.close()
 
 
 # -- the collective, in a child ----------------------------------------------------------------
@@ -282,6 +332,7 @@ def task(args: argparse.Namespace) -> int:
             s.listen(256)
             ports[name] = s.getsockname()[1]
             listeners.append(s)
+            threading.Thread(target=_answer, args=(s, node), daemon=True).start()
         except OSError as e:
             ports[name] = None
             ports[f"{name}_error"] = f"cannot listen on {p}: {e}"
@@ -303,7 +354,7 @@ def task(args: argparse.Namespace) -> int:
             for kind in ("master", "ephemeral"):
                 pp = f["ports"].get(kind)
                 if addr and pp:
-                    jobs[(n, kind)] = ex.submit(_dial, addr, pp, args.connect_timeout)
+                    jobs[(n, kind)] = ex.submit(_dial, addr, pp, args.connect_timeout, n)
         reach = {f"{n} {k}": fut.result() for (n, k), fut in jobs.items()}
     _write(d / f"reach-{node}.json", {"node": node, "reach": reach,
                                       "s": round(time.monotonic() - t_matrix, 3)})
