@@ -236,6 +236,8 @@ def _answer(s: socket.socket, node: str) -> None:
             return
         try:
             c.sendall(f"{node}\n".encode())
+            c.settimeout(2.0)
+            c.recv(1)              # the dialler closes first: TIME_WAIT stays on its side
         except OSError:
             pass
         finally:
@@ -360,7 +362,8 @@ def task(args: argparse.Namespace) -> int:
                                       "s": round(time.monotonic() - t_matrix, 3)})
     _wait_all(d, "reach", nodes, args.wait)       # every dial done before the ports close
     for s in listeners:
-        s.close()
+        s.shutdown(socket.SHUT_RDWR)   # wakes the accept of _answer (close alone does not,
+        s.close()                      # and the port would stay bound: EADDRINUSE for the store)
 
     # 3. the real thing
     coll = collective(d, node, rank, world, master, port, args.timeout, args.grace)
