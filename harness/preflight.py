@@ -36,6 +36,7 @@ import ipaddress
 import json
 import os
 import platform
+import resource
 import signal
 import socket
 import subprocess
@@ -321,7 +322,9 @@ def task(args: argparse.Namespace) -> int:
     # 1. local facts
     hostname = socket.gethostname()
     own, own_err = resolve(hostname)
-    names = {n: dict(zip(("addrs", "error"), resolve(n))) for n in nodes}
+    with cf.ThreadPoolExecutor(max_workers=min(32, len(nodes))) as ex:   # a slow resolver
+        names = {n: dict(zip(("addrs", "error"), r))                    # costs one lookup,
+                 for n, r in zip(nodes, ex.map(resolve, nodes))}        # not N
     ifs = interfaces()
     gloo = gloo_interface(hostname, own, ifs)
     listeners = []
@@ -367,7 +370,9 @@ def task(args: argparse.Namespace) -> int:
 
     # 3. the real thing
     coll = collective(d, node, rank, world, master, port, args.timeout, args.grace)
-    _write(d / f"result-{node}.json", {"node": node, "collective": coll,
+    ru = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu = sum(r.ru_utime + r.ru_stime for r in ru)
+    _write(d / f"result-{node}.json", {"node": node, "collective": coll, "cpu_s": round(cpu, 3),
                                        "s": round(time.monotonic() - t_start, 3)})
     if rank != 0:
         final = _wait_all(d, "report", ["all"], args.wait + args.timeout + args.grace)
@@ -467,6 +472,7 @@ def judge(nodes: Sequence[str], facts: Dict[str, Any], reach: Dict[str, Any],
                      "versions": f.get("versions"), "collective": c.get("verdict"),
                      "collective_s": c.get("s"), "stacks": c.get("stacks"),
                      "task_s": results.get(n, {}).get("s"),
+                     "cpu_s": results.get(n, {}).get("cpu_s"),
                      "matrix_s": reach.get(n, {}).get("s")})
     return {"ok": all(r["ok"] for r in rows), "nodes": rows, "facts": facts, "reach": reach,
             "results": results}
