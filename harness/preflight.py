@@ -301,6 +301,8 @@ def collective(d: Path, node: str, rank: int, world: int, master: str, port: int
            "returncode": p.returncode, "output": out[-2000:], "master": f"{master}:{port}"}
     if timed_out and stacks.exists():
         res["stacks"] = stacks.read_text()[-6000:]
+    elif stacks.exists() and not stacks.stat().st_size:
+        stacks.unlink()                    # no hang, no stacks: no empty file left behind
     return res
 
 

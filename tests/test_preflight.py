@@ -170,3 +170,27 @@ def test_a_node_with_its_master_port_dropped_is_flagged_alone(tmp_path):
     why = " ".join(rep["nodes"][1]["reasons"])
     assert "master port" in why and "not reachable from node0" in why \
         and "not reachable from node2" in why
+
+
+@real
+def test_inside_an_allocation_preflight_starts_its_own_step(tmp_path):
+    from harness.launch import run_scenario
+    from harness.loader import load_text
+
+    out = tmp_path / "pf"
+    script = Path(__file__).parent / "data" / "preflight_in_allocation.py"
+    (scn,) = load_text(textwrap.dedent(f"""\
+        name: preflight_outer
+        about: task 0 runs harness preflight as a user in an allocation
+        hostnames: own
+        hosts: [{{name: node0, ranks: 1}}, {{name: node1, ranks: 1}}]
+        timeout: 10
+        deadline: 150
+        launcher: slurm
+        program: {{script: {script}, args: ["{out}", "29611"]}}   # in the run's namespaces
+    """), "preflight_outer.yaml")
+    run = run_scenario(scn)
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["ok"] and [r["node"] for r in rep["nodes"]] == ["node0", "node1"], pf.table(rep)
+    assert {r.label: r.returncode for r in run.ranks}["0"] == 0
+    assert not list(out.glob("stacks-*"))
