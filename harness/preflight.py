@@ -317,6 +317,10 @@ def task(args: argparse.Namespace) -> int:
     world = int(os.environ.get("SLURM_NTASKS", str(len(nodes) or 1)))
     if not nodes:
         nodes = [node]
+    if world != len(nodes):
+        print(f"harness preflight: {world} tasks on {len(nodes)} nodes: run exactly one task "
+              "per node (srun --ntasks-per-node=1)", file=sys.stderr)
+        return 2
     port = args.port or int(os.environ.get("MASTER_PORT") or DEFAULT_PORT)
     master = os.environ.get("MASTER_ADDR") or nodes[0]
     t_start = time.monotonic()

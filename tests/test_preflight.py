@@ -108,6 +108,17 @@ def test_outside_an_allocation_it_says_so(monkeypatch, capsys):
     assert "not inside a Slurm allocation" in capsys.readouterr().err
 
 
+def test_more_than_one_task_per_node_is_refused(monkeypatch, tmp_path, capsys):
+    from harness.cli import main
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    assert main(["preflight", "--task", "--dir", str(tmp_path)]) == 2
+    assert "run exactly one task per node" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 # -- real runs across the test cluster ----------------------------------------------------------
 MISSING = svc.missing() + topology.missing()
 real = pytest.mark.skipif(bool(MISSING), reason="the Slurm test cluster needs: "
