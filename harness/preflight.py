@@ -538,11 +538,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bound of each connect of the matrix (default 2 s)")
     p.add_argument("--wait", type=float, default=PHASE_WAIT,
                    help=f"bound of each wait for the other nodes (default {PHASE_WAIT:g} s)")
+    p.add_argument("--show", metavar="DIR", help="print the table of DIR/report.json (a "
+                   "finished preflight) and exit with its status")
     p.add_argument("--srun-arg", action="append", default=[], metavar="ARG",
                    help="an extra srun option (repeatable)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.show:
+        from .cli import UsageError
+
+        path = Path(args.show) / "report.json"
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise UsageError(f"{path}: not a preflight report ({e})") from None
+        print(table(report))
+        return 0 if report.get("ok") else 1
     if args.task:
         if not args.dir:
             from .cli import UsageError

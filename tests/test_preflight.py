@@ -100,6 +100,17 @@ def test_a_node_that_never_answers_is_flagged():
     assert "flagged: b" in pf.table(rep)
 
 
+def test_show_prints_a_finished_reports_table_and_its_status(tmp_path, capsys):
+    from harness.cli import main
+
+    rep = pf.judge(["a", "b"], {"a": _facts("a")}, {}, {"a": _ok("a")})
+    (tmp_path / "report.json").write_text(json.dumps(rep))
+    assert main(["preflight", "--show", str(tmp_path)]) == 1
+    assert "preflight: 1/2 nodes pass; flagged: b" in capsys.readouterr().out
+    assert main(["preflight", "--show", str(tmp_path / "nothing")]) == 2
+    assert "not a preflight report" in capsys.readouterr().err
+
+
 def test_outside_an_allocation_it_says_so(monkeypatch, capsys):
     from harness.cli import main
 
