@@ -1086,12 +1086,29 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", metavar="FILE", help="write it to FILE")
     s.set_defaults(func=cmd_schema)
 
+    pf = sub.add_parser("preflight", help="check the nodes of a Slurm allocation before a job "
+                        "(names, gloo's interface, reachability, versions, a real all_reduce)",
+                        description="Run inside an allocation (salloc -N4 harness preflight): "
+                        "starts one task per node with srun; or as that task (srun "
+                        "--ntasks-per-node=1 harness preflight --task --dir SHARED). Exit 0 only "
+                        "when every node passes.")
+    from . import preflight as _pf
+
+    _pf.add_arguments(pf)
+    pf.set_defaults(func=cmd_preflight)
+
     n = sub.add_parser("new", help="a commented template scenario for reproducing a hang")
     n.add_argument("name", metavar="NAME", help="the scenario's name (letters, digits, . _ -)")
     n.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
     n.add_argument("--force", action="store_true", help="overwrite FILE")
     n.set_defaults(func=cmd_new)
     return p
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from . import preflight
+
+    return preflight.run(args)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

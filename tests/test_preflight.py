@@ -1,0 +1,218 @@
+"""harness preflight: the pure parts (node lists, gloo's interface, the collective's verdict,
+judging the nodes' files) and real runs across the Slurm test cluster: healthy, then one problem
+injected on one node (its name on 127.0.1.1, its master port dropped by nftables), and that node,
+and only that node, flagged. The real runs skip, naming what is missing, where Slurm or root is
+not there."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness import preflight as pf
+from harness import topology
+from harness.services import slurm as svc
+
+
+# -- the pure parts ---------------------------------------------------------------------------
+def test_node_lists_expand_as_slurm_writes_them(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")          # no scontrol: the parser
+    assert pf.expand_nodelist("node[0-2,05],gpu7") == ["node0", "node1", "node2", "node05",
+                                                       "gpu7"]
+    assert pf.expand_nodelist("a1") == ["a1"]
+
+
+def test_gloo_interface_follows_the_host_name_or_the_variable(monkeypatch):
+    ifs = {"lo": ["127.0.0.1/8"], "eth0": ["10.0.0.2/24"], "ib0": ["10.1.0.2/24"]}
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    g = pf.gloo_interface("n1", ["10.0.0.2"], ifs)
+    assert (g["ifname"], g["addr"], g["problem"]) == ("eth0", "10.0.0.2", None)
+    g = pf.gloo_interface("n1", ["127.0.1.1"], ifs)             # the Debian trap: lo's /8
+    assert g["ifname"] == "lo" and "advertise loopback" in g["problem"]
+    g = pf.gloo_interface("n1", ["10.9.9.9"], ifs)
+    assert g["ifname"] is None and "none of this node's interfaces" in g["problem"]
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ib0")
+    assert pf.gloo_interface("n1", ["127.0.1.1"], ifs)["addr"] == "10.1.0.2"
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth9")
+    assert "no interface 'eth9'" in pf.gloo_interface("n1", [], ifs)["problem"]
+
+
+def test_the_collective_is_classified_in_the_harness_words():
+    assert pf.classify_collective(0, "PREFLIGHT-OK 0.4\n", False)[0] == "ok"
+    assert pf.classify_collective(None, "", True)[0] == "hang"
+    v, why = pf.classify_collective(1, "Traceback\ntorch.distributed.DistStoreError: Timed out "
+                                       "after 6 seconds waiting for clients. 1/2 clients "
+                                       "joined.\n", False)
+    assert v == "timeout" and "1/2 clients joined" in why
+    assert pf.classify_collective(1, "RuntimeError: Connection refused\n", False)[0] == "error"
+    assert pf.classify_collective(-9, "", False)[0] == "crash"
+    assert pf.classify_collective(0, "", False)[0] == "error"     # exit 0 without the result
+
+
+def _facts(node, torch="2.13.0", own=("10.0.0.1",), names=None, ports=(29500, 40000)):
+    return {"node": node, "hostname": node, "own": list(own), "own_error": None,
+            "names": names or {}, "gloo": {"ifname": "eth0", "addr": own[0], "problem": None},
+            "ports": {"master": ports[0], "ephemeral": ports[1]},
+            "versions": {"python": "3.11.2", "executable": "/py", "torch": torch, "cuda": None,
+                         "nccl": None}}
+
+
+def _ok(node):
+    return {"node": node, "collective": {"verdict": "ok", "reason": "", "s": 1.0}, "s": 2.0}
+
+
+def test_judging_flags_the_stale_image_and_only_it():
+    nodes = ["a", "b", "c"]
+    facts = {"a": _facts("a"), "b": _facts("b", torch="2.4.0"), "c": _facts("c")}
+    rep = pf.judge(nodes, facts, {}, {n: _ok(n) for n in nodes})
+    assert [r["ok"] for r in rep["nodes"]] == [True, False, True] and not rep["ok"]
+    assert "torch 2.4.0 (others 2.13.0)" in rep["nodes"][1]["reasons"][0]
+    # a tie between two nodes: the first node's image is the reference
+    rep = pf.judge(["a", "b"], {"a": _facts("a"), "b": _facts("b", torch="2.4.0")}, {},
+                   {n: _ok(n) for n in "ab"})
+    assert [r["ok"] for r in rep["nodes"]] == [True, False]
+
+
+def test_judging_blames_the_target_nobody_reaches_and_the_source_that_reaches_nothing():
+    nodes = ["a", "b", "c"]
+    facts = {n: _facts(n) for n in nodes}
+    ok, bad = {"ok": True, "s": 0.01}, {"ok": False, "s": 2.0, "error": "TimeoutError"}
+    reach = {"a": {"reach": {"b master": ok, "c master": bad}},
+             "b": {"reach": {"a master": ok, "c master": bad}},
+             "c": {"reach": {"a master": ok, "b master": ok}}}
+    rep = pf.judge(nodes, facts, reach, {n: _ok(n) for n in nodes})
+    assert [r["node"] for r in rep["nodes"] if not r["ok"]] == ["c"]
+    assert "master port 29500 not reachable from a" in rep["nodes"][2]["reasons"][0]
+    reach = {"a": {"reach": {"b master": bad, "c master": bad}},
+             "b": {"reach": {"a master": ok, "c master": ok}},
+             "c": {"reach": {"a master": ok, "b master": ok}}}
+    rep = pf.judge(nodes, facts, reach, {n: _ok(n) for n in nodes})
+    assert [r["node"] for r in rep["nodes"] if not r["ok"]] == ["a"]
+    assert "cannot reach b:29500 (master) that c reach" in rep["nodes"][0]["reasons"][0]
+
+
+def test_a_node_that_never_answers_is_flagged():
+    rep = pf.judge(["a", "b"], {"a": _facts("a")}, {}, {"a": _ok("a")})
+    assert rep["nodes"][1]["reasons"] == ["no answer (its task never wrote its facts)"]
+    assert "flagged: b" in pf.table(rep)
+
+
+def test_show_prints_a_finished_reports_table_and_its_status(tmp_path, capsys):
+    from harness.cli import main
+
+    rep = pf.judge(["a", "b"], {"a": _facts("a")}, {}, {"a": _ok("a")})
+    (tmp_path / "report.json").write_text(json.dumps(rep))
+    assert main(["preflight", "--show", str(tmp_path)]) == 1
+    assert "preflight: 1/2 nodes pass; flagged: b" in capsys.readouterr().out
+    assert main(["preflight", "--show", str(tmp_path / "nothing")]) == 2
+    assert "not a preflight report" in capsys.readouterr().err
+
+
+def test_outside_an_allocation_it_says_so(monkeypatch, capsys):
+    from harness.cli import main
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert main(["preflight"]) == 2
+    assert "not inside a Slurm allocation" in capsys.readouterr().err
+
+
+def test_more_than_one_task_per_node_is_refused(monkeypatch, tmp_path, capsys):
+    from harness.cli import main
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    assert main(["preflight", "--task", "--dir", str(tmp_path)]) == 2
+    assert "run exactly one task per node" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+# -- real runs across the test cluster ----------------------------------------------------------
+MISSING = svc.missing() + topology.missing()
+real = pytest.mark.skipif(bool(MISSING), reason="the Slurm test cluster needs: "
+                          + "; ".join(MISSING))
+
+
+def preflight_on_cluster(out: Path, nodes: int = 3, loop: str = "", launcher: str = "slurm",
+                         faults: str = "") -> dict:
+    """Start the run's own test cluster (a Slurm scenario) whose one task per node is
+    ``harness preflight --task``; return the report rank 0 wrote."""
+    from harness.launch import run_scenario
+    from harness.loader import load_text
+
+    hosts = "".join(f"  - {{name: node{i}, ranks: 1{', resolves_self: 127.0.1.1' if i == 1 and loop else ''}}}\n"  # noqa: E501
+                    for i in range(nodes))
+    text = textwrap.dedent(f"""\
+        name: preflight
+        about: harness preflight across the run's own Slurm cluster
+        hostnames: own
+        timeout: 10
+        deadline: 150
+        launcher: {launcher}
+        program: {{module: harness.preflight, args: ["--task", "--dir", "{out}", "--timeout",
+                  "5", "--grace", "20", "--wait", "40"]}}
+    """) + "hosts:\n" + hosts + faults
+    (scn,) = load_text(text, "preflight.yaml")
+    run_scenario(scn)
+    report = json.loads((out / "report.json").read_text())
+    return report
+
+
+def _flagged(report):
+    return [r["node"] for r in report["nodes"] if not r["ok"]]
+
+
+@real
+def test_a_healthy_cluster_passes_every_node(tmp_path):
+    rep = preflight_on_cluster(tmp_path / "pf")
+    assert rep["ok"] and _flagged(rep) == [], pf.table(rep)
+    assert [r["collective"] for r in rep["nodes"]] == ["ok", "ok", "ok"]
+    assert all(r["gloo"].startswith("eth0 10.") for r in rep["nodes"])
+
+
+@real
+def test_a_node_whose_name_resolves_to_loopback_is_flagged_alone(tmp_path):
+    rep = preflight_on_cluster(tmp_path / "pf", loop="127.0.1.1",
+                               launcher="{kind: slurm, interface: unset}")
+    assert _flagged(rep) == ["node1"], pf.table(rep)
+    why = " ".join(rep["nodes"][1]["reasons"])
+    assert "node1 resolves to 127.0.1.1 here (loopback)" in why
+    assert "gloo would advertise loopback" in why
+    assert "a loopback address reaches the dialler itself" in why
+
+
+@real
+def test_a_node_with_its_master_port_dropped_is_flagged_alone(tmp_path):
+    rep = preflight_on_cluster(tmp_path / "pf", faults="faults:\n  - {kind: firewall, host: "
+                               "node1, ports: master, direction: in}\n")
+    assert _flagged(rep) == ["node1"], pf.table(rep)
+    why = " ".join(rep["nodes"][1]["reasons"])
+    assert "master port" in why and "not reachable from node0" in why \
+        and "not reachable from node2" in why
+
+
+@real
+def test_inside_an_allocation_preflight_starts_its_own_step(tmp_path):
+    from harness.launch import run_scenario
+    from harness.loader import load_text
+
+    out = tmp_path / "pf"
+    script = Path(__file__).parent / "data" / "preflight_in_allocation.py"
+    (scn,) = load_text(textwrap.dedent(f"""\
+        name: preflight_outer
+        about: task 0 runs harness preflight as a user in an allocation
+        hostnames: own
+        hosts: [{{name: node0, ranks: 1}}, {{name: node1, ranks: 1}}]
+        timeout: 10
+        deadline: 150
+        launcher: slurm
+        program: {{script: {script}, args: ["{out}", "29611"]}}   # in the run's namespaces
+    """), "preflight_outer.yaml")
+    run = run_scenario(scn)
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["ok"] and [r["node"] for r in rep["nodes"]] == ["node0", "node1"], pf.table(rep)
+    assert {r.label: r.returncode for r in run.ranks}["0"] == 0
+    assert not list(out.glob("stacks-*"))
