@@ -21,9 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-
-class UsageError(Exception):
-    """Bad input: exit code 2."""
+from .errors import UsageError
 
 
 def _console(stderr: bool = False) -> Any:

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional
 
 from . import interpreters
+from .errors import PlanRefusal  # noqa: F401 - re-exported: harness.plan.PlanRefusal
 from .hostspec import HostNames, host_names
 from .protocol import InitSpec, Variation, WorkerSpec, url_host
 from .schema import Scenario, fill_init_url, init_url_parts
@@ -24,15 +25,6 @@ from .triggers import Trigger
 
 if TYPE_CHECKING:
     pass
-
-
-class PlanRefusal(ValueError):
-    """The plan cannot be made as asked (a fault that edits each rank's environment under a
-    launcher that starts its ranks itself); ``loc`` locates it in the scenario."""
-
-    def __init__(self, message: str, loc: Tuple[Any, ...] = ()):
-        super().__init__(message)
-        self.loc = loc
 
 
 @dataclass

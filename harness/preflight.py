@@ -501,7 +501,7 @@ def table(report: Dict[str, Any]) -> str:
 
 # -- outside srun: start the tasks -------------------------------------------------------------
 def outer(args: argparse.Namespace) -> int:
-    from .cli import UsageError
+    from .errors import UsageError
 
     if not os.environ.get("SLURM_JOB_ID"):
         raise UsageError("not inside a Slurm allocation (SLURM_JOB_ID unset): run it under "
@@ -546,7 +546,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.show:
-        from .cli import UsageError
+        from .errors import UsageError
 
         path = Path(args.show) / "report.json"
         try:
@@ -557,7 +557,7 @@ def run(args: argparse.Namespace) -> int:
         return 0 if report.get("ok") else 1
     if args.task:
         if not args.dir:
-            from .cli import UsageError
+            from .errors import UsageError
 
             raise UsageError("--task needs --dir, a directory every node sees")
         return task(args)

@@ -235,7 +235,7 @@ class Slurm(LauncherSpec):
                           f"{cfg.slurmd_port}")
 
     def plan_job(self, plan: Any, scn: Any, job: str, world: int, release: Any = None) -> None:
-        from ..plan import PlanRefusal
+        from ..errors import PlanRefusal
 
         raise PlanRefusal("a second job beside a Slurm job is not supported (one srun per "
                           "run): use launcher direct, torchrun or spawn for concurrent_job")
