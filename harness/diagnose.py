@@ -1434,6 +1434,27 @@ def store_host_gone(c: RankContext) -> Optional[Cause]:
                  [_exc_line(v), _exc_line(host) if host.exception else host.reason])
 
 
+def teardown_gil_deadlock(c: RankContext) -> Optional[Cause]:
+    """A hang in torch's own teardown, read from the native stacks: the main thread destroys a
+    ProcessGroupGloo (freeing a DDP Reducer, say) and joins its worker thread while holding the
+    GIL; the worker thread waits for the GIL to free its last work."""
+    v, o = c.verdict, c.obs
+    if v.outcome != "hang" or o is None or not o.native_stacks:
+        return None
+    threads = re.split(r"\n(?=Thread \d+)", o.native_stacks)
+    joining = [t for t in threads if "~ProcessGroupGloo" in t and "thread::join" in t]
+    waiting = [t for t in threads if "gil_scoped_acquire" in t and "~AsyncWork" in t]
+    if not joining or not waiting:
+        return None
+    freeing = "a DDP Reducer" if "Reducer::~Reducer" in joining[0] else "a process group"
+    return Cause(f"deadlocked in torch's teardown ({v.phase}): the main thread, freeing {freeing}"
+                 ", joins ProcessGroupGloo's worker thread while holding the GIL, and that "
+                 "thread waits for the GIL to free its last work (gil_scoped_acquire in "
+                 "~AsyncWork): a torch bug, not the network",
+                 ["native stack: main thread in ~ProcessGroupGloo -> std::thread::join",
+                  "native stack: a worker thread in ~AsyncWork -> gil_scoped_acquire"])
+
+
 def the_store_shows_who_is_missing(c: RankContext) -> Optional[Cause]:
     """What the store held at the deadline (harness.storeprobe) says whom a hung rank in init
     waits for: the ranks whose gloo address never reached the store, or a published address
@@ -1490,6 +1511,7 @@ Rule = Callable[[RankContext], Optional[Cause]]
 
 # ordered: the first that gives a cause decides
 RULES: List[Rule] = [
+    teardown_gil_deadlock,
     store_port_in_use,
     torch_refused_the_setup,
     raised_by_the_fault,

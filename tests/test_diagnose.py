@@ -536,3 +536,32 @@ def test_ranks_making_groups_in_another_order_are_said_to_deadlock(obs):
     assert v0.cause.startswith("waiting in workload step 1 for a peer that will not come: rank 1 "
                                "makes its steps in another order (new_group 1,2, new_group 0,1")
     assert v1.cause.startswith("this rank makes its steps in another order")
+
+
+TEARDOWN = """Thread 17395 (idle): "MainThread"
+    std::thread::join (libstdc++.so.6.0.30)
+    c10d::ProcessGroupGloo::~ProcessGroupGloo (libtorch_cpu.so)
+    c10d::ProcessGroup::~ProcessGroup (libtorch_cpu.so)
+    c10d::Reducer::~Reducer (libtorch_cpu.so)
+    run_rank (harness/worker.py:313)
+Thread 17519 (idle)
+    pthread_cond_timedwait (libc.so.6)
+    pybind11::gil_scoped_acquire::gil_scoped_acquire (libtorch_python.so)
+    c10d::ProcessGroupGloo::AsyncWork::~AsyncWork (libtorch_cpu.so)
+    c10d::ProcessGroupGloo::runLoop (libtorch_cpu.so)
+"""
+
+
+def test_a_gil_deadlock_in_torchs_teardown_is_read_from_the_native_stacks(obs):
+    """Watched once in the catalog (small_mtu): the stacks above are a real rank's, trimmed."""
+    r1 = obs.rank("1", reached="destroy", killed_at_deadline=True, end=60.0,
+                  stacks=obs.hung_stacks)
+    run = obs.run(r1)
+    run.ranks[0].native_stacks = TEARDOWN
+    run.plan.update({"master_port": 29500, "ranks": [{"label": "1", "env": {}}]})
+    (v,) = explain_run(run, classify_run(run))
+    assert v.cause.startswith("deadlocked in torch's teardown (destroy): the main thread, "
+                              "freeing a DDP Reducer, joins ProcessGroupGloo's worker thread")
+    run.ranks[0].native_stacks = TEARDOWN.split("Thread 17519")[0]   # one side: no deadlock
+    (v,) = explain_run(run, classify_run(run))
+    assert not v.cause.startswith("deadlocked")
