@@ -64,7 +64,7 @@ start must give the same behaviour, and the fidelity test diffs the two.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .protocol import parse_label
 from .rows import key_for
@@ -201,24 +201,31 @@ def _steady_change(cid: str, label: str, kind: str, oc: Dict[str, int], nc: Dict
                   "the same on every run of each side: no race seen to tell apart")
 
 
+def _counted_changes(cid: str, label: str, kind: str, steady_kind: str, oc: Dict[str, int],
+                     nc: Dict[str, int], show: Callable[[str, int, int], str]) -> List[Change]:
+    """Counts over repeated runs on both sides (outcomes, or message families): the steady
+    change when each side was the same on every run, else a change for each value whose share
+    differs beyond what the repeats can tell apart; the note says how sure (1 - p)."""
+    n1, n2 = sum(oc.values()), sum(nc.values())
+    steady = _steady_change(cid, label, steady_kind, oc, nc)
+    if steady is not None:
+        return [steady]
+    out: List[Change] = []
+    for value in sorted(set(oc) | set(nc)):
+        a, b = int(oc.get(value, 0)), int(nc.get(value, 0))
+        pv = fisher_exact(a, n1, b, n2)
+        if pv < ALPHA:
+            out.append(Change(cid, label, kind, show(value, a, n1), show(value, b, n2),
+                              f"p = {pv:.3g}: {100 * (1 - pv):.1f}% sure it changed"))
+    return out
+
+
 def _frequency_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any]
                        ) -> List[Change]:
     """Repeated runs on both sides: a change for each outcome whose share differs beyond what
-    the repeats can tell apart; the note says how sure (1 - p)."""
-    oc, nc = o.get("outcomes") or {}, n.get("outcomes") or {}
-    n1, n2 = sum(oc.values()), sum(nc.values())
-    out: List[Change] = []
-    steady = _steady_change(cid, label, "outcome", oc, nc)
-    if steady is not None:
-        return [steady]
-    for outcome in sorted(set(oc) | set(nc)):
-        a, b = int(oc.get(outcome, 0)), int(nc.get(outcome, 0))
-        pv = fisher_exact(a, n1, b, n2)
-        if pv < ALPHA:
-            out.append(Change(cid, label, "frequency", f"{outcome} {a}/{n1}",
-                              f"{outcome} {b}/{n2}",
-                              f"p = {pv:.3g}: {100 * (1 - pv):.1f}% sure it changed"))
-    return out
+    the repeats can tell apart."""
+    return _counted_changes(cid, label, "frequency", "outcome", o.get("outcomes") or {},
+                            n.get("outcomes") or {}, lambda v, k, t: f"{v} {k}/{t}")
 
 
 def _family_frequency_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any]
@@ -230,19 +237,8 @@ def _family_frequency_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[s
     of, nf = o.get("families"), n.get("families")
     if not isinstance(of, dict) or not isinstance(nf, dict):
         return []
-    n1, n2 = sum(of.values()), sum(nf.values())
-    out: List[Change] = []
-    steady = _steady_change(cid, label, "family", of, nf)
-    if steady is not None:
-        return [steady]
-    for fam in sorted(set(of) | set(nf)):
-        a, b = int(of.get(fam, 0)), int(nf.get(fam, 0))
-        pv = fisher_exact(a, n1, b, n2)
-        if pv < ALPHA:
-            out.append(Change(cid, label, "family", f"{a}/{n1}: {fam or '(nothing raised)'}",
-                              f"{b}/{n2}: {fam or '(nothing raised)'}",
-                              f"p = {pv:.3g}: {100 * (1 - pv):.1f}% sure it changed"))
-    return out
+    return _counted_changes(cid, label, "family", "family", of, nf,
+                            lambda v, k, t: f"{k}/{t}: {v or '(nothing raised)'}")
 
 
 def _repeated_duration_change(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any],
