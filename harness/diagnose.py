@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .classify import Verdict, signal_name
 from .observe import RankObservation, RunObservation
+from .protocol import Label, parse_label
 from .sockets import SocketRecord
 
 UNKNOWN = "unknown: no rule of harness.diagnose explains it (see the evidence below)"
@@ -431,6 +432,17 @@ def name_unresolved(c: RankContext) -> Optional[Cause]:
                  [f"stderr: {line}"] + ([_exc_line(c.verdict)] if c.verdict.exception else []))
 
 
+_NOT_A_RANK = Label("other", "")
+
+
+def _other_attempt(a: str, b: str) -> bool:
+    """Two rows of one rank from different restart attempts (``0`` and ``0@1``): a rank's
+    new attempt never waits for its own earlier one."""
+    la, lb = parse_label(a), parse_label(b)
+    return la is not None and lb is not None and la.kind == lb.kind == "rank" and \
+        la.job == lb.job and la.rank == lb.rank and la.attempt != lb.attempt
+
+
 def waiting_for_ranks(c: RankContext) -> Optional[Cause]:
     """The store's host timed out waiting for clients: which ranks never joined, and why."""
     m = JOINED.search(c.verdict.message or "")
@@ -438,9 +450,15 @@ def waiting_for_ranks(c: RankContext) -> Optional[Cause]:
         return None
     mine = c.env(c.verdict.label)
     why: List[str] = []
-    for rp in c.run.plan.get("ranks", []):
+    planned = [rp for rp in c.run.plan.get("ranks", []) if rp.get("role", "rank") == "rank"]
+    # ranks a launcher started (srun's tasks, an agent's workers) are not in the plan: their
+    # rows still say how they ended
+    known = {str(rp.get("label")) for rp in c.run.plan.get("ranks", [])}
+    found = [{"label": v.label} for v in c.verdicts if v.label not in known
+             and (parse_label(v.label) or _NOT_A_RANK).kind == "rank"]
+    for rp in planned + found:
         label = str(rp.get("label"))
-        if label == c.verdict.label or rp.get("role", "rank") != "rank":
+        if label == c.verdict.label or _other_attempt(label, c.verdict.label):
             continue
         env = dict(rp.get("env") or {})
         other = next((v for v in c.verdicts if v.label == label), None)
@@ -461,7 +479,8 @@ def waiting_for_ranks(c: RankContext) -> Optional[Cause]:
                 obs.released_at >= c.verdict.duration:
             why.append(f"rank {label} was started only at {obs.released_at:g} s, after this "
                        f"rank gave up at {c.verdict.duration:g} s")
-        elif other is not None and env.get("RANK") == mine.get("RANK"):
+        elif other is not None and env.get("RANK") is not None and \
+                env.get("RANK") == mine.get("RANK"):
             why.append(f"rank {label} also claimed RANK={mine.get('RANK')}")
         elif other is not None and other.outcome != "ok":
             ctx = c.about(other)
@@ -505,8 +524,16 @@ def no_store_there(c: RankContext) -> Optional[Cause]:
         return Cause(f"dialled port {port}, where no store listened (the store's port is "
                      f"{c.master_port}); connects were retried until the client's timeout",
                      [_exc_line(c.verdict)])
-    host = next((v for v in c.verdicts if v.label != c.verdict.label and v.role == "rank"
+    host = next((v for v in c.verdicts if v.label != c.verdict.label
+                 and v.role in ("rank", "worker")
                  and c.env(v.label).get("RANK", v.label) == "0"), None)
+    dialled = m.group(1).strip("[]")
+    there = next((v.host for v in c.verdicts if dialled in (v.host, v.addr)), None)
+    if host is not None and there is not None and there != host.host and \
+            dialled not in (host.host, host.addr):
+        return Cause(f"dialled {dialled} (host {there}), where no store listened: the store's "
+                     f"host is rank 0's, {host.host} ({host.addr}); connects were retried "
+                     "until the client's timeout", [_exc_line(c.verdict)])
     if host is not None and host.outcome != "ok" and host.duration is not None and \
             c.verdict.duration is not None and host.duration < c.verdict.duration:
         return Cause(f"the store's host, rank 0, had ended ({host.outcome}) at "
@@ -1027,6 +1054,50 @@ def rendezvous_join_timeout(c: RankContext) -> Optional[Cause]:
                  f"after this agent gave up at {v.duration:g} s", [_exc_line(v)])
 
 
+RDZV_KEY = re.compile(r"/torch\.rendezvous\.([^/\s,]+)\.(\d+)/(MASTER_ADDR|MASTER_PORT|"
+                      r"torchelastic/role_info/\d+)")
+
+
+def elastic_round_deadlock(c: RankContext) -> Optional[Cause]:
+    """Two agents of one c10d rendezvous wait for each other's key in a later round: torch
+    shares the rendezvous TCPStore (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` unset) and its
+    rank-0 agent builds the bootstrap store info (``MASTER_ADDR``/``MASTER_PORT`` keys under the
+    round's prefix) only in the first round it joins; a node new in round R >= 1 waits for
+    round R's ``MASTER_ADDR`` before it writes its ``torchelastic/role_info/<rank>``, which the
+    rank-0 agent waits for (torch 2.13 ``dynamic_rendezvous.next_rendezvous`` and
+    ``agent.server.api._assign_worker_ranks``)."""
+    v = c.verdict
+    if v.role != "agent" or "wait timeout" not in (v.message or ""):
+        return None
+    mine = {m.group(3) for m in RDZV_KEY.finditer(v.message or "")}
+    rounds = {m.group(2) for m in RDZV_KEY.finditer(v.message or "")}
+    if not mine or rounds == {"0"}:
+        return None
+    others = [(a, {m.group(3) for m in RDZV_KEY.finditer(a.message or "")})
+              for a in c.verdicts if a.role == "agent" and a.label != v.label
+              and _job(a.label) == _job(v.label)]
+    rnd = sorted(rounds)[-1]
+    if any(k.startswith("MASTER_") for k in mine):
+        peer = next((a for a, ks in others if any(k.startswith("torchelastic/role_info/")
+                                                  for k in ks)), None)
+        if peer is None:
+            return None
+        return Cause(f"rendezvous round {rnd}: this agent, new in that round, waited for the "
+                     f"round's MASTER_ADDR, which the rank-0 agent {peer.label} never writes "
+                     "after its first round (it keeps that round's store: torch shares the "
+                     f"rendezvous TCPStore); {peer.label} waited for this agent's role info in "
+                     "turn: a deadlock of torch's elastic scale-up, until the store's read "
+                     "timeout", [_exc_line(v), _exc_line(peer)])
+    peer = next((a for a, ks in others if any(k.startswith("MASTER_") for k in ks)), None)
+    if peer is None:
+        return None
+    return Cause(f"rendezvous round {rnd}: this rank-0 agent waited for the role info of "
+                 f"{peer.label}, which waited for the round's MASTER_ADDR that this agent "
+                 "never writes after its first round (it keeps that round's store: torch "
+                 "shares the rendezvous TCPStore): a deadlock of torch's elastic scale-up, "
+                 "until the store's read timeout", [_exc_line(v), _exc_line(peer)])
+
+
 def waiting_for_a_rank_key(c: RankContext) -> Optional[Cause]:
     """A rank's store wait timed out on another rank's process-group key: that rank never
     wrote it (and why, from that rank's own cause)."""
@@ -1530,6 +1601,7 @@ RULES: List[Rule] = [
     rendezvous_service_faulted,
     rendezvous_store_lost,
     rendezvous_join_timeout,
+    elastic_round_deadlock,
     connected_to_a_non_store,
     peer_died,
     nobody_claimed_rank_0,

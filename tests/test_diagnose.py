@@ -565,3 +565,56 @@ def test_a_gil_deadlock_in_torchs_teardown_is_read_from_the_native_stacks(obs):
     run.ranks[0].native_stacks = TEARDOWN.split("Thread 17519")[0]   # one side: no deadlock
     (v,) = explain_run(run, classify_run(run))
     assert not v.cause.startswith("deadlocked")
+
+
+# ranks a launcher started itself (srun's tasks: role "worker", not in the plan)
+
+def _srun_tasks(obs, r1_msg, r1_host="node1"):
+    r0 = obs.rank("0", reached="init", end=13.0, role="worker", host="node0", addr="10.0.0.1",
+                  exc=obs.exc("DistStoreError", JOINED))
+    r1 = obs.rank("1", reached="init", end=12.0, role="worker", host=r1_host,
+                  addr="10.0.0.2", exc=obs.exc("DistNetworkError", r1_msg))
+    run = obs.run(r0, r1)
+    run.plan.update({"master_port": 29500, "ranks": [{"label": "parent:srun", "role": "parent"}]})
+    return explain_run(run, classify_run(run))
+
+
+def test_a_store_host_among_srun_tasks_names_the_task_that_never_joined(obs):
+    v0, v1 = _srun_tasks(obs, CLIENT.replace("10.0.0.1", "node1"))
+    assert v1.cause.startswith("dialled node1 (host node1), where no store listened: the "
+                               "store's host is rank 0's, node0 (10.0.0.1)")
+    assert v0.cause.startswith("waited for 1 of 2 clients: rank 1 never reached it: dialled "
+                               "node1 (host node1)")
+
+
+def test_a_client_that_dialled_the_store_host_is_not_said_to_have_dialled_elsewhere(obs):
+    _, v1 = _srun_tasks(obs, CLIENT.replace("10.0.0.1", "node0"))
+    assert not v1.cause.startswith("dialled node0")
+
+
+ROUND_KEYS = "wait timeout after 10000ms, keys: /torch.rendezvous.none.1/"
+
+
+def test_elastic_scale_up_deadlock_is_named_on_both_agents(obs):
+    a0 = obs.rank("agent:node0", reached="init", end=19.4, role="agent", host="node0",
+                  exc=obs.exc("DistStoreError", ROUND_KEYS + "torchelastic/role_info/0, "
+                              "/torch.rendezvous.none.1/torchelastic/role_info/1"))
+    a1 = obs.rank("agent:node1", reached="init", end=19.2, role="agent", host="node1",
+                  exc=obs.exc("DistStoreError", ROUND_KEYS + "MASTER_ADDR"))
+    run = obs.run(a0, a1)
+    v0, v1 = explain_run(run, classify_run(run))
+    assert v0.cause.startswith("rendezvous round 1: this rank-0 agent waited for the role info "
+                               "of agent:node1, which waited for the round's MASTER_ADDR")
+    assert v1.cause.startswith("rendezvous round 1: this agent, new in that round, waited for "
+                               "the round's MASTER_ADDR, which the rank-0 agent agent:node0")
+
+
+def test_a_first_round_store_wait_is_not_the_scale_up_deadlock(obs):
+    a1 = obs.rank("agent:node1", reached="init", end=19.2, role="agent", host="node1",
+                  exc=obs.exc("DistStoreError", ROUND_KEYS.replace(".1/", ".0/") + "MASTER_ADDR"))
+    a0 = obs.rank("agent:node0", reached="init", end=19.4, role="agent", host="node0",
+                  exc=obs.exc("DistStoreError", ROUND_KEYS.replace(".1/", ".0/")
+                              + "torchelastic/role_info/1"))
+    run = obs.run(a0, a1)
+    for v in explain_run(run, classify_run(run)):
+        assert "scale-up" not in v.cause
