@@ -432,6 +432,28 @@ def name_unresolved(c: RankContext) -> Optional[Cause]:
                  [f"stderr: {line}"] + ([_exc_line(c.verdict)] if c.verdict.exception else []))
 
 
+NO_PEER_NAME = re.compile(r"The hostname of the client socket cannot be retrieved\. err=-?\d+")
+RESOLVER_FAULTS = ("dns_server",)
+
+
+def reverse_lookup_stalled(c: RankContext) -> Optional[Cause]:
+    """A store connect that timed out while the name server the scenario's fault silenced held
+    c10d's reverse lookup of the peer (its "hostname of the client socket cannot be retrieved"
+    comes only after the resolver's own timeouts, past torch's)."""
+    v = c.verdict
+    if v.outcome not in ("timeout", "hang") or c.obs is None:
+        return None
+    m = NO_PEER_NAME.search(c.obs.stderr_tail or "")
+    dns = [st for st in c.run.step_log if st.fault in RESOLVER_FAULTS and st.action == "do"]
+    if m is None or not dns:
+        return None
+    return Cause(f"c10d's reverse lookup of its store peer hung on the name server that the "
+                 f"scenario's dns_server fault silenced ({dns[0].what}, from "
+                 f"{float(dns[0].t or 0):g} s): the connection was up, but the lookup outlasted "
+                 "the timeout, though MASTER_ADDR needs no name",
+                 [f"stderr: {m.group(0)}"] + ([_exc_line(v)] if v.exception else []))
+
+
 _NOT_A_RANK = Label("other", "")
 
 
@@ -1612,6 +1634,7 @@ RULES: List[Rule] = [
     agent_waiting_for_workers,
     store_host_failed,
     name_unresolved,
+    reverse_lookup_stalled,
     gloo_interface_missing,
     gloo_mesh_blocked,
     gloo_pair_to_no_host,

@@ -618,3 +618,16 @@ def test_a_first_round_store_wait_is_not_the_scale_up_deadlock(obs):
     run = obs.run(a0, a1)
     for v in explain_run(run, classify_run(run)):
         assert "scale-up" not in v.cause
+
+
+def test_a_connect_timeout_behind_a_silenced_name_server_is_the_reverse_lookup(obs):
+    from harness.observe import StepRecord
+    r1 = obs.rank("1", reached="init", end=10.0, exc=obs.exc("DistNetworkError", CLIENT))
+    r1.stderr_tail = "[W] socket.cpp] The hostname of the client socket cannot be retrieved. err=-3"
+    step = StepRecord(step="dns1", t=0.0, fault="dns_server", action="do", target="dns",
+                      what="the server is frozen (SIGSTOP)")
+    _, (v1,) = _run(obs, r1, step_log=[step])
+    assert v1.cause.startswith("c10d's reverse lookup of its store peer hung on the name server")
+    _, (plain,) = _run(obs, obs.rank("1", reached="init", end=10.0,
+                                     exc=obs.exc("DistNetworkError", CLIENT)), step_log=[step])
+    assert "reverse lookup" not in plain.cause
