@@ -674,6 +674,26 @@ def peer_died(c: RankContext) -> Optional[Cause]:
                  [_exc_line(c.verdict), f"rank {d.label}: {d.reason}"])
 
 
+def peer_reinitialised(c: RankContext) -> Optional[Cause]:
+    """gloo's connection to a peer closed while that peer, alive, had entered a ``reinit`` step:
+    it destroyed the process group this rank still used."""
+    msg = c.verdict.message or ""
+    if not PEER_CLOSED.search(msg) or c.verdict.duration is None:
+        return None
+    end = c.verdict.duration + float(c.run.t0 or 0.0)
+    for o in c.run.ranks:
+        if o.label == c.verdict.label or o.role not in ("rank", "worker"):
+            continue
+        step = next((e for e in o.events if e.ev == "phase" and e.data.get("step")
+                     == "reinit" and float(e.t) <= end), None)
+        if step is not None:
+            return Cause(f"its gloo connection to rank {o.label} was closed: rank {o.label} "
+                         f"destroyed the process group to initialise a new one ({step.phase}, "
+                         f"reinit, at {c.t(step):g} s) while this rank still used the old one",
+                         [_exc_line(c.verdict)])
+    return None
+
+
 def program_exited(c: RankContext) -> Optional[Cause]:
     """A program that ended with a non-zero status of its own accord (sys.exit, no exception
     from torch): the program is the cause."""
@@ -1355,6 +1375,41 @@ def mesh_peer_failed(c: RankContext) -> Optional[Cause]:
                  "timeout", [_exc_line(v), _exc_line(f)])
 
 
+def _last_step(o: Optional[RankObservation]) -> Tuple[str, str]:
+    """(phase, workload step) of a row's last phase event: ("workload step 3", "reinit")."""
+    if o is None:
+        return "", ""
+    ph = [e for e in o.events if e.ev == "phase"]
+    if not ph:
+        return "", ""
+    return str(ph[-1].data.get("phase") or ""), str(ph[-1].data.get("step") or "")
+
+
+def reinit_on_the_old_store(c: RankContext) -> Optional[Cause]:
+    """A rank that failed in its ``reinit`` step (destroy_process_group, then
+    init_process_group on the same MASTER_PORT): its new client reached the old store as it went
+    away, or the new group read the old group's keys from a store the program kept."""
+    v = c.verdict
+    phase, step = _last_step(c.obs)
+    if not step.startswith("reinit") or "new_port" in step:
+        return None
+    steps = [str(e.data.get("step") or "") for e in (c.obs.events if c.obs else [])
+             if e.ev == "phase"]
+    port = c.env(v.label).get("MASTER_PORT", "")
+    if "keep_store" in steps and re.search(r"connect ?timeout|connection refused|"
+                                           r"connectFullMesh", v.message or "", re.I):
+        return Cause(f"in its re-init ({phase}) the new group read the old group's gloo "
+                     "addresses from the store the program kept across the destroy "
+                     "(keep_store): it dialled pairs nobody listens on any more",
+                     [_exc_line(v)])
+    if v.outcome == "error" and CLOSED.search(v.message or ""):
+        return Cause(f"in its re-init ({phase}) it dialled MASTER_PORT {port} again while the "
+                     "old store on that port was going away (rank 0's destroy of the old "
+                     "group): the connection was closed under it", [_exc_line(v)])
+    return None
+
+
+
 def _proxied(c: RankContext) -> Optional[Tuple[str, str, str, float]]:
     """(fault, the ports it redirected in words, what the proxy did, since) of the run's fault
     proxy, from the step log; None when no proxy ran."""
@@ -1363,6 +1418,18 @@ def _proxied(c: RankContext) -> Optional[Tuple[str, str, str, float]]:
                     None)
     doing = [s for s in c.run.step_log if (s.what or "").startswith("proxy: ")
              and s.action == "do"]
+    front = next((s for s in c.run.step_log if (s.what or "").startswith("start the fault "
+                                                                        "proxy at ")), None)
+    if redirect is None and front is not None and doing:
+        # placement: front (no namespaces): only the ranks told the proxy's port go through it
+        fm = re.search(r"proxy at (\S+):(\d+) in front of (\S+):(\d+)", front.what)
+        mine = c.env(c.verdict.label).get("MASTER_PORT")
+        if fm is None or mine != fm.group(2):
+            return None
+        ports = f"port {fm.group(4)}" + (" (the store's)" if fm.group(4) == str(c.master_port)
+                                         else "") + f", dialled at the proxy's {fm.group(2)}"
+        last = doing[-1]
+        return last.fault, ports, last.what.removeprefix("proxy: "), float(last.t or 0.0)
     if redirect is None or not doing:
         return None
     m = re.search(r"redirect (\{'except': \[([\d, ]+)\]\}|\[([\d, ]+)\])", redirect.what)
@@ -1626,6 +1693,8 @@ RULES: List[Rule] = [
     elastic_round_deadlock,
     connected_to_a_non_store,
     peer_died,
+    peer_reinitialised,
+    reinit_on_the_old_store,
     nobody_claimed_rank_0,
     program_exited,
     ddp_params_differ,

@@ -631,3 +631,40 @@ def test_a_connect_timeout_behind_a_silenced_name_server_is_the_reverse_lookup(o
     _, (plain,) = _run(obs, obs.rank("1", reached="init", end=10.0,
                                      exc=obs.exc("DistNetworkError", CLIENT)), step_log=[step])
     assert "reverse lookup" not in plain.cause
+
+
+def _in_step(obs, label, step, **kw):
+    """A rank whose last phase is workload step 2, named ``step``."""
+    d = obs.rank_dict(label, reached="workload step 2", **kw)
+    for e in d["events"]:
+        if e.get("phase") == "workload step 2":
+            e["step"] = step
+    from harness.observe import RankObservation
+    return RankObservation.from_dict(d)
+
+
+FAILED_RECV = "Failed to recv, got 0 bytes. Connection was likely closed."
+
+
+def test_a_reinit_on_the_same_port_that_met_the_old_store_going_away(obs):
+    r0 = _in_step(obs, "0", "reinit", end=6.0, exc=obs.exc("DistStoreError", JOINED))
+    r1 = _in_step(obs, "1", "reinit", end=0.1, exc=obs.exc("DistNetworkError", FAILED_RECV))
+    _, (v0, v1) = _run(obs, r0, r1)
+    assert v1.cause.startswith("in its re-init (workload step 2) it dialled MASTER_PORT 29500 "
+                               "again while the old store on that port was going away")
+    assert v0.cause.startswith("waited for 1 of 2 clients: rank 1 never reached it: in its "
+                               "re-init")
+    r1 = _in_step(obs, "1", "reinit new_port", end=0.1,
+                  exc=obs.exc("DistNetworkError", FAILED_RECV))
+    _, (v1,) = _run(obs, r1)
+    assert "re-init" not in v1.cause
+
+
+def test_a_peer_that_reinitialised_closed_this_ranks_pair(obs):
+    r0 = obs.rank("0", reached="workload step 2", end=1.0,
+                  exc=obs.exc("RuntimeError", "[pair.cc:553] Connection closed by peer "
+                              "[127.0.0.1]:7565"))
+    r1 = _in_step(obs, "1", "reinit", end=2.0, killed_at_deadline=True)
+    _, (v0, _) = _run(obs, r0, r1)
+    assert v0.cause.startswith("its gloo connection to rank 1 was closed: rank 1 destroyed the "
+                               "process group to initialise a new one")
