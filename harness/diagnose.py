@@ -1237,6 +1237,25 @@ def file_store_unusable(c: RankContext) -> Optional[Cause]:
                  f"{_first_line(v.message)}", [_exc_line(v)])
 
 
+def file_store_never_opened(c: RankContext) -> Optional[Cause]:
+    """init_method file://, hung or timed out inside FileStore's constructor: torch retries
+    open() of the file until it can be made, and its loop does not honour the group's timeout
+    (a folder that does not exist, a share not mounted on this node)."""
+    v = c.verdict
+    init = c.plan_rank(v.label).get("init") or {}
+    stacks = (c.obs.stacks or "") if c.obs is not None else ""
+    if v.outcome not in ("hang", "timeout") or init.get("method") != "file" or \
+            "_file_rendezvous_handler" not in stacks:
+        return None
+    url = str(init.get("url") or "")
+    folder = url.removeprefix("file://").rsplit("/", 1)[0]
+    made = [st for st in c.run.step_log if (st.what or "").startswith("make the directory")]
+    said = "" if any(folder == (st.what or "").removeprefix("make the directory ").strip()
+                     for st in made) else f": nobody made its folder {folder}"
+    return Cause(f"stuck opening the file store {url}{said}; torch's FileStore retries open() "
+                 "and never honours the group's timeout", [v.reason])
+
+
 def file_store_paths_differ(c: RankContext) -> Optional[Cause]:
     """init_method file:// with a different path per rank: each waits alone in its own file."""
     v = c.verdict
@@ -1678,6 +1697,7 @@ RULES: List[Rule] = [
     interrupted_by_the_fault,
     out_of_memory,
     file_store_unusable,
+    file_store_never_opened,
     killed_by_the_fault,
     world_size_disagrees,
     frozen_by_the_fault,

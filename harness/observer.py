@@ -622,6 +622,34 @@ def install() -> None:
     _start(_role_of(env_role))
 
 
+def _watch_supervisor(ident: str) -> None:
+    """Kill this process (SIGKILL) when the run's supervisor ("pid:start ticks") is gone, so an
+    observed worker outlives its agent or parent as a real one does, never the run. One daemon
+    thread blocked on a pidfd: it holds no GIL and wakes only when the supervisor exits."""
+    import select
+    import signal
+    import threading
+
+    from .procs import start_ticks
+
+    try:
+        pid, ticks = (int(x) for x in ident.split(":", 1))
+        fd = os.pidfd_open(pid)
+    except (ValueError, OSError):
+        os.kill(os.getpid(), signal.SIGKILL)   # no supervisor (any more): nothing to outlive
+        return
+    if start_ticks(pid) != ticks:               # the pid was reused: the supervisor is gone
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def wait() -> None:
+        try:
+            select.select([fd], [], [])
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait, name="harness-supervisor-watch", daemon=True).start()
+
+
 def _start(role: str, forked: bool = False) -> None:
     from .procs import PidRecord, default_signal_dispositions, die_with_parent
 
@@ -638,7 +666,13 @@ def _start(role: str, forked: bool = False) -> None:
             PidRecord(record).add(os.getpid(), f"observed {role}")
         except OSError:
             pass
-    if role != P.ROLE_CHILD:
+    if role == P.ROLE_WORKER and os.environ.get(P.SUPERVISOR_ENV):
+        # an agent's or a parent's worker: a real one outlives its agent's SIGKILL (torchrun
+        # sets no death signal; mp.spawn sets its own SIGINT, after this), so it must not die
+        # with its parent here; it dies with the run's supervisor instead
+        _watch_supervisor(os.environ[P.SUPERVISOR_ENV])
+        default_signal_dispositions()
+    elif role != P.ROLE_CHILD:
         # not for a child: it may be started from a thread that ends before it (pdeathsig
         # follows the thread); the run's record and its end kill children
         die_with_parent()

@@ -68,6 +68,7 @@ OBSERVE_NODE_ENV = "HARNESS_OBSERVE_NODE"      # the label of the agent or paren
 OBSERVE_JOB_ENV = "HARNESS_OBSERVE_JOB"        # "job2" for a second job's processes
 GO_FD_ENV = "HARNESS_GO_FD"                    # where a held process reads the start line
 PID_RECORD_ENV = "HARNESS_PID_RECORD"          # the run's pid record (harness.procs)
+SUPERVISOR_ENV = "HARNESS_SUPERVISOR"          # "pid:start ticks" of the run's supervisor
 OBSERVE_SITE = "_site"                         # harness/_site: the sitecustomize folder
 
 # roles: ``rank`` a rank the harness started itself (direct launcher, a user's program);

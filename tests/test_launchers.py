@@ -234,8 +234,9 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_killed_supervisor_takes_the_agent_and_its_workers_along(tmp_path):
-    """SIGKILL to the harness mid-run: the agent (death signal) and its workers (their own
-    death signal on the agent) die; the sweep removes the run directory."""
+    """SIGKILL to the harness mid-run: the agent (death signal) and its workers (each watches
+    the supervisor: a worker has no death signal on its agent, as under a real torchrun) die;
+    the sweep removes the run directory."""
     import time
 
     from harness.rundir import sweep

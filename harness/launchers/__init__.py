@@ -274,6 +274,14 @@ def fork_refusal(rp: RankPlan) -> str:
     return ""
 
 
+def supervisor_identity() -> str:
+    """This process (the run's supervisor) as "pid:start ticks": an observed worker, which has no
+    death signal against its agent or parent (a real one outlives them), dies when it is gone."""
+    from ..procs import start_ticks
+
+    return f"{os.getpid()}:{start_ticks(os.getpid()) or 0}"
+
+
 def process_env(rp: Optional[RankPlan] = None, extra: Optional[Dict[str, str]] = None
                 ) -> Dict[str, str]:
     """The environment of a process the harness starts for a rank (or, without ``rp``, a
@@ -326,7 +334,7 @@ def start_process(sup: Any, rp: RankPlan) -> RankProcess:
         P.OBSERVE_ROLE_ENV: rp.role, P.OBSERVE_DIR_ENV: str(sup.observe_dir),
         P.OBSERVE_EVENTS_ENV: str(events), P.OBSERVE_LABEL_ENV: rp.label,
         P.OBSERVE_JOB_ENV: rp.job, P.GO_FD_ENV: str(go_r),
-        P.PID_RECORD_ENV: str(sup.rundir.pids.path)})
+        P.PID_RECORD_ENV: str(sup.rundir.pids.path), P.SUPERVISOR_ENV: supervisor_identity()})
     try:
         with interrupts.shield():   # a process that exists is a process that is tracked
             proc = ManagedProcess([rp.python or sys.executable, *rp.argv],

@@ -54,6 +54,7 @@ IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 EXPORT_RE = r"^(ALL|NONE|[A-Za-z_][A-Za-z0-9_]*(=[^,]*)?(,[A-Za-z_][A-Za-z0-9_]*(=[^,]*)?)*)$"
 # what the harness's observer needs in every task (srun's --export gets them whatever it says)
 OBSERVER_VARS = ("PYTHONPATH", P.OBSERVE_DIR_ENV, P.OBSERVE_ROLE_ENV, P.PID_RECORD_ENV,
+                 P.SUPERVISOR_ENV,
                  "PYTHONUNBUFFERED", "PYTHONWARNINGS", "SLURM_CONF", "PATH",
                  "TORCH_CPP_LOG_LEVEL")
 
