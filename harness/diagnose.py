@@ -561,6 +561,14 @@ def no_store_there(c: RankContext) -> Optional[Cause]:
         return Cause(f"the store's host, rank 0, had ended ({host.outcome}) at "
                      f"{host.duration:g} s; connects to port {port} were retried until the "
                      "client's timeout", [_exc_line(c.verdict), _exc_line(host)])
+    if host is not None and host.outcome == "ok" and host.duration is not None and \
+            c.verdict.duration is not None and host.duration < c.verdict.duration:
+        joined = sorted(v.label for v in c.verdicts if v.outcome == "ok" and v.role in
+                        ("rank", "worker"))
+        return Cause(f"the store's host, rank 0, had finished its job (ok at "
+                     f"{host.duration:g} s, with ranks {', '.join(joined)}) and its store was "
+                     f"gone; connects to port {port} were retried until the client's timeout",
+                     [_exc_line(c.verdict), f"rank 0: {host.reason}"])
     return None
 
 
@@ -634,6 +642,11 @@ def a_peer_was_frozen(c: RankContext) -> Optional[Cause]:
                  [_exc_line(v)] if v.exception else [v.reason])
 
 
+# an end is noticed after it happened (the supervisor's poll, an agent's reaping loop): a peer
+# that saw the connection close may have raised up to this much before its closer's recorded end
+END_SLACK = 0.25
+
+
 def _ended_at(c: RankContext, v: Verdict) -> float:
     """When a row ended: its duration, or earlier the time the scenario's fault sent the signal
     that killed it (the supervisor notices an exit on its next poll, after the peer that saw
@@ -645,6 +658,13 @@ def _ended_at(c: RankContext, v: Verdict) -> float:
                  if "SIG" + x.signal.removeprefix("SIG") == signal_name(v.returncode)]
         if fatal:
             end = min(end, float(fatal[0]))
+        # a worker its agent stopped: the agent reaped it before the supervisor saw it end
+        for a in c.run.ranks:
+            if a.role == "agent" and o.pid:
+                reaped = next((e for e in a.events if e.ev == "reaped"
+                               and e.data.get("pid") == o.pid), None)
+                if reaped is not None:
+                    end = min(end, c.t(reaped))
     return end
 
 
@@ -657,7 +677,7 @@ def peer_died(c: RankContext) -> Optional[Cause]:
     at = re.search(r"\[([^\]]+)\]:(\d+)", msg)
     dead = [v for v in c.verdicts if v.label != c.verdict.label and v.role in ("rank", "worker")
             and v.outcome in ("crash", "error", "timeout") and v.duration is not None
-            and _ended_at(c, v) <= c.verdict.duration
+            and _ended_at(c, v) <= c.verdict.duration + END_SLACK
             and (at is None or v.addr in (at.group(1), ""))]
     if len(dead) > 1:   # one killed, the others failing after it: the killed one is the cause
         crashed = [v for v in dead if v.outcome == "crash"]
@@ -1140,6 +1160,25 @@ def elastic_round_deadlock(c: RankContext) -> Optional[Cause]:
                  "until the store's read timeout", [_exc_line(v), _exc_line(peer)])
 
 
+def redundant_agent_left(c: RankContext) -> Optional[Cause]:
+    """An agent beyond --nnodes's maximum waits in the rendezvous's redundancy list; when the job
+    ends and the rendezvous closes, torch raises RendezvousGracefulExitError for it, which
+    ``agent.run()`` swallows (it returns None), and ``launch_agent`` then fails on the None
+    result (torch 2.13 ``launcher/api.py``: ``result.is_failed()``)."""
+    v = c.verdict
+    if v.role != "agent" or "'NoneType' object has no attribute 'is_failed'" not in \
+            (v.message or ""):
+        return None
+    agents = [a for a in c.verdicts if a.role == "agent" and _job(a.label) == _job(v.label)]
+    done = [a.label for a in agents if a.outcome == "ok"]
+    return Cause(f"one of {len(agents)} agents of a rendezvous that admits fewer: it waited as a "
+                 "redundant node, and when the job "
+                 + (f"({', '.join(done)}) " if done else "")
+                 + "closed the rendezvous torch let it exit gracefully "
+                 "(RendezvousGracefulExitError) but its launcher read the None result: "
+                 "AttributeError, a bug of torch's launch_agent, not of the job", [_exc_line(v)])
+
+
 def waiting_for_a_rank_key(c: RankContext) -> Optional[Cause]:
     """A rank's store wait timed out on another rank's process-group key: that rank never
     wrote it (and why, from that rank's own cause)."""
@@ -1296,12 +1335,21 @@ def a_peer_missed_the_collective(c: RankContext) -> Optional[Cause]:
         elif v.phase in (var.get("skip") or []):
             why.append(f"rank {label} skipped this collective (the scenario's skip_collective "
                        "fault)")
+        elif var.get("skip"):
+            why.append(f"rank {label} skipped its collective in {', '.join(var['skip'])} (the "
+                       "scenario's skip_collective fault): from there on the ranks' "
+                       "collectives paired out of step")
         else:
             starved = next((st for st in c.run.step_log if st.fault == "cpu_contention"
                             and st.target == f"rank {label}"), None)
             if starved is not None:
                 why.append(f"rank {label} was starved of CPU (the scenario's cpu_contention "
                            f"fault: {starved.what})")
+    own = (c.plan_rank(v.label).get("variation") or {}).get("skip")
+    if not why and own:
+        why.append(f"this rank skipped its collective in {', '.join(own)} (the scenario's "
+                   "skip_collective fault): its later collectives paired with the others' "
+                   "earlier ones")
     if not why:
         return None
     m = re.search(r"(\d+)ms", v.message or "")
@@ -1711,6 +1759,7 @@ RULES: List[Rule] = [
     rendezvous_store_lost,
     rendezvous_join_timeout,
     elastic_round_deadlock,
+    redundant_agent_left,
     connected_to_a_non_store,
     peer_died,
     peer_reinitialised,

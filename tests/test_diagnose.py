@@ -668,3 +668,22 @@ def test_a_peer_that_reinitialised_closed_this_ranks_pair(obs):
     _, (v0, _) = _run(obs, r0, r1)
     assert v0.cause.startswith("its gloo connection to rank 1 was closed: rank 1 destroyed the "
                                "process group to initialise a new one")
+
+
+def test_a_client_late_for_a_store_whose_job_had_finished(obs):
+    r0 = obs.rank("0", end=2.9)
+    r2 = obs.rank("2", reached="init", end=13.0,
+                  exc=obs.exc("DistNetworkError", CLIENT))
+    _, (_, v2) = _run(obs, r0, r2)
+    assert v2.cause.startswith("the store's host, rank 0, had finished its job (ok at")
+
+
+def test_a_redundant_agent_that_torchs_launcher_failed_on(obs):
+    bug = "'NoneType' object has no attribute 'is_failed'"
+    a0 = obs.rank("agent:node0", reached="init", end=4.5, role="agent",
+                  exc=obs.exc("RuntimeError", bug))
+    a1 = obs.rank("agent:node1", reached="init", end=5.2, role="agent")
+    run = obs.run(a0, a1)
+    v0, _ = explain_run(run, classify_run(run))
+    assert v0.cause.startswith("one of 2 agents of a rendezvous that admits fewer")
+    assert "RendezvousGracefulExitError" in v0.cause
