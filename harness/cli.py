@@ -255,6 +255,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
             con.print(_text("what the store held:", "bold"))
             for ln in StoreSnapshot.from_dict(run.store).lines():
                 con.print(_text(f"    {ln}", "dim"))
+        for other in run.stores:
+            from .storeprobe import StoreSnapshot
+
+            con.print(_text("what a store the workers hosted themselves held:", "bold"))
+            for ln in StoreSnapshot.from_dict(other).lines():
+                con.print(_text(f"    {ln}", "dim"))
         groups = stack_groups({v.label: v.stacks for v in verdicts if v.outcome == "hang"})
         shown = set()
         for v in verdicts:

@@ -446,12 +446,14 @@ def case_html(i: int, c: Dict[str, Any]) -> str:
         rows = [[esc(h), esc(k), esc(v)] for h, n in counted.items() for k, v in n.items()]
         out.append("<h3>TCP counters of each host at the end (non-zero)</h3>" + _table(
             ["host", "counter", "count"], rows))
-    if c.get("store"):
+    stores = ([("the store", c["store"])] if c.get("store") else []) + \
+        [("a store the workers hosted themselves", x) for x in c.get("stores") or []]
+    for what, d in stores:
         from .storeprobe import StoreSnapshot
 
-        snap = StoreSnapshot.from_dict(c["store"])
+        snap = StoreSnapshot.from_dict(d)
         keys = "\n".join(f"{k} = {v}" if v else k for k, v in snap.keys.items())
-        out.append(f'<details><summary>what the store held: {esc("; ".join(snap.lines()))}'
+        out.append(f'<details><summary>what {what} held: {esc("; ".join(snap.lines()))}'
                    f'</summary><pre>{esc(keys)}</pre></details>')
     if c.get("evidence"):
         out.append(f'<p class="muted">evidence: <code>{esc(c["evidence"])}</code></p>')

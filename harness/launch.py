@@ -231,6 +231,7 @@ class Supervisor:
         self._sockets_taken: Set[str] = set()     # rows whose sockets are in their observation
         self._native_pool: Optional[ThreadPoolExecutor] = None
         self._store: Any = None    # the store's snapshot, being taken (a Future) or taken
+        self._stores: Dict[str, Any] = {}   # the workers' own stores' snapshots, by address
         self._rules_at_deadline: Dict[str, str] = {}
 
     # -- Runtime -------------------------------------------------------------------------------
@@ -548,6 +549,7 @@ class Supervisor:
                                              for h in self.plan.hosts}
                                             if self.topo is not None else {})
         store = self._store_snapshot()
+        stores = self._stores_snapshots()
         counters = {h.name: self._counters(h.name) for h in self.plan.hosts} \
             if self.topo is not None else {}
         problems = self.scheduler.teardown(wall)
@@ -559,7 +561,7 @@ class Supervisor:
                               run_dir=str(self.dir), t0=self.t0,
                               step_log=list(self.scheduler.log), port_owners=owners,
                               rules=rules, counters=counters, harness_memory=memory,
-                              store=store)
+                              store=store, stores=stores)
 
     def _take_sockets(self, rows: Sequence[RankProcess]) -> None:
         """The TCP sockets of ``rows``, read from /proc (harness.sockets: no process is
@@ -627,9 +629,51 @@ class Supervisor:
 
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
         self._store = pool.submit(asking)
+        for whost, waddr in self._worker_stores():
+            if waddr != addr:
+                self._stores[waddr] = pool.submit(self._asker(whost, waddr, t))
         pool.shutdown(wait=False)
         if self.topo is not None and self.now() >= self.plan.deadline:
             self._rules_at_deadline = {h.name: self._rules(h.name) for h in self.plan.hosts}
+
+    def _asker(self, host: str, addr: str, t: float) -> Any:
+        from .storeprobe import StoreSnapshot, connect_and_ask
+
+        def asking() -> StoreSnapshot:
+            try:
+                sock = self.topo.socket(host, socket.AF_INET, socket.SOCK_STREAM) \
+                    if self.topo is not None else socket.socket(socket.AF_INET,
+                                                                socket.SOCK_STREAM)
+            except Exception as e:  # noqa: BLE001 - evidence only
+                return StoreSnapshot(addr=addr, host=host, t=t, error=str(e))
+            snap = connect_and_ask(sock, addr)
+            snap.host, snap.t = host, t
+            return snap
+        return asking
+
+    def _worker_stores(self) -> List[Tuple[str, str]]:
+        """(host, "127.0.0.1:port") of each store torchrun's workers host themselves
+        (TORCHELASTIC_USE_AGENT_STORE False: their rank 0 starts a TCPStore on MASTER_PORT),
+        asked on the host of the worker that hosts it."""
+        out: Dict[str, str] = {}
+        for r in self.ranks:
+            info = r.obs.info or {}
+            if r.obs.role != "worker" or str(info.get("use_agent_store")) != "False" or \
+                    not str(info.get("master_port") or "").isdigit():
+                continue
+            addr = f"127.0.0.1:{info['master_port']}"
+            if info.get("rank") == 0 or addr not in out:
+                out[addr] = r.obs.host
+        return [(h, a) for a, h in out.items()]
+
+    def _stores_snapshots(self) -> List[Dict[str, Any]]:
+        out = []
+        for fut in self._stores.values():
+            try:
+                out.append(dict(fut.result(timeout=5.0).to_dict()))
+            except Exception:  # noqa: BLE001 - evidence only
+                pass
+        return out
 
     def _store_snapshot(self) -> Dict[str, Any]:
         if self._store is None:

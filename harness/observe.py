@@ -127,6 +127,9 @@ class RunObservation:
     # what the run's store held, asked at the deadline or when a rank first raised
     # (harness.storeprobe.StoreSnapshot's dict; empty when never asked)
     store: Dict[str, Any] = field(default_factory=dict)
+    # the other stores of the run, asked at the same moments: the stores torchrun's workers
+    # host themselves (share_store: false), apart from the agents' rendezvous store above
+    stores: List[Dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"plan": self.plan, "torch_version": self.torch_version,
@@ -135,7 +138,8 @@ class RunObservation:
                 "step_log": [s.to_dict() for s in self.step_log],
                 "port_owners": self.port_owners, "rules": self.rules,
                 "counters": self.counters,
-                "harness_memory": self.harness_memory, "store": self.store}
+                "harness_memory": self.harness_memory, "store": self.store,
+                "stores": self.stores}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> RunObservation:
@@ -148,4 +152,5 @@ class RunObservation:
                    counters={str(h): {str(k): int(v) for k, v in c.items()}
                              for h, c in (d.get("counters") or {}).items()},
                    harness_memory=dict(d.get("harness_memory", {})),
-                   store=dict(d.get("store") or {}))
+                   store=dict(d.get("store") or {}),
+                   stores=[dict(x) for x in d.get("stores") or []])

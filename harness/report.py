@@ -290,6 +290,7 @@ def case_record(*, nodeid: str, file: str, name: str, scenario: Any = None,
         "rules": run.rules if run is not None else {},
         "counters": run.counters if run is not None else {},
         "store": run.store if run is not None else {},
+        "stores": run.stores if run is not None else [],
         "ranks": [rank_record(v, by_label.get(v.label), run.t0 if run is not None else 0.0)
                   for v in verdicts],
         "timeline": timeline(run) if run is not None else None,

@@ -151,3 +151,26 @@ def test_a_real_run_behind_a_squatter_says_the_listener_is_no_store():
     snap = StoreSnapshot.from_dict(run.store)
     assert not snap.answered
     assert "no answer" in snap.error, snap.error
+
+
+def test_a_torchrun_run_asks_the_store_its_workers_host_themselves_too():
+    """share_store: false: torchrun's workers host their own store (rank 0's TCPStore on the
+    MASTER_PORT the agent handed them), apart from the agent's rendezvous store. At the
+    deadline both are asked; the workers' one holds both workers' gloo addresses."""
+    run, vs = _run("""
+        name: workers_store
+        about: two workers of one agent, their own store; worker 1 is stopped in step 2
+        world_size: 2
+        timeout: 60
+        deadline: 12
+        launcher: {kind: torchrun, share_store: false}
+        workload: [barrier, "sleep 1", barrier]
+        faults:
+          - {kind: stop_rank, rank: 1, phase: "workload step 2"}
+    """)
+    by = {v.label: v for v in vs}
+    assert by["0"].outcome == "hang", by["0"].reason
+    (snap,) = [StoreSnapshot.from_dict(s) for s in run.stores]
+    assert snap.answered, snap.error
+    assert sorted(snap.gloo) == ["0", "1"], snap.keys
+    assert snap.addr != StoreSnapshot.from_dict(run.store).addr
