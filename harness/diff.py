@@ -39,6 +39,13 @@ out its parts, so you can say why a move is or is not a change). The allowance i
   gives up after up to about 5 T whatever the timeout (FIELD_NOTES: 25 s): band 1-5 T. Any
   other ``timeout`` outcome (a store wait, a collective's wait: they end about T after a wait
   that began at a moment the diff does not know) adds 1.5 T to the allowance instead.
+* the machine's load: in the slower run, the largest time any rank of the case spent runnable
+  and waiting for a CPU after the start line (``cpu_wait``: the kernel's per-thread runqueue
+  wait, summed over a rank's live threads, harness.procs.runqueue_wait). A CPU-bound step
+  stretches by that much under load and by nothing on an idle machine; a timeout, a sleep or a
+  retry's backoff is blocked time and does not count, so a changed timeout is still a change.
+  On a 2-core machine running the catalog at ``-n 4`` an ok DDP case took 0.4-4.2 s, a 256 MB
+  DDP broadcast 0.9-11.4 s, over nine catalog runs of one image.
 * a rank whose end follows another row's (an agent or spawning parent ends with its workers; a
   rank that reads "closed/reset by peer" ends when its peer does) also carries the largest
   move of the case's other ranks (those whose end is their own).
@@ -356,6 +363,22 @@ class Allowance:
         return s
 
 
+def load_wait(oc: Dict[str, Any], nc: Dict[str, Any], o: Dict[str, Any],
+              n: Dict[str, Any]) -> float:
+    """What the machine's load added to the slower of the two runs of a rank, at most: the
+    largest ``cpu_wait`` (seconds its threads were runnable and waited for a CPU, after the
+    start line) of any rank of that run's case (ranks wait for each other: the slowed one need
+    not be this one). 0 where the reports do not have it (older reports)."""
+    od, nd = o.get("duration"), n.get("duration")
+    if od is None or nd is None:
+        return 0.0
+    slower = nc if float(nd) > float(od) else oc
+    waits = [float(r["cpu_wait"]) for r in slower.get("ranks") or []
+             if r.get("cpu_wait") is not None]
+    # summed over threads it can exceed the wall time; the load added at most the whole run
+    return min(max(waits, default=0.0), max(float(od), float(nd)))
+
+
 def duration_allowance(oc: Dict[str, Any], nc: Dict[str, Any], label: str, o: Dict[str, Any],
                        n: Dict[str, Any], abs_tol: float = DEFAULT_ABS_TOL,
                        others_moved: float = 0.0) -> Allowance:
@@ -367,6 +390,10 @@ def duration_allowance(oc: Dict[str, Any], nc: Dict[str, Any], label: str, o: Di
     if su >= 0.05:
         total += su
         parts.append(f"{su:.2f} s start-up change")
+    load = load_wait(oc, nc, o, n)
+    if load >= 0.05:
+        total += load
+        parts.append(f"{load:.2f} s waited for a CPU (load)")
     t = float(oc.get("timeout") or 0)
     band = _band(oc, o) or _band(oc, n)
     if band is None and t and "timeout" in (o.get("outcome"), n.get("outcome")):

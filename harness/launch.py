@@ -38,7 +38,7 @@ from .launchers import Discovery, RankProcess, close_fds, process_env
 from .observe import RunObservation
 from .plan import HostPlan, RunPlan, make_plan
 from .ports import PortLease
-from .procs import ForeignProcess, ManagedProcess, kill_observed
+from .procs import ForeignProcess, ManagedProcess, kill_observed, runqueue_wait
 from .protocol import (
     EXCEPTION,
     PHASE,
@@ -521,6 +521,9 @@ class Supervisor:
             self._say(f"deadline {deadline:g} s: {', '.join(r.label for r in live)} still "
                       "alive: taking stacks, killing")
             self._take_sockets(live)
+            for r in live:   # what the load added to its duration, before the stacks' pause
+                pid = r.obs.pid
+                r.obs.waited_at_deadline = runqueue_wait(int(pid)) if pid else None
             self._capture_stacks(live)
             for r in live:
                 r.obs.killed_at_deadline = True

@@ -71,9 +71,27 @@ class RankObservation:
     info: Dict[str, Any] = field(default_factory=dict)   # what an observed process said first
     sockets: List[SocketRecord] = field(default_factory=list)   # its TCP sockets at the
     #     deadline (before the kill) or when its result said it raised (harness.sockets)
+    # seconds its threads waited for a CPU (runqueue: the machine's load), read by the
+    # supervisor at the deadline for a rank still alive (harness.procs.runqueue_wait)
+    waited_at_deadline: Optional[float] = None
 
     def result(self) -> Optional[Event]:
         return result_of(self.events)
+
+    def cpu_wait(self) -> Optional[float]:
+        """Seconds its threads waited for a CPU between the start line (or its own start, for a
+        process started after it) and its end: what the machine's load added to its duration,
+        at most (summed over threads). From its result, else the supervisor's read at the
+        deadline; None when neither was taken (a rank killed by a signal)."""
+        res = self.result()
+        end = res.data.get("cpu_wait") if res is not None else None
+        if end is None:
+            end = self.waited_at_deadline
+        if end is None:
+            return None
+        rel = next((e for e in self.events if e.ev == "released"), None)
+        start = rel.data.get("cpu_wait", 0.0) if rel is not None else 0.0
+        return round(max(0.0, float(end) - float(start or 0.0)), 3)
 
     def ready(self) -> bool:
         return any(e.ev == READY for e in self.events)
@@ -87,7 +105,8 @@ class RankObservation:
                 "native_stacks": self.native_stacks, "released_at": self.released_at,
                 "ended_at": self.ended_at, "notes": list(self.notes), "role": self.role,
                 "node": self.node, "attempt": self.attempt, "info": dict(self.info),
-                "sockets": [x.to_dict() for x in self.sockets]}
+                "sockets": [x.to_dict() for x in self.sockets],
+                "waited_at_deadline": self.waited_at_deadline}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> RankObservation:
@@ -105,7 +124,8 @@ class RankObservation:
                    notes=[str(n) for n in d.get("notes", [])],
                    role=str(d.get("role", "rank")), node=d.get("node"),
                    attempt=int(d.get("attempt") or 0), info=dict(d.get("info") or {}),
-                   sockets=[SocketRecord.from_dict(x) for x in d.get("sockets") or []])
+                   sockets=[SocketRecord.from_dict(x) for x in d.get("sockets") or []],
+                   waited_at_deadline=d.get("waited_at_deadline"))
 
 
 @dataclass

@@ -140,10 +140,18 @@ def identify(rank: int, how: str) -> None:
         emit(P.IDENTITY, rank=rank, how=how)
 
 
+def _waited() -> Dict[str, Any]:
+    """Seconds this process's live threads waited for a CPU, all its life (harness.procs)."""
+    from .procs import runqueue_wait
+
+    w = runqueue_wait()
+    return {"cpu_wait": w} if w is not None else {}
+
+
 def result_ok() -> None:
     """The harness's worker finished its workload."""
     _S.result_sent = True
-    emit(P.RESULT, status=P.OK, phase="exit")
+    emit(P.RESULT, status=P.OK, phase="exit", **_waited())
 
 
 def result_exception(exc: BaseException, phase: Optional[str] = None, **extra: Any) -> None:
@@ -151,7 +159,8 @@ def result_exception(exc: BaseException, phase: Optional[str] = None, **extra: A
     if _S.result_sent:
         return
     _S.result_sent = True
-    emit(P.RESULT, status=P.EXCEPTION, phase=phase or _S.phase, exc=_exc_dict(exc), **extra)
+    emit(P.RESULT, status=P.EXCEPTION, phase=phase or _S.phase, exc=_exc_dict(exc), **extra,
+         **_waited())
 
 
 # -- the post-import hooks -------------------------------------------------------------------------
@@ -766,4 +775,4 @@ def _hold(fd: int) -> None:
         pass
     if line != P.GO_LINE:   # the harness went away before the start line
         os._exit(3)
-    emit(P.RELEASED)
+    emit(P.RELEASED, **_waited())

@@ -82,6 +82,27 @@ def start_ticks(pid: int) -> Optional[int]:
     return int(fields[19])
 
 
+
+def runqueue_wait(pid: int = 0) -> Optional[float]:
+    """Seconds the live threads of ``pid`` (0: this process) spent runnable but waiting for a
+    CPU, summed (the kernel's schedstat: its second field, in ns, per thread). Load makes it
+    grow; sleeping, blocking on a socket or a timeout do not. None where schedstat is missing.
+    Threads that already ended are not counted."""
+    base = f"/proc/{pid or 'self'}/task"
+    try:
+        tids = os.listdir(base)
+    except OSError:
+        return None
+    total, seen = 0, False
+    for tid in tids:
+        try:
+            with open(f"{base}/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+            seen = True
+        except (OSError, ValueError, IndexError):
+            continue
+    return round(total / 1e9, 3) if seen else None
+
 def identity(pid: int) -> Dict[str, Any]:
     """What identifies a process beyond its (reusable) pid."""
     return {"pid": pid, "start_time": start_ticks(pid), "boot_id": boot_id()}

@@ -167,6 +167,9 @@ def rank_record(verdict: Verdict, obs: Optional[RankObservation], t0: float) -> 
         "pid": obs.pid if obs is not None else None,
         "import_s": round(ready.t - start, 3) if start is not None and ready is not None
         else None,
+        # seconds its threads waited for a CPU after the start line (the load's share of its
+        # duration, at most): the diff's allowance (harness.diff)
+        "cpu_wait": obs.cpu_wait() if obs is not None else None,
     }
     if verdict.role != "rank":   # a launcher's row: agent, parent, worker (docs/launchers.md)
         rec.update(role=verdict.role, attempt=verdict.attempt, node=verdict.node)

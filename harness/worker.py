@@ -30,13 +30,21 @@ from typing import Any, Callable, List, NoReturn, Optional
 
 from . import protocol as P
 from . import resolver
-from .procs import default_signal_dispositions, die_with_parent
+from .procs import default_signal_dispositions, die_with_parent, runqueue_wait
 
 _EV_FD = -1
 _PHASE = "start"
 _RAISE: Optional[P.RaiseSpec] = None
 _SLOW: dict = {}
 _EMIT: Optional[Callable[..., None]] = None   # the observer's, when it runs observed
+
+
+def _waited() -> dict:
+    """The result's ``cpu_wait``: seconds this rank's threads waited for a CPU (summed; only
+    threads still alive), all of its life (the supervisor subtracts what the released event
+    says was waited before the start line)."""
+    w = runqueue_wait()
+    return {"cpu_wait": w} if w is not None else {}
 
 
 def emit(ev: str, **fields: Any) -> None:
@@ -309,15 +317,17 @@ def run_rank(spec: P.WorkerSpec, ev_fd: int, stack_fd: int) -> NoReturn:
         line = sys.stdin.buffer.readline()
         if line != P.GO_LINE:  # the supervisor went away before the start line
             os._exit(3)
-        emit(P.RELEASED)
+        waited = runqueue_wait()
+        emit(P.RELEASED, **({"cpu_wait": waited} if waited is not None else {}))
         run_workload(spec, dist, torch)
     except BaseException as exc:  # noqa: B036 - the verdict needs every kind, KeyboardInterrupt too
-        emit(P.RESULT, status=P.EXCEPTION, phase=_PHASE, exc=P.ExceptionRecord.of(exc).to_dict())
+        emit(P.RESULT, status=P.EXCEPTION, phase=_PHASE, exc=P.ExceptionRecord.of(exc).to_dict(),
+             **_waited())
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
     phase("exit")
-    emit(P.RESULT, status=P.OK, phase="exit")
+    emit(P.RESULT, status=P.OK, phase="exit", **_waited())
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -399,3 +399,41 @@ def test_families_are_derived_again_by_todays_rules(old, new):
         exception="ChildFailedError")
     rank(old, "healthy", "0")["family"] = "=" * 55
     assert diff_reports(old, new).changes == []
+
+
+def test_the_load_a_rank_waited_for_is_allowed_but_a_changed_timeout_is_not():
+    """cpu_wait: seconds the case's ranks waited for a CPU after the start line. An ok rank
+    0.4 s -> 3.0 s with 2.8 s of CPU wait in the slower run is load; 2 s -> 9 s (a retry's
+    backoff, blocked time) whose slower run waited 0.3 s is a change."""
+    def rep(d, wait, outcome="ok"):
+        return {"environment": {}, "cases": [{
+            "id": "s.yaml::s[c]", "name": "s[c]", "status": "passed", "job": outcome,
+            "timeout": 5, "expectation": {"job": [outcome], "ranks": {}},
+            "ranks": [{"label": "0", "outcome": outcome, "phase": "exit", "duration": d,
+                       "exception": None, "message": "", "family": "", "cpu_wait": wait}]}]}
+    quiet = diff_reports(rep(0.4, 0.1), rep(3.0, 2.8))
+    assert quiet.changes == [], quiet.changes
+    loud = diff_reports(rep(0.4, 0.1), rep(3.0, 0.2))
+    assert [c.kind for c in loud.changes] == ["duration"]
+    assert "waited for a CPU" in loud.changes[0].note
+    blocked = diff_reports(rep(2.0, 0.1), rep(9.0, 0.3))
+    assert [c.kind for c in blocked.changes] == ["duration"]
+
+
+def test_runqueue_wait_reads_the_kernels_schedstat():
+    import os
+    import subprocess
+    import sys
+
+    from harness.procs import runqueue_wait
+
+    mine = runqueue_wait()
+    assert mine is not None and mine >= 0
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert runqueue_wait(p.pid) is not None
+    finally:
+        p.kill()
+        p.wait()
+    assert runqueue_wait(p.pid) is None
+    assert os.path.exists("/proc/self/task")
