@@ -494,9 +494,11 @@ def waiting_for_ranks(c: RankContext) -> Optional[Cause]:
         elif env.get("MASTER_ADDR") and mine.get("MASTER_ADDR") and \
                 env["MASTER_ADDR"] != mine["MASTER_ADDR"]:
             ctx = c.about(other) if other is not None and other.outcome != "ok" else None
-            own = diagnose(ctx, [name_unresolved]) if ctx is not None else None
+            own = diagnose(ctx, [r for r in RULES if r is not waiting_for_ranks]) \
+                if ctx is not None else None
             why.append(f"rank {label} dialled {env['MASTER_ADDR']}, not {mine['MASTER_ADDR']}"
-                       + (f": {own.text}" if own is not None else ""))
+                       + (f": {own.text}" if own is not None and own.text != UNKNOWN
+                          else ""))
         elif obs is not None and obs.released_at and c.verdict.duration is not None and \
                 obs.released_at >= c.verdict.duration:
             why.append(f"rank {label} was started only at {obs.released_at:g} s, after this "
