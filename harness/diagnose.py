@@ -894,8 +894,7 @@ def stopped_by_agent(c: RankContext) -> Optional[Cause]:
         else ""
     tail = f"; {unreachable}" if unreachable else ""
     if agent.root_cause is not None and str(agent.root_cause) != str(o.info.get("rank")):
-        failed = next((w for w in c.run.ranks if w.role == "worker" and w.node == o.node
-                       and str(w.info.get("rank")) == str(agent.root_cause)), None)
+        failed = _worker_of(c, o.node, agent.root_cause, o.attempt)
         why = ""
         if failed is not None:
             fv = c.verdict_of(failed.label)
@@ -1015,13 +1014,25 @@ def parent_child_failed(c: RankContext) -> Optional[Cause]:
     return Cause(f"its child rank {first.label} failed first: {why}", [_exc_line(v)])
 
 
+def _worker_of(c: RankContext, node: str, rank: Any, attempt: Optional[int] = None
+               ) -> Optional[RankObservation]:
+    """The worker of ``node`` that had global rank ``rank``: of restart ``attempt`` when given
+    and there, else of the last attempt (an agent's root cause names a rank of its last
+    round; rank 0 of the first round is another process than 0@1)."""
+    ws = [w for w in c.run.ranks if w.role == "worker" and w.node == node
+          and str(w.info.get("rank")) == str(rank)]
+    same = [w for w in ws if attempt is not None and w.attempt == attempt]
+    if same:
+        return same[0]
+    return max(ws, key=lambda w: w.attempt, default=None)
+
+
 def agent_child_failed(c: RankContext) -> Optional[Cause]:
     """An agent's ChildFailedError: its first failed worker, and that worker's own cause."""
     v = c.verdict
     if v.role != "agent" or v.root_cause is None:
         return None
-    failed = next((w for w in c.run.ranks if w.role == "worker" and w.node == v.label
-                   and str(w.info.get("rank")) == str(v.root_cause)), None)
+    failed = _worker_of(c, v.label, v.root_cause)
     if failed is None:
         return None
     fv = c.verdict_of(failed.label)
@@ -1160,6 +1171,21 @@ def elastic_round_deadlock(c: RankContext) -> Optional[Cause]:
                  "never writes after its first round (it keeps that round's store: torch "
                  "shares the rendezvous TCPStore): a deadlock of torch's elastic scale-up, "
                  "until the store's read timeout", [_exc_line(v), _exc_line(peer)])
+
+
+def restart_read_stale_keys(c: RankContext) -> Optional[Cause]:
+    """A worker of a restart (attempt >= 1) whose gloo mesh failed in init while the agent's
+    store, kept across restarts, held the previous attempt's keys: gloo dialled a pair address
+    that attempt published (pytorch#135712; TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 avoids it)."""
+    v, o = c.verdict, c.obs
+    if o is None or o.attempt < 1 or v.outcome not in ("error", "timeout") or \
+            "connectFullMesh" not in (v.message or "") or \
+            str((o.info or {}).get("use_agent_store")) != "True":
+        return None
+    return Cause(f"a worker of restart {o.attempt}: its gloo mesh dialled a pair address the "
+                 "previous attempt published in the agent's store, which keeps its keys across "
+                 "restarts (pytorch#135712; the workers' own store, "
+                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, avoids it)", [_exc_line(v)])
 
 
 def redundant_agent_left(c: RankContext) -> Optional[Cause]:
@@ -1762,6 +1788,7 @@ RULES: List[Rule] = [
     rendezvous_join_timeout,
     elastic_round_deadlock,
     redundant_agent_left,
+    restart_read_stale_keys,
     connected_to_a_non_store,
     peer_died,
     peer_reinitialised,

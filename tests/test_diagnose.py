@@ -687,3 +687,26 @@ def test_a_redundant_agent_that_torchs_launcher_failed_on(obs):
     v0, _ = explain_run(run, classify_run(run))
     assert v0.cause.startswith("one of 2 agents of a rendezvous that admits fewer")
     assert "RendezvousGracefulExitError" in v0.cause
+
+
+def test_a_restarted_worker_that_read_the_last_attempts_keys_and_its_agent(obs):
+    """one_restart (the agents' shared store): 0@1 fails in init dialling the previous
+    attempt's pair; the agent's root cause rank 0 is 0@1, not the first attempt's rank 0."""
+    mesh = ("Gloo connectFullMesh failed with [pair.cc:152] timed out connecting: SO_ERROR: "
+            "Connection refused, remote=[127.0.0.1]:1453")
+    r0 = obs.rank("0", reached="workload step 2", end=1.9, role="worker", node="agent:local",
+                  returncode=-15, result=False)
+    r01 = obs.rank("0@1", reached="init", end=3.7, role="worker", node="agent:local",
+                   attempt=1, exc=obs.exc("RuntimeError", mesh))
+    for r, rank in ((r0, 0), (r01, 0)):
+        r.info.update(rank=rank, use_agent_store="True")
+    agent = obs.rank("agent:local", reached="init", end=4.3, role="agent",
+                     exc=obs.exc("RuntimeError", "ChildFailedError"))
+    run = obs.run(agent, r0, r01)
+    vs = {v.label: v for v in classify_run(run)}
+    vs["agent:local"].root_cause = 0
+    explain_run(run, list(vs.values()))
+    assert vs["0@1"].cause.startswith("a worker of restart 1: its gloo mesh dialled a pair "
+                                      "address the previous attempt published")
+    assert vs["agent:local"].cause.startswith("its worker rank 0 failed first: a worker of "
+                                              "restart 1")
