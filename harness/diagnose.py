@@ -129,10 +129,29 @@ def _argv_opt(argv: Sequence[str], name: str) -> str:
     return ""
 
 
+def _workers_of(c: RankContext, agent: str) -> List[RankObservation]:
+    """An agent's workers: by the node they were told, or (an agent srun started, whose
+    workers were not told) by their parent's pid."""
+    ao = c.obs_of(agent)
+    pid = ao.pid if ao is not None else None
+    return [w for w in c.run.ranks if w.role == "worker" and
+            (w.node == agent or (pid is not None and (w.info or {}).get("ppid") == pid))]
+
+
+def _argv_of(c: RankContext, label: str) -> List[str]:
+    """A row's command line: as planned, else as the process itself said (an agent srun
+    started)."""
+    argv = list(c.plan_rank(label).get("argv") or [])
+    if not argv:
+        o = c.obs_of(label)
+        argv = [str(a) for a in ((o.info or {}).get("argv") or [])] if o is not None else []
+    return argv
+
+
 def _endpoint(c: RankContext, label: str) -> Optional[Tuple[str, int]]:
     """An agent's rendezvous endpoint from its command line (--rdzv-endpoint, or the static
     --master-addr/--master-port); None when it does not say."""
-    argv = list(c.plan_rank(label).get("argv") or [])
+    argv = _argv_of(c, label)
     ep = _argv_opt(argv, "--rdzv-endpoint") or _argv_opt(argv, "--rdzv_endpoint")
     if ep:
         host, _, port = ep.rpartition(":") if ep.count(":") == 1 or ep.startswith("[") \
@@ -1060,6 +1079,9 @@ def rendezvous_store_lost(c: RankContext) -> Optional[Cause]:
     ev = [_exc_line(v), f"inner: {inner}"]
     hosts = [a for a in c.run.ranks if a.role == "agent" and a.label != v.label
              and (a.addr == ip or a.host == ip or (_is_loopback(ip) and a.host == o.host))]
+    if len(hosts) > 1:   # several agents on that host (srun --ntasks-per-node 2): the listener
+        listening = [a for a in hosts if _listens(a, port)]
+        hosts = listening if len(listening) == 1 else hosts
     timed_out = CONNECT_TIMEOUT.search(inner)
     if timed_out is not None and (timed_out.group(1).strip(), int(timed_out.group(2))) == ep:
         if _dropping_rule(c.run.rules, port) is not None:
@@ -1194,11 +1216,22 @@ def redundant_agent_left(c: RankContext) -> Optional[Cause]:
     ``agent.run()`` swallows (it returns None), and ``launch_agent`` then fails on the None
     result (torch 2.13 ``launcher/api.py``: ``result.is_failed()``)."""
     v = c.verdict
-    if v.role != "agent" or "'NoneType' object has no attribute 'is_failed'" not in \
-            (v.message or ""):
+    if v.role != "agent":
         return None
     agents = [a for a in c.verdicts if a.role == "agent" and _job(a.label) == _job(v.label)]
     done = [a.label for a in agents if a.outcome == "ok"]
+    if "RendezvousConnectionError" in (v.exception or ""):
+        nn = _argv_opt(_argv_of(c, v.label), "--nnodes").rpartition(":")[2]
+        mine = _workers_of(c, v.label)
+        theirs = [w for a in done for w in _workers_of(c, a)]
+        if not nn.isdigit() or len(agents) <= int(nn) or mine or not theirs or \
+                any((c.verdict_of(w.label) or v).outcome != "ok" for w in theirs):
+            return None
+        return Cause(f"one of {len(agents)} agents of a rendezvous that admits {nn}: it waited "
+                     f"as a redundant node, and when the job ({', '.join(done)}) finished, its "
+                     "rendezvous store went away under it", [_exc_line(v)])
+    if "'NoneType' object has no attribute 'is_failed'" not in (v.message or ""):
+        return None
     return Cause(f"one of {len(agents)} agents of a rendezvous that admits fewer: it waited as a "
                  "redundant node, and when the job "
                  + (f"({', '.join(done)}) " if done else "")
