@@ -14,6 +14,7 @@ it next to the others and put it in the table where it should win over the ones 
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -447,8 +448,22 @@ def name_unresolved(c: RankContext) -> Optional[Cause]:
         return None
     addr = c.env(c.verdict.label).get("MASTER_ADDR", "")
     line = m.group(0).strip()[:300]
-    return Cause(f"a name did not resolve{f' (MASTER_ADDR={addr})' if addr else ''}",
-                 [f"stderr: {line}"] + ([_exc_line(c.verdict)] if c.verdict.exception else []))
+    ev = [f"stderr: {line}"] + ([_exc_line(c.verdict)] if c.verdict.exception else [])
+    try:
+        literal = ipaddress.ip_address(addr.strip("[]")) if addr else None
+    except ValueError:
+        literal = None
+    if literal is not None:
+        hosts = [h for h in c.run.plan.get("hosts") or [] if h.get("name") == c.verdict.host]
+        host: Dict[str, Any] = hosts[0] if hosts else {}
+        off = {k: v for k, v in ((host.get("machine") or {}).get("sysctl") or {}).items()
+               if "disable_ipv6" in k and str(v) == "1"}
+        if off and literal.version == 6:
+            said = ", ".join(f"{k}={v}" for k, v in off.items())
+            return Cause(f"MASTER_ADDR={addr} is an IPv6 address, and its lookup failed on "
+                         f"this host: host {c.verdict.host} has IPv6 off ({said}): the resolver "
+                         "gives no address of a family the host lacks", ev)
+    return Cause(f"a name did not resolve{f' (MASTER_ADDR={addr})' if addr else ''}", ev)
 
 
 NO_PEER_NAME = re.compile(r"The hostname of the client socket cannot be retrieved\. err=-?\d+")
