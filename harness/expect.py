@@ -66,13 +66,14 @@ def _check_rank(e: RankExpect, v: Verdict) -> List[Mismatch]:
             if not found:
                 out.append(Mismatch(v.label, "message", f"/{e.message}/",
                                     v.message or "(none)"))
-    if e.cause is not None and v.outcome not in ("ok", "absent"):   # an ok row has no cause
+    pattern = e.cause_for(v.outcome)
+    if pattern is not None and v.outcome not in ("ok", "absent"):   # an ok row has no cause
         try:
-            found = search(e.cause, v.cause or "")
+            found = search(pattern, v.cause or "")
         except TimeoutError:
             found = False
         if not found:
-            out.append(Mismatch(v.label, "cause", f"/{e.cause}/", v.cause or "(none)"))
+            out.append(Mismatch(v.label, "cause", f"/{pattern}/", v.cause or "(none)"))
     if e.within is not None:
         lo, hi = e.within
         if v.duration is None or not lo <= v.duration <= hi:

@@ -174,12 +174,16 @@ class RankExpect(Strict):
     message: Optional[str] = Field(
         None, max_length=MAX_SHORT,
         description="regular expression searched (case-insensitive) in the exception message")
-    cause: Optional[str] = Field(
-        None, max_length=MAX_SHORT,
+    cause: Optional[Union[Annotated[str, Field(max_length=MAX_SHORT)],
+                          Dict[Literal["error", "timeout", "hang", "crash"],
+                               Annotated[str, Field(max_length=MAX_SHORT)]]]] = Field(
+        None,
         description="regular expression searched (case-insensitive) in the rank's diagnosis "
         "(harness.diagnose: one line of cause, 'unknown: ...' when no rule explains it); checked "
         "when the rank did not end ok or absent (those have no cause), so a race between ok and "
-        "a failure can pin the failure's cause")
+        "a failure can pin the failure's cause. A mapping from outcome to pattern pins each "
+        "path of a race by itself ({timeout: '...', error: '...'}); an outcome it does not "
+        "name is not checked")
     within: Optional[Tuple[Number, Number]] = Field(
         None, description="[min, max] seconds from the start line to the rank's end")
     phase: Optional[List[Annotated[str, AfterValidator(_phase_name)]]] = Field(
@@ -235,16 +239,22 @@ class RankExpect(Strict):
 
     @field_validator("message", "cause")
     @classmethod
-    def _regex(cls, v: Optional[str]) -> Optional[str]:
+    def _regex(cls, v: Any) -> Any:
         # the engine and flags harness.expect matches with (the `regex` library)
-        if v is not None:
+        for pat in (v.values() if isinstance(v, dict) else [v] if v is not None else []):
             from .patterns import compile_message_pattern
 
             try:
-                compile_message_pattern(v)
+                compile_message_pattern(pat)
             except (regex.error, RecursionError, OverflowError) as e:
                 raise ValueError(f"not a valid regular expression: {e}") from None
         return v
+
+    def cause_for(self, outcome: str) -> Optional[str]:
+        """The cause pattern that applies to a row that ended ``outcome`` (None: unchecked)."""
+        if isinstance(self.cause, dict):
+            return self.cause.get(outcome)   # type: ignore[call-overload]
+        return self.cause
 
     def words(self) -> List[str]:
         """This expectation in short words: 'timeout', 'DistStoreError', '/pat/', 'in 3..30 s'."""
@@ -256,7 +266,9 @@ class RankExpect(Strict):
             out.append(self.exception)
         if self.message:
             out.append(f"/{self.message}/")
-        if self.cause:
+        if isinstance(self.cause, dict):
+            out.extend(f"cause if {o} /{p}/" for o, p in self.cause.items())
+        elif self.cause:
             out.append(f"cause /{self.cause}/")
         if self.within:
             out.append(f"in {self.within[0]:g}..{self.within[1]:g} s")

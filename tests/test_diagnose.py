@@ -233,6 +233,26 @@ def test_a_cause_expectation_matches_the_diagnosis(obs):
     assert (m.field, m.expected) == ("cause", "/SYN .* never answered/")
 
 
+def test_a_cause_per_outcome_pins_each_path_of_a_race(obs):
+    """cause: {hang: ..., error: ...}: the pattern of the outcome the row ended with; an
+    outcome the mapping does not name is not checked (a path not watched yet)."""
+    _, (_, v1) = _squatted(obs)
+    assert v1.outcome == "hang"
+    ok = RankExpect.model_validate({"outcome": ["hang", "error"],
+                                    "cause": {"hang": "not a torch store", "error": "x"}})
+    assert check_rank(ok, v1) == []
+    bad = RankExpect.model_validate({"outcome": ["hang", "error"],
+                                     "cause": {"hang": "SYN", "error": "not a torch store"}})
+    assert [m.field for m in check_rank(bad, v1)] == ["cause"]
+    unpinned = RankExpect.model_validate({"outcome": ["hang", "error"],
+                                          "cause": {"error": "anything"}})
+    assert check_rank(unpinned, v1) == []
+    with pytest.raises(Exception, match="regular expression"):
+        RankExpect.model_validate({"cause": {"hang": "(unclosed"}})
+    with pytest.raises(Exception):
+        RankExpect.model_validate({"cause": {"ok": "no cause for ok"}})
+
+
 def test_a_cause_expectation_is_not_checked_on_a_rank_that_ended_ok(obs):
     """A race between ok and a failure pins the failure's cause: an ok row has none."""
     run = obs.run(obs.rank("0"))
