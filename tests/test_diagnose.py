@@ -249,7 +249,7 @@ def test_a_cause_per_outcome_pins_each_path_of_a_race(obs):
     assert check_rank(unpinned, v1) == []
     with pytest.raises(Exception, match="regular expression"):
         RankExpect.model_validate({"cause": {"hang": "(unclosed"}})
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="error.*timeout.*hang.*crash"):
         RankExpect.model_validate({"cause": {"ok": "no cause for ok"}})
 
 

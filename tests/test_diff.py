@@ -437,3 +437,26 @@ def test_runqueue_wait_reads_the_kernels_schedstat():
         p.wait()
     assert runqueue_wait(p.pid) is None
     assert os.path.exists("/proc/self/task")
+
+
+def test_a_row_of_one_path_of_a_declared_race_is_not_a_change():
+    """scale_up_own_store: the restarted workers 0@1 and 1 exist only when node1 joins in
+    time; '*' declares their race, so their coming and going is variation. A row named by
+    its own key that goes missing is still a change."""
+    def rep(rows, exp):
+        return {"environment": {}, "cases": [{
+            "id": "s.yaml::s[c]", "name": "s[c]", "status": "passed", "job": "error",
+            "timeout": 10, "expectation": {"job": ["error", "ok"], "ranks": exp},
+            "ranks": [{"label": lb, "outcome": oc, "phase": "init", "duration": 9.0,
+                       "exception": None, "message": "", "family": ""} for lb, oc in rows]}]}
+    race = {"agent:node0": {"outcome": ["error", "ok"]},
+            "*": {"outcome": ["timeout", "crash"]}}
+    one = rep([("agent:node0", "ok")], race)
+    other = rep([("agent:node0", "error"), ("0@1", "timeout"), ("1", "crash")], race)
+    res = diff_reports(one, other)
+    assert [c.kind for c in res.changes] == [], res.changes
+    assert {c.kind for c in res.within} >= {"rank_added"}
+    named = {"agent:node0": {"outcome": ["error", "ok"]}, "1": {"outcome": ["crash", "ok"]}}
+    res = diff_reports(rep([("agent:node0", "ok"), ("1", "ok")], named),
+                       rep([("agent:node0", "ok")], named))
+    assert [c.kind for c in res.changes] == ["rank_removed"]
