@@ -678,8 +678,9 @@ def a_peer_was_frozen(c: RankContext) -> Optional[Cause]:
                  [_exc_line(v)] if v.exception else [v.reason])
 
 
-# an end is noticed after it happened (the supervisor's poll, an agent's reaping loop): a peer
-# that saw the connection close may have raised up to this much before its closer's recorded end
+# a peer's end is recorded after its sockets closed (the supervisor's poll, an agent's reaping
+# loop, its own result event written after the raise): a rank that saw the connection close may
+# have raised up to this much before its closer's recorded end
 END_SLACK = 0.25
 
 
@@ -734,8 +735,10 @@ def peer_reinitialised(c: RankContext) -> Optional[Cause]:
     """gloo's connection to a peer closed while that peer, alive, had entered a ``reinit`` step:
     it destroyed the process group this rank still used."""
     msg = c.verdict.message or ""
-    if not PEER_CLOSED.search(msg) or c.verdict.duration is None:
-        return None
+    if not PEER_CLOSED.search(msg) or c.verdict.duration is None or (
+            c.obs is not None and any(e.ev == "phase" and str(e.data.get("step") or "")
+                                      .startswith("reinit") for e in c.obs.events)):
+        return None   # (this rank re-initialised too: its new group is not the old one)
     end = c.verdict.duration + float(c.run.t0 or 0.0)
     for o in c.run.ranks:
         if o.label == c.verdict.label or o.role not in ("rank", "worker"):
@@ -1838,8 +1841,8 @@ RULES: List[Rule] = [
     redundant_agent_left,
     restart_read_stale_keys,
     connected_to_a_non_store,
+    peer_reinitialised,   # before peer_died: a peer that re-initialised closed it, then failed
     peer_died,
-    peer_reinitialised,
     reinit_on_the_old_store,
     nobody_claimed_rank_0,
     program_exited,
