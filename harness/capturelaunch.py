@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
-from .errors import UsageError
+from .errors import HarnessError, UsageError
 
 # what torch, gloo, NCCL and the launchers read (an allow-list: nothing else is ever written)
 ENV_NAMES = frozenset((
@@ -412,11 +412,11 @@ def run_once(path: Path, report: Path, verbose: bool) -> Dict[str, Any]:
         rep = None
     if not rep or not rep.get("cases"):
         tail = (proc.stdout or "")[-3000:] if not verbose else ""
-        raise CaptureError(f"the run of {path} gave no result (exit {proc.returncode})"
+        raise HarnessError(f"the run of {path} gave no result (exit {proc.returncode})"
                            + (f":\n{tail}" if tail else ""))
     case: Dict[str, Any] = rep["cases"][0]
     if case.get("status") in ("skipped", "error"):
-        raise CaptureError(f"the run of {path} was {case['status']}: "
+        raise HarnessError(f"the run of {path} was {case['status']}: "
                            f"{(case.get('reason') or case.get('failure') or '')[:1500]}")
     return case
 

@@ -76,11 +76,12 @@ def test_failing_torchrun_captured_and_reproduced(tmp_path):
 def test_hanging_script_captured_with_stacks_at_the_deadline(tmp_path):
     (tmp_path / "hang.py").write_text(HANGING)
     p = harness("capture", "-o", "hang.yaml", "--deadline", "12", "--", "WORLD_SIZE=2",
-                "MASTER_PORT=29533", "python", "hang.py", cwd=tmp_path)
+                "MASTER_PORT=29533", sys.executable, "hang.py", cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     scn = yaml.safe_load((tmp_path / "hang.yaml").read_text())
     assert scn["world_size"] == 2 and scn["deadline"] == 12
-    assert "launcher" not in scn and scn["program"] == {"script": "hang.py"}
+    assert "launcher" not in scn and "python" not in scn   # the harness's own interpreter
+    assert scn["program"] == {"script": "hang.py"}
     assert scn["env"] == {"MASTER_PORT": "29533"}
     ranks = scn["expect"]["ranks"]
     assert scn["expect"]["job"] == "hang"
