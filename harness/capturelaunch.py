@@ -442,6 +442,8 @@ def capture(command: List[str], out: Path, *, name: Optional[str], deadline: flo
                 + (" (observing)" if i == 1 else " (checking the written expectations)"))
             case = run_once(out, Path(tmp) / f"report{i}.json", verbose)
             say(f"  run {i}: {_summary(case)} (case {case.get('status')})")
+            if case.get("evidence"):   # stacks of a hang, each rank's output, the diagnosis
+                say(f"  evidence: {case['evidence']} (harness explain {case['evidence']})")
             if i > 1 and case.get("status") != "passed":
                 say("  torch went another way this time: the expectation is widened to every "
                     "verdict watched")
@@ -454,7 +456,12 @@ def capture(command: List[str], out: Path, *, name: Optional[str], deadline: flo
             scn["expect"] = expect_of(seen, deadline)
             write(out, scn, left_out, command)
     agree = all(c.get("status") == "passed" for c in seen[1:])
-    say(f"wrote {out}: " + ("every run gave the same verdicts" if agree else
-                            "verdicts differed between runs: every one watched is allowed"))
+    if len(seen) == 1:
+        verdict = "one run watched (--runs 3 or more checks that it holds)"
+    elif agree:
+        verdict = "every run gave the same verdicts"
+    else:
+        verdict = "verdicts differed between runs: every one watched is allowed"
+    say(f"wrote {out}: {verdict}")
     say(f"run it again: harness run {out}")
     return 0
