@@ -244,9 +244,9 @@ def scenario_of(command: List[str], out: Path, env: Optional[Dict[str, str]] = N
     word = Path(argv[0]).name
     scn: Dict[str, Any] = {}
     if word in ("srun", "salloc", "sbatch", "mpirun", "mpiexec"):
-        raise CaptureError(f"{word}: not supported yet (capture runs a launch on this machine; "
-                           "write a launcher: slurm scenario by hand, README: Slurm). "
-                           + UNDERSTOOD)
+        hint = ("write a launcher: slurm scenario by hand, README: Slurm" if word.startswith("s")
+                else "the harness has no MPI launcher")
+        raise CaptureError(f"{word}: not supported yet ({hint}). " + UNDERSTOOD)
     python = ""
     if word == "torchrun":
         kind, rest = "torchrun", argv[1:]
