@@ -1106,7 +1106,50 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
     n.add_argument("--force", action="store_true", help="overwrite FILE")
     n.set_defaults(func=cmd_new)
+    _add_capture(sub)
     return p
+
+
+# -- capture: a user's own launch command turned into a scenario (harness.capturelaunch) -------
+
+def _add_capture(sub: Any) -> None:
+    cp = sub.add_parser("capture", help="run your own launch command under observation and "
+                        "write a scenario file that reproduces it",
+                        description="harness capture -o FILE.yaml [--deadline S] -- COMMAND: "
+                        "torchrun ..., python -m torch.distributed.run ..., python train.py "
+                        "(NAME=VALUE prefixes allowed). Writes the scenario, runs it --runs "
+                        "times and writes what was observed into its expect:. Exit 2: a "
+                        "command capture does not understand.")
+    cp.add_argument("-o", "--output", required=True, metavar="FILE.yaml",
+                    help="the scenario file to write (its folder: where paths are relative to)")
+    cp.add_argument("--name", metavar="NAME", help="the scenario's name (default captured_SCRIPT)")
+    cp.add_argument("--deadline", type=_seconds, default=60.0, metavar="S",
+                    help="a rank alive S s after the start is a hang: its stacks are taken and "
+                    "it is killed (default 60)")
+    cp.add_argument("--runs", type=int, default=2, metavar="N",
+                    help="runs: the first observes, the others check the written file and "
+                    "widen it where torch raced (default 2)")
+    cp.add_argument("--world-size", type=int, metavar="N", help="python SCRIPT.py: how many "
+                    "ranks run it (default: WORLD_SIZE of the command, else 1)")
+    cp.add_argument("--keep-env", action="append", default=[], metavar="NAME",
+                    help="write this variable too (one not on the allow-list: your program's "
+                    "own; never a secret)")
+    cp.add_argument("-v", "--verbose", action="store_true", help="show each run's own output")
+    cp.set_defaults(func=cmd_capture)
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    from .capturelaunch import capture
+
+    command = list(args.pytest_args or [])
+    if not command:
+        raise UsageError("give the launch command after --: harness capture -o FILE.yaml -- "
+                         "torchrun --nproc-per-node 2 train.py")
+    if args.runs < 1 or (args.world_size is not None and args.world_size < 1):
+        raise UsageError("--runs and --world-size: 1 or more")
+    return capture(command, Path(args.output), name=args.name, deadline=args.deadline,
+                   runs=args.runs, world_size=args.world_size, keep_env=tuple(args.keep_env),
+                   verbose=args.verbose)
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
@@ -1128,7 +1171,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.paths = list(args.paths) + rest   # paths after an option (`compare A B --env-b X P`)
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    if extra and args.command != "run":
+    if extra and args.command not in ("run", "capture"):   # capture: the user's command
         parser.error("arguments after -- are passed to pytest, only by `harness run`")
     args.pytest_args = extra
     from . import interrupts

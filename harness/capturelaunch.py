@@ -1,0 +1,467 @@
+"""``harness capture -- COMMAND``: a user's own launch command turned into a scenario file.
+
+The command line is parsed, never run as written: it becomes a scenario (launcher and its
+options, program and its arguments, the environment torch and its launchers read, the world
+shape), the file is written, and the harness runs that file through its ordinary run path
+(``harness run FILE``), so what is observed is exactly what the file reproduces: the same
+observer, the same phases, stacks and kill at the deadline on a hang. The observed verdicts
+(job, and per rank: outcome, phase, exception, a generous time window) become the file's
+``expect:``; each further run (``--runs``, default 2) runs the written file as it is and, where
+torch raced to another verdict, widens the expectation to every verdict watched, saying so in
+``about:``. The file then holds for every run watched.
+
+Understood: ``torchrun ...`` and ``python -m torch.distributed.run ...`` (flags parsed by
+torch's own argument parser), ``python -m torch.distributed.launch ...`` (the legacy
+launcher), ``python SCRIPT.py ARGS`` / ``python -m MODULE ARGS`` (each rank of the world run
+directly), each with leading ``NAME=VALUE`` assignments (and ``env NAME=VALUE ...``). Anything
+else (``srun``, ``mpirun``, a shell script) is refused with the reason.
+
+The environment: only variables on the allow-list (``ENV_NAMES``, ``ENV_PREFIXES``: what
+torch, gloo, NCCL, OpenMP and the launchers read) are written; every other variable of the
+command's environment is listed by name only, as left out, in the file's ``about:``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import yaml
+
+from .errors import HarnessError, UsageError
+
+# what torch, gloo, NCCL and the launchers read (an allow-list: nothing else is ever written)
+ENV_NAMES = frozenset((
+    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "LOGLEVEL",
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "USE_LIBUV"))
+ENV_PREFIXES = ("TORCH_", "GLOO_", "NCCL_", "TORCHELASTIC_")
+# never written, even on the allow-list or asked for with --keep-env: a name that looks secret
+SECRET_RE = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|(^|_)KEY($|_)|AUTH|COOKIE|PRIVATE",
+                       re.IGNORECASE)
+# set per rank by the harness (direct ranks) or by torchrun (its workers): never one value for all
+PER_RANK = ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "NODE_RANK")
+# torchrun's flags the scenario's launcher has a field for (harness.launchers.torchrun.FLAGS)
+FLAG_FIELDS = ("nnodes", "nproc_per_node", "node_rank", "rdzv_backend", "rdzv_endpoint",
+               "rdzv_id", "rdzv_conf", "master_addr", "master_port", "standalone",
+               "max_restarts", "monitor_interval")
+PROGRAM_DESTS = ("training_script", "training_script_args", "module", "no_python", "run_path")
+PYTHON_RE = re.compile(r"python[0-9.]*\Z")
+ASSIGN_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=", re.ASCII)
+OUTCOMES = ("ok", "error", "timeout", "hang", "crash", "absent")
+UNDERSTOOD = ("capture understands: torchrun ..., python -m torch.distributed.run ..., "
+              "python -m torch.distributed.launch ..., python SCRIPT.py ARGS, python -m MODULE "
+              "ARGS, each with leading NAME=VALUE assignments")
+
+
+class CaptureError(UsageError):
+    """A command capture cannot turn into a scenario (said in one line, no traceback)."""
+
+
+def secret(name: str) -> bool:
+    return bool(SECRET_RE.search(name))
+
+
+def allowed(name: str) -> bool:
+    return (name in ENV_NAMES or name.startswith(ENV_PREFIXES)) and not secret(name)
+
+
+def shown(command: List[str]) -> str:
+    """The command as written into the file: the value of every leading assignment that is not
+    on the allow-list is replaced by ``...`` (a secret given on the command line never lands)."""
+    env, argv = _assignments(list(command))
+    lead = ["env"] if command[:1] == ["env"] else []
+    words = lead + [f"{k}={v if allowed(k) else '...'}" for k, v in env.items()] + argv
+    return shlex.join(words)
+
+
+def split_env(env: Dict[str, str]) -> Tuple[Dict[str, str], List[str]]:
+    """(the allow-listed variables, the names of every other one)."""
+    kept = {k: v for k, v in env.items() if allowed(k)}
+    return kept, sorted(k for k in env if not allowed(k))
+
+
+# -- the command line ------------------------------------------------------------------------
+
+def _assignments(argv: List[str]) -> Tuple[Dict[str, str], List[str]]:
+    """Leading NAME=VALUE words (and ``env NAME=VALUE``): (assignments, the command)."""
+    env: Dict[str, str] = {}
+    i = 0
+    if argv and argv[0] == "env":
+        i = 1
+    while i < len(argv) and ASSIGN_RE.match(argv[i]):
+        k, _, v = argv[i].partition("=")
+        env[k] = v
+        i += 1
+    return env, argv[i:]
+
+
+def _torchrun_parser() -> Any:
+    import warnings
+
+    try:
+        with warnings.catch_warnings():   # torch's import-time warnings (NumPy missing) are noise
+            warnings.simplefilter("ignore")
+            from torch.distributed.run import get_args_parser
+    except Exception as e:   # noqa: BLE001 - torch missing or broken: said, not raised
+        raise CaptureError(f"cannot read torchrun's flags: torch.distributed.run does not "
+                           f"import here ({type(e).__name__}: {e})") from None
+    return get_args_parser()
+
+
+def _parse_torchrun(rest: List[str], env: Dict[str, str]) -> Any:
+    """torchrun's flags as torch itself parses them (PET_* of the command's environment too)."""
+    import argparse
+    import contextlib
+    import io
+
+    parser = _torchrun_parser()
+    parser.exit_on_error = False
+    saved = dict(os.environ)
+    err = io.StringIO()
+    try:
+        for k in [k for k in os.environ if k.startswith("PET_")]:
+            del os.environ[k]
+        defaults = vars(parser.parse_args(["x.py"]))
+        os.environ.update({k: v for k, v in env.items() if k.startswith("PET_")})
+        with contextlib.redirect_stderr(err):
+            parsed = vars(parser.parse_args(rest))
+    except (SystemExit, argparse.ArgumentError) as e:
+        msg = str(e) if isinstance(e, argparse.ArgumentError) else \
+            (err.getvalue().strip().splitlines() or ["bad arguments"])[-1]
+        raise CaptureError(f"torchrun's own parser refuses these arguments: {msg}") from None
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return parsed, defaults
+
+
+def _rdzv_conf(text: str) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for part in [p for p in text.split(",") if p]:
+        k, eq, v = part.partition("=")
+        if not eq:
+            raise CaptureError(f"--rdzv-conf {text!r}: write key=value,...")
+        for conv in (int, float):
+            try:
+                out[k] = conv(v)
+                break
+            except ValueError:
+                continue
+        else:
+            out[k] = {"true": True, "false": False}.get(v.lower(), v)
+    return out
+
+
+def _launcher_from(parsed: Dict[str, Any], defaults: Dict[str, Any], kind: str
+                   ) -> Tuple[Dict[str, Any], int]:
+    """The scenario's launcher mapping and the world size from torchrun's parsed flags."""
+    launcher: Dict[str, Any] = {"kind": kind}
+    extra: List[str] = []
+    nproc = parsed.get("nproc_per_node")
+    try:
+        world = int(str(nproc))
+    except (TypeError, ValueError):
+        raise CaptureError(f"--nproc-per-node {nproc!r}: capture needs a number of workers "
+                           "(this machine has no GPU to count)") from None
+    for dest, value in parsed.items():
+        if dest in PROGRAM_DESTS or dest == "nproc_per_node" or value == defaults.get(dest):
+            continue
+        if kind == "launch" and dest == "use_env":
+            launcher["use_env"] = bool(value)
+        elif dest == "rdzv_conf":
+            launcher["rdzv_conf"] = _rdzv_conf(value)
+        elif dest == "nnodes":
+            launcher["nnodes"] = int(value) if str(value).isdigit() else value
+        elif dest in ("master_port", "max_restarts", "node_rank"):
+            launcher[dest] = int(value)
+        elif dest == "monitor_interval":
+            launcher[dest] = float(value)
+        elif dest in FLAG_FIELDS:
+            launcher[dest] = value
+        elif isinstance(value, bool):   # another flag, verbatim as torchrun spells it
+            if value:
+                extra.append("--" + dest.replace("_", "-"))
+        elif value is not None:
+            extra += ["--" + dest.replace("_", "-"), str(value)]
+    if extra:
+        launcher["args"] = extra
+    if parsed.get("no_python"):
+        raise CaptureError("--no-python (a program that is not a Python file) is not supported "
+                           "by the harness's torchrun launcher")
+    return launcher, world
+
+
+def _rel(path: Path, base: Path) -> str:
+    """Relative to the scenario file's folder when inside it (the file travels with its
+    program), else absolute."""
+    return os.path.relpath(path, base) if base in path.parents or path == base else str(path)
+
+
+def _program(argv: List[str], module: bool, out_dir: Path, cwd: Path) -> Dict[str, Any]:
+    """The scenario's program mapping: the script relative to the scenario file's folder."""
+    if not argv:
+        raise CaptureError("no program after the launcher: " + UNDERSTOOD)
+    head, args = argv[0], list(argv[1:])
+    if module:
+        prog: Dict[str, Any] = {"module": head}
+    else:
+        path = (cwd / head).resolve()
+        if not path.is_file():
+            raise CaptureError(f"no such file: {path} (the program of the command)")
+        if not head.endswith(".py"):
+            raise CaptureError(f"{head}: the program must be a Python file (SCRIPT.py) or "
+                               "-m MODULE")
+        prog = {"script": _rel(path, out_dir)}
+    if args:
+        prog["args"] = args
+    if cwd.resolve() != out_dir.resolve():
+        prog["cwd"] = _rel(cwd.resolve(), out_dir.resolve())
+    return prog
+
+
+def scenario_of(command: List[str], out: Path, env: Optional[Dict[str, str]] = None,
+                cwd: Optional[Path] = None, name: Optional[str] = None,
+                deadline: float = 60.0, world_size: Optional[int] = None,
+                keep_env: Tuple[str, ...] = ()) -> Tuple[Dict[str, Any], List[str]]:
+    """(the scenario mapping, the names of variables left out) for COMMAND (pure: reads no
+    process, runs nothing but torch's argument parser)."""
+    env = dict(os.environ if env is None else env)
+    cwd = Path.cwd() if cwd is None else cwd
+    out_dir = out.resolve().parent
+    assigned, argv = _assignments(list(command))
+    if not argv:
+        raise CaptureError("no command after --: " + UNDERSTOOD)
+    env.update(assigned)
+    word = Path(argv[0]).name
+    scn: Dict[str, Any] = {}
+    if word in ("srun", "salloc", "sbatch", "mpirun", "mpiexec"):
+        hint = ("write a launcher: slurm scenario by hand, README: Slurm" if word.startswith("s")
+                else "the harness has no MPI launcher")
+        raise CaptureError(f"{word}: not supported yet ({hint}). " + UNDERSTOOD)
+    python = ""
+    if word == "torchrun":
+        kind, rest = "torchrun", argv[1:]
+    elif PYTHON_RE.match(word) or word.endswith(".py"):
+        if PYTHON_RE.match(word):
+            python, rest = argv[0], argv[1:]
+            while rest and rest[0] == "-u":   # unbuffered: the harness's ranks always are
+                rest = rest[1:]
+            if rest and rest[0].startswith("-") and rest[0] != "-m":
+                raise CaptureError(f"python option {rest[0]}: not supported (only -u and -m "
+                                   "before the program)")
+        else:
+            rest = argv
+        if rest[:2] == ["-m", "torch.distributed.run"]:
+            kind, rest = "torchrun", rest[2:]
+        elif rest[:2] == ["-m", "torch.distributed.launch"]:
+            kind, rest = "launch", rest[2:]
+        else:
+            kind = "direct"
+    else:
+        raise CaptureError(f"{argv[0]}: not a command capture understands. " + UNDERSTOOD)
+    if python:
+        found = shutil.which(python, path=env.get("PATH")) or python
+        if os.path.realpath(found) != os.path.realpath(sys.executable):
+            scn["python"] = found
+    kept, left_out = split_env(env)
+    for k in keep_env:
+        if secret(k):
+            raise CaptureError(f"--keep-env {k}: its name looks like a secret's; capture never "
+                               "writes one (give the program another way to get it)")
+        if k in env:
+            kept[k] = env[k]
+            left_out = [n for n in left_out if n != k]
+    dropped: List[str] = []
+    if kind == "direct":
+        module = rest[:1] == ["-m"]
+        program = _program(rest[1:] if module else rest, module, out_dir, cwd)
+        ws = world_size or int(kept.get("WORLD_SIZE", "1") or 1)
+        if kept.get("MASTER_ADDR"):
+            scn["master_addr"] = kept["MASTER_ADDR"]
+        for k in ("WORLD_SIZE", "MASTER_ADDR") + PER_RANK:
+            if k in kept:
+                del kept[k]
+                dropped.append(k)
+        stem = Path(program.get("script") or program.get("module", "program")).stem
+        scn.update(world_size=ws)
+    else:
+        parsed, defaults = _parse_torchrun(rest, env)
+        launcher, ws = _launcher_from(parsed, defaults, kind)
+        if world_size is not None and world_size != ws:
+            raise CaptureError(f"--world-size {world_size} but the command starts {ws} workers "
+                               "(--nproc-per-node)")
+        target = [parsed["training_script"]] + list(parsed["training_script_args"] or [])
+        program = _program(target, bool(parsed.get("module")), out_dir, cwd)
+        for k in [k for k in kept if k in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+                  + PER_RANK]:
+            del kept[k]          # torchrun sets these for its workers itself
+            dropped.append(k)
+        for k in [k for k in kept if k.startswith("TORCHELASTIC_")]:
+            del kept[k]          # torchrun's own, for its workers
+            dropped.append(k)
+        stem = Path(str(parsed["training_script"])).stem
+        scn.update(world_size=ws, launcher=launcher)
+    scn["program"] = program
+    if kept:
+        scn["env"] = dict(sorted(kept.items()))
+    scn["deadline"] = deadline
+    scn = {"name": name or re.sub(r"[^A-Za-z0-9_.-]", "_", f"captured_{stem}"),
+           "about": "", **scn}
+    return scn, sorted(set(left_out) | {f"{k} (set per process by the launcher or the "
+                                          f"harness)" for k in dropped})
+
+
+# -- from observed verdicts to expect: ---------------------------------------------------------
+
+def _window(durations: List[float], deadline: float) -> List[float]:
+    """A generous window for a loaded machine: from 0 to 3x the slowest + 15 s (a hang: the
+    deadline, plus the time to take stacks and kill)."""
+    hi = max(durations)
+    return [0, round(max(hi * 3 + 15, deadline + 30), 0)]
+
+
+def expect_of(runs: List[Dict[str, Any]], deadline: float) -> Dict[str, Any]:
+    """The expect: block every run (a report's case) satisfies: per rank the union of its
+    outcomes, phases and exceptions watched; a field that varied in its value is left out."""
+    from .protocol import PHASE_RE
+
+    jobs = sorted({r["job"] for r in runs if r.get("job")}, key=OUTCOMES.index)
+    by_label: Dict[str, List[Dict[str, Any]]] = {}
+    for r in runs:
+        for rk in r.get("ranks") or []:
+            by_label.setdefault(rk["label"], []).append(rk)
+    ranks: Dict[str, Any] = {}
+    for label, seen in by_label.items():
+        e: Dict[str, Any] = {}
+        outs = sorted({s["outcome"] for s in seen}, key=OUTCOMES.index)
+        if len(seen) < len(runs):
+            outs.append("absent")
+        e["outcome"] = outs[0] if len(outs) == 1 else outs
+        phases = sorted({str(s["phase"]) for s in seen if s.get("phase")})
+        if phases and all(s.get("phase") for s in seen) and all(PHASE_RE.match(p)
+                                                                 for p in phases):
+            e["phase"] = phases[0] if len(phases) == 1 else phases
+        excs = {s.get("exception") for s in seen}
+        if len(excs) == 1 and None not in excs:
+            e["exception"] = excs.pop()
+        durs = [s["duration"] for s in seen if s.get("duration") is not None]
+        if durs:
+            e["within"] = _window(durs, deadline)
+        ranks[label] = e
+    out: Dict[str, Any] = {}
+    if jobs:
+        out["job"] = jobs[0] if len(jobs) == 1 else jobs
+    out["ranks"] = ranks
+    return out
+
+
+def _summary(case: Dict[str, Any]) -> str:
+    parts = []
+    for r in case.get("ranks") or []:
+        d = r.get("duration")
+        parts.append(f"{r['label']} {r['outcome']}" + (f" ({r['phase']})" if r.get("phase")
+                                                       else "")
+                     + (f" {r['exception']}" if r.get("exception") else "")
+                     + ("" if d is None else f" {d:.1f} s"))
+    return f"job {case.get('job')}: " + ", ".join(parts)
+
+
+# -- the file and the runs ---------------------------------------------------------------------
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line text (about:) as a literal block, as people write it by hand."""
+
+
+def _text(dumper: yaml.SafeDumper, s: str) -> Any:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None)
+
+
+_Dumper.add_representer(str, _text)
+
+
+def write(path: Path, scn: Dict[str, Any], left_out: List[str], command: List[str]) -> None:
+    head = ["# written by: harness capture -- " + shown(command)[:400],
+            "# environment left out (not on the allow-list of what torch, gloo, NCCL and the",
+            "# launchers read; names only): " + (", ".join(left_out)[:2000] or "none")]
+    body = yaml.dump(scn, Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(head) + "\n" + body)
+    os.replace(tmp, path)
+
+
+def run_once(path: Path, report: Path, verbose: bool) -> Dict[str, Any]:
+    """Run the written file through ``harness run`` (a fresh process) and return its case."""
+    cmd = [sys.executable, "-m", "harness", "run", str(path), "--report", str(report),
+           "--no-progress"]
+    proc = subprocess.run(cmd, stdout=None if verbose else subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    from . import report as report_mod
+
+    try:
+        rep = report_mod.read(str(report))
+    except report_mod.ReportError:
+        rep = None
+    if not rep or not rep.get("cases"):
+        tail = (proc.stdout or "")[-3000:] if not verbose else ""
+        raise HarnessError(f"the run of {path} gave no result (exit {proc.returncode})"
+                           + (f":\n{tail}" if tail else ""))
+    case: Dict[str, Any] = rep["cases"][0]
+    if case.get("status") in ("skipped", "error"):
+        raise HarnessError(f"the run of {path} was {case['status']}: "
+                           f"{(case.get('reason') or case.get('failure') or '')[:1500]}")
+    return case
+
+
+def capture(command: List[str], out: Path, *, name: Optional[str], deadline: float,
+            runs: int, world_size: Optional[int], keep_env: Tuple[str, ...],
+            verbose: bool, say: Any = print) -> int:
+    if out.exists() and out.is_dir():
+        raise CaptureError(f"{out}: a folder; give the scenario file's path with -o")
+    scn, left_out = scenario_of(command, out, name=name, deadline=deadline,
+                                world_size=world_size, keep_env=keep_env)
+    about = [f"Captured from: {shown(command)[:400]}",
+             f"Environment written: {', '.join(scn.get('env', {})) or 'none'}; left out "
+             f"(names only): {', '.join(left_out)[:1500] or 'none'}."]
+    # the first run observes: every outcome allowed, so that it passes whatever happens
+    scn["about"] = "\n".join(about + ["(observing: expectations not yet written)"])
+    scn["expect"] = {"ranks": {"*": {"outcome": list(OUTCOMES)}}}
+    write(out, scn, left_out, command)
+    seen: List[Dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="harness-capture-") as tmp:
+        for i in range(1, runs + 1):
+            say(f"run {i} of {runs}: harness run {out}"
+                + (" (observing)" if i == 1 else " (checking the written expectations)"))
+            case = run_once(out, Path(tmp) / f"report{i}.json", verbose)
+            say(f"  run {i}: {_summary(case)} (case {case.get('status')})")
+            if case.get("evidence"):   # stacks of a hang, each rank's output, the diagnosis
+                say(f"  evidence: {case['evidence']} (harness explain {case['evidence']})")
+            if i > 1 and case.get("status") != "passed":
+                say("  torch went another way this time: the expectation is widened to every "
+                    "verdict watched")
+            seen.append(case)
+            watched = [f"run {j}: {_summary(c)}" for j, c in enumerate(seen, 1)]
+            scn["about"] = "\n".join(about + [
+                f"Watched on torch {case.get('torch_version') or '?'} by harness capture "
+                f"({len(seen)} run{'s' * (len(seen) != 1)} on this machine; windows: 0 to 3x "
+                f"the slowest + 15 s, at least the deadline + 30 s):"] + watched)
+            scn["expect"] = expect_of(seen, deadline)
+            write(out, scn, left_out, command)
+    agree = all(c.get("status") == "passed" for c in seen[1:])
+    if len(seen) == 1:
+        verdict = "one run watched (--runs 3 or more checks that it holds)"
+    elif agree:
+        verdict = "every run gave the same verdicts"
+    else:
+        verdict = "verdicts differed between runs: every one watched is allowed"
+    say(f"wrote {out}: {verdict}")
+    say(f"run it again: harness run {out}")
+    return 0

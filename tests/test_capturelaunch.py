@@ -1,0 +1,122 @@
+"""``harness capture -- COMMAND`` (harness.capturelaunch), for real.
+
+A failing torchrun launch and a hanging user script are captured (each run twice by capture:
+once observing, once checking the written file), then the written file is run again with
+``harness run`` and must pass: the same verdicts. Secrets never land in the file; a command
+capture does not understand is one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness import capturelaunch as cl
+
+pytestmark = pytest.mark.timeout(400)
+
+FAILING = textwrap.dedent("""
+    import sys
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        raise ValueError("bad batch on rank 1")
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+# rank 1 never comes to init: rank 0 waits in init_process_group (torch's default 30 min)
+HANGING = textwrap.dedent("""
+    import os, time
+    import torch.distributed as dist
+    if os.environ["RANK"] == "1":
+        time.sleep(3600)
+    dist.init_process_group("gloo")
+    dist.destroy_process_group()
+""")
+
+
+def harness(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, text=True,
+                          capture_output=True, env={**os.environ, **(env or {})}, timeout=380)
+
+
+def test_failing_torchrun_captured_and_reproduced(tmp_path):
+    (tmp_path / "fail.py").write_text(FAILING)
+    p = harness("capture", "-o", "fail.yaml", "--deadline", "40", "--",
+                "OMP_NUM_THREADS=1", "MY_TOKEN=x", "AWS_SECRET_ACCESS_KEY=y", "torchrun",
+                "--nproc-per-node", "2", "--standalone", "fail.py", "--lr", "0.1",
+                cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    text = (tmp_path / "fail.yaml").read_text()
+    # never the secrets' values, each name listed as left out
+    assert "=x" not in text and "=y" not in text and ": x\n" not in text
+    assert "MY_TOKEN" in text and "AWS_SECRET_ACCESS_KEY" in text
+    scn = yaml.safe_load(text)
+    assert scn["env"] == {"OMP_NUM_THREADS": "1"}
+    assert scn["launcher"] == {"kind": "torchrun", "standalone": True}
+    assert scn["world_size"] == 2
+    assert scn["program"] == {"script": "fail.py", "args": ["--lr", "0.1"]}
+    ranks = scn["expect"]["ranks"]
+    assert scn["expect"]["job"] == "error"
+    assert ranks["1"]["outcome"] == "error" and ranks["1"]["exception"] == "ValueError"
+    assert ranks["agent:local"]["outcome"] == "error"
+    assert "run 2:" in scn["about"] and "every run gave the same verdicts" in p.stdout
+    # a user's own re-run of the written file: the same verdicts
+    again = harness("run", "fail.yaml", "--no-progress", cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_hanging_script_captured_with_stacks_at_the_deadline(tmp_path):
+    (tmp_path / "hang.py").write_text(HANGING)
+    p = harness("capture", "-o", "hang.yaml", "--deadline", "12", "--", "WORLD_SIZE=2",
+                "MASTER_PORT=29533", sys.executable, "hang.py", cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    scn = yaml.safe_load((tmp_path / "hang.yaml").read_text())
+    assert scn["world_size"] == 2 and scn["deadline"] == 12
+    assert "launcher" not in scn and "python" not in scn   # the harness's own interpreter
+    assert scn["program"] == {"script": "hang.py"}
+    assert scn["env"] == {"MASTER_PORT": "29533"}
+    ranks = scn["expect"]["ranks"]
+    assert scn["expect"]["job"] == "hang"
+    assert ranks["0"]["outcome"] == "hang" and ranks["0"]["phase"] == "init"
+    assert ranks["1"]["outcome"] == "hang"
+    again = harness("run", "hang.yaml", "--no-progress", cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+@pytest.mark.parametrize("command, words", [
+    (["srun", "-N", "2", "python", "train.py"], "srun: not supported yet"),
+    (["bash", "run.sh"], "bash: not a command capture understands"),
+    (["torchrun", "--nproc-per-node", "2", "--no-such-flag", "t.py"], "torchrun's own parser"),
+    (["python", "missing.py"], "no such file"),
+    (["torchrun", "--nproc-per-node", "gpu", "t.py"], "capture needs a number of workers"),
+])
+def test_commands_capture_cannot_understand(tmp_path, command, words):
+    (tmp_path / "t.py").write_text("pass\n")
+    p = harness("capture", "-o", "x.yaml", "--", *command, cwd=tmp_path)
+    assert p.returncode == 2
+    assert words in p.stderr and "Traceback" not in p.stderr + p.stdout
+    assert not (tmp_path / "x.yaml").exists()
+
+
+def test_environment_allow_list_and_secret_names(tmp_path):
+    (tmp_path / "t.py").write_text("pass\n")
+    env = {"PATH": "/usr/bin", "HOME": "/root", "NCCL_DEBUG": "INFO", "TORCH_HUB_TOKEN": "s",
+           "GLOO_SOCKET_IFNAME": "lo", "RANK": "0", "WORLD_SIZE": "3"}
+    scn, left = cl.scenario_of(["MY_TOKEN=x", "python", "t.py"], tmp_path / "o.yaml", env=env,
+                               cwd=tmp_path)
+    assert scn["env"] == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "INFO"}
+    assert scn["world_size"] == 3
+    assert {"PATH", "HOME", "MY_TOKEN", "TORCH_HUB_TOKEN"} <= set(left)
+    assert cl.shown(["MY_TOKEN=x", "NCCL_DEBUG=INFO", "python", "t.py"]) == \
+        "MY_TOKEN=... NCCL_DEBUG=INFO python t.py"
+    with pytest.raises(cl.CaptureError, match="looks like a secret"):
+        cl.scenario_of(["python", "t.py"], tmp_path / "o.yaml", env=env, cwd=tmp_path,
+                       keep_env=("MY_API_KEY",))
