@@ -394,7 +394,15 @@ def _host_addrs(c: RankContext) -> Dict[str, str]:
 
 
 def _ifname(c: RankContext, label: str) -> str:
-    name = c.env(label).get("GLOO_SOCKET_IFNAME")
+    """The rank's GLOO_SOCKET_IFNAME in words: as planned, else as the process said at its
+    start (a task srun started, a worker of an agent)."""
+    env = c.env(label)
+    name = env.get("GLOO_SOCKET_IFNAME")
+    if name is None and not env:
+        o = c.obs_of(label)
+        if o is None or "gloo_socket_ifname" not in (o.info or {}):
+            return "GLOO_SOCKET_IFNAME as its launcher set it"
+        name = o.info.get("gloo_socket_ifname")
     return "GLOO_SOCKET_IFNAME unset" if name is None else f"GLOO_SOCKET_IFNAME={name}"
 
 

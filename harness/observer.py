@@ -719,6 +719,7 @@ def _start(role: str, forked: bool = False) -> None:
          attempt=_int(env.get("TORCHELASTIC_RESTART_COUNT")) or 0,
          master_addr=env.get("MASTER_ADDR"), master_port=env.get("MASTER_PORT"),
          use_agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE"),
+         gloo_socket_ifname=env.get("GLOO_SOCKET_IFNAME"),
          run_id=env.get("TORCHELASTIC_RUN_ID"), forked=forked,
          argv=[a[:200] for a in getattr(sys, "orig_argv", [])[:40]])
     phase("start", pid=os.getpid())

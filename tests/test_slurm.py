@@ -395,3 +395,24 @@ def test_diagnosis_of_a_node_set_down_says_the_node_failed():
     assert v["0"].cause == "stopped by Slurm: the node failed"
     assert v[SRUN_LABEL].cause == ("srun exited with status 143; job 1 NODE_FAIL (NodeDown) "
                                    "ExitCode=0:15 (srun: error: Node failure on node1)")
+
+
+def test_a_host_with_its_own_python_runs_its_task_with_it():
+    """A host's ``python:`` (another venv, a stale image) under srun: one script for every
+    task, each picks its interpreter by ``$SLURMD_NODENAME`` (run here by sh)."""
+    import subprocess
+
+    scn, plan = _plan("launcher: {kind: slurm, master_addr: hostname}\n")
+    script = scn.launcher.task_script(plan, scn, "/bin/true", {"node1": "/bin/echo"})
+    assert script.startswith('case "$SLURMD_NODENAME" in node1) PY=/bin/echo;;')
+
+    def run(node):
+        env = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": node, "SLURM_PROCID": "0",
+               "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "1"}
+        return subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True,
+                              timeout=30)
+
+    on1, on0 = run("node1"), run("node0")
+    assert on1.returncode == 0 and on1.stdout.startswith("-m harness.worker "), on1
+    assert on0.returncode == 0 and on0.stdout == "", on0
+    assert not scn.launcher.task_script(plan, scn, "/py").startswith("case")

@@ -172,8 +172,11 @@ class Slurm(LauncherSpec):
             argv.append(f"--cpus-per-task={self.cpus_per_task}")
         return argv + list(self.args or [])
 
-    def task_script(self, plan: Any, scn: Any, python: str) -> str:
-        """The shell each task runs: what a user's job script does before the program."""
+    def task_script(self, plan: Any, scn: Any, python: str,
+                    per_node: Optional[Dict[str, str]] = None) -> str:
+        """The shell each task runs: what a user's job script does before the program.
+        ``per_node``: Slurm node name -> interpreter for the hosts whose ``python:`` differs
+        (another venv, a stale image): the task picks its own by ``$SLURMD_NODENAME``."""
         if self.master_addr == "hostname":
             master = 'MASTER_ADDR=$(hostname)'
         else:
@@ -181,15 +184,22 @@ class Slurm(LauncherSpec):
         program = scn.program_argv() or ["-m", "harness.worker",
                                          plan.shared_worker_spec().to_json()]
         py = shlex.quote(python)
+        if per_node:
+            cases = " ".join(f"{shlex.quote(n)}) PY={shlex.quote(p)};;"
+                             for n, p in sorted(per_node.items()))
+            pre = f'case "$SLURMD_NODENAME" in {cases} *) PY={py};; esac; '
+            py = '"$PY"'
+        else:
+            pre = ""
         prog = " ".join(shlex.quote(a) for a in program)
         port = plan.master_port
         if self.form == "torchrun":
-            return (f"{master}; exec {py} -m torch.distributed.run "
+            return (f"{pre}{master}; exec {py} -m torch.distributed.run "
                     f'--nnodes="$SLURM_NNODES" --nproc-per-node={self._nproc(scn)} '
                     f'--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:{port}" '
                     f'--rdzv-id="$SLURM_JOB_ID" {prog}')
         world = str(self.world_size) if self.world_size is not None else '"$SLURM_NTASKS"'
-        return (f'export RANK="$SLURM_PROCID" WORLD_SIZE={world} '
+        return (f'{pre}export RANK="$SLURM_PROCID" WORLD_SIZE={world} '
                 'LOCAL_RANK="$SLURM_LOCALID" LOCAL_WORLD_SIZE="$SLURM_NTASKS_PER_NODE"; '
                 f"export {master}; export MASTER_PORT={port}; exec {py} {prog}")
 
@@ -221,8 +231,11 @@ class Slurm(LauncherSpec):
                 else:
                     env[var] = self.interface
         env.update(cfg.env())
+        per_node = {_node_name(scn, h): plan.host_python(scn, h.name) for h in hosts}
+        per_node = {n: p for n, p in per_node.items() if p and p != sys.executable}
         spec = {"srun": self.srun_argv(scn), "script": self.task_script(plan, scn,
-                                                                       sys.executable),
+                                                                       sys.executable,
+                                                                       per_node),
                 "role": P.ROLE_AGENT if self.form == "torchrun" else P.ROLE_WORKER,
                 "slurm_conf": str(cfg.conf), "export": self.export}
         rp = plan.new_process(label=SRUN_LABEL, rank=None, env=env,
