@@ -395,6 +395,7 @@ def collective(d: Path, node: str, rank: int, world: int, master: str, port: int
         reason += " (the process was stopped, state T: SIGSTOP or a debugger)"
     res = {"verdict": verdict, "reason": reason, "s": round(time.monotonic() - t0, 3),
            "returncode": p.returncode, "output": out[-2000:], "master": f"{master}:{port}",
+           "stopped": state == "T",
            "nccl": f"skipped: {nccl_skipped}" if nccl_skipped else
            ("ok" if "PREFLIGHT-NCCL-OK" in out else f"not ok: {verdict}")}
     if timed_out and stacks.exists():
@@ -572,7 +573,10 @@ def judge(nodes: Sequence[str], facts: Dict[str, Any], reach: Dict[str, Any],
     # timeouts while they waited for it are its consequence (a note, not a failure of theirs)
     notes: Dict[str, List[str]] = {n: [] for n in nodes}
     coll = {n: results.get(n, {}).get("collective") for n in nodes}
-    culprits = [n for n in nodes if coll[n] is None or coll[n]["verdict"] in ("hang", "crash")]
+    # a collective the kernel showed stopped (state T) is the cause of the others' hangs too:
+    # a peer of a frozen process waits in gloo's mesh connect past any timeout (watched: 1 of 2)
+    culprits = [n for n in nodes if (coll[n] or {}).get("stopped")] or \
+        [n for n in nodes if coll[n] is None or coll[n]["verdict"] in ("hang", "crash")]
     for n in nodes:
         c = coll[n]
         if c is None:
@@ -582,7 +586,7 @@ def judge(nodes: Sequence[str], facts: Dict[str, Any], reach: Dict[str, Any],
         if c["verdict"] == "ok":
             continue
         line = f"init_process_group + all_reduce: {c['verdict']}: {c['reason']}"
-        if c["verdict"] == "timeout" and culprits and n not in culprits:
+        if c["verdict"] in ("timeout", "hang") and culprits and n not in culprits:
             notes[n].append(f"{line} (waiting for {', '.join(culprits)}, flagged)")
         else:
             reasons[n].append(line)
@@ -602,8 +606,9 @@ def judge(nodes: Sequence[str], facts: Dict[str, Any], reach: Dict[str, Any],
                      "task_s": results.get(n, {}).get("s"),
                      "cpu_s": results.get(n, {}).get("cpu_s"),
                      "matrix_s": reach.get(n, {}).get("s")})
+    said = sorted({str(c.get("nccl")) for c in coll.values() if c and c.get("nccl")})
     return {"ok": all(r["ok"] for r in rows), "nodes": rows, "facts": facts, "reach": reach,
-            "results": results}
+            "results": results, "nccl": "; ".join(said) or None}
 
 
 def table(report: Dict[str, Any]) -> str:
@@ -618,7 +623,8 @@ def table(report: Dict[str, Any]) -> str:
                      + "".join(f"; note: {x}" for x in r.get("notes") or []))
     bad = [r["node"] for r in report["nodes"] if not r["ok"]]
     lines.append(f"preflight: {len(report['nodes']) - len(bad)}/{len(report['nodes'])} nodes "
-                 "pass" + (f"; flagged: {', '.join(bad)}" if bad else ""))
+                 "pass" + (f"; flagged: {', '.join(bad)}" if bad else "")
+                 + (f"; NCCL collective: {report['nccl']}" if report.get("nccl") else ""))
     return "\n".join(lines)
 
 

@@ -264,7 +264,14 @@ def test_a_node_frozen_in_the_collective_is_the_hang_the_others_wait_for(tmp_pat
     n1 = rep["nodes"][1]
     assert "state T" in " ".join(n1["reasons"]) and "File " in (n1["stacks"] or "")
     assert _flagged(rep) == ["node1"], pf.table(rep)
+    assert all(r["collective"] in ("timeout", "hang") for r in rep["nodes"])
+    assert all("waiting for node1" in r["notes"][0] for r in rep["nodes"] if r["node"] != "node1")
+    assert all(r["collective_s"] < 5 + 20 + 10 for r in rep["nodes"])     # bounded
     assert wall < 140
+    from harness.html import write_preflight_html
+
+    page = write_preflight_html(rep, tmp_path / "pf.html").read_text()
+    assert "2/3 nodes pass · flagged: node1" in page and "Stacks of node1 (hang)" in page
 
 
 def test_the_others_timeouts_are_blamed_on_the_node_that_hung():
@@ -278,7 +285,16 @@ def test_the_others_timeouts_are_blamed_on_the_node_that_hung():
     assert _flagged(rep) == ["b"]
     assert "waiting for b, flagged" in rep["nodes"][0]["notes"][0]
     assert "note: init_process_group" in pf.table(rep)
+    # two hang, one of them stopped (state T): the stopped one is the cause
+    res["a"]["collective"] = {"verdict": "hang", "reason": "outlived its timeout"}
+    res["b"]["collective"] = {"verdict": "hang", "reason": "outlived", "stopped": True}
+    rep = pf.judge(nodes, facts, {}, res)
+    assert _flagged(rep) == ["b"] and "waiting for b" in rep["nodes"][0]["notes"][0]
+    # two hang, none stopped: both are flagged, nothing tells them apart
+    res["b"]["collective"] = {"verdict": "hang", "reason": "outlived"}
+    assert _flagged(pf.judge(nodes, facts, {}, res)) == ["a", "b"]
     # everyone timing out names no cause: every node is flagged
+    res["a"]["collective"] = dict(res["c"]["collective"])
     res["b"]["collective"] = dict(res["a"]["collective"])
     assert _flagged(pf.judge(nodes, facts, {}, res)) == nodes
 
@@ -331,3 +347,7 @@ def test_the_nccl_collective_is_skipped_with_the_reason():
     assert pf.nccl_skip({"a": gpu, "b": gpu}) is None
     assert pf.nccl_skip({}) == "no node answered"
     assert pf.gpu() == {"cuda_devices": 0, "torch_nccl": False}       # this CPU-only build
+    rep = pf.judge(["a"], {"a": _facts("a")}, {}, {"a": {"collective": {
+        "verdict": "ok", "reason": "", "nccl": "skipped: no CUDA device (on a)"}}})
+    assert pf.table(rep).endswith("1/1 nodes pass; NCCL collective: skipped: no CUDA device "
+                                  "(on a)")
