@@ -137,7 +137,7 @@ real = pytest.mark.skipif(bool(MISSING), reason="the Slurm test cluster needs: "
 
 
 def preflight_on_cluster(out: Path, nodes: int = 3, loop: str = "", launcher: str = "slurm",
-                         faults: str = "") -> dict:
+                         faults: str = "", extra: str = "") -> dict:
     """Start the run's own test cluster (a Slurm scenario) whose one task per node is
     ``harness preflight --task``; return the report rank 0 wrote."""
     from harness.launch import run_scenario
@@ -153,7 +153,7 @@ def preflight_on_cluster(out: Path, nodes: int = 3, loop: str = "", launcher: st
         deadline: 150
         launcher: {launcher}
         program: {{module: harness.preflight, args: ["--task", "--dir", "{out}", "--timeout",
-                  "5", "--grace", "20", "--wait", "40"]}}
+                  "5", "--grace", "20", "--wait", "40"{extra}]}}
     """) + "hosts:\n" + hosts + faults
     (scn,) = load_text(text, "preflight.yaml")
     run_scenario(scn)
@@ -171,6 +171,8 @@ def test_a_healthy_cluster_passes_every_node(tmp_path):
     assert rep["ok"] and _flagged(rep) == [], pf.table(rep)
     assert [r["collective"] for r in rep["nodes"]] == ["ok", "ok", "ok"]
     assert all(r["gloo"].startswith("eth0 10.") for r in rep["nodes"])
+    assert rep["nccl"] == "skipped: no CUDA device (on node0)"     # a CPU-only test cluster
+    assert "NCCL collective: skipped: no CUDA device (on node0)" in pf.table(rep)
 
 
 @real
@@ -252,7 +254,7 @@ def test_a_node_frozen_in_the_collective_is_the_hang_the_others_wait_for(tmp_pat
     t.start()
     t0 = time.monotonic()
     try:
-        rep = preflight_on_cluster(out)
+        rep = preflight_on_cluster(out, extra=f', "--html", "{tmp_path / "pf.html"}"')
     finally:
         seen.setdefault("stopped", None)      # ends the poller whatever happened
         t.join()
@@ -268,9 +270,7 @@ def test_a_node_frozen_in_the_collective_is_the_hang_the_others_wait_for(tmp_pat
     assert all("waiting for node1" in r["notes"][0] for r in rep["nodes"] if r["node"] != "node1")
     assert all(r["collective_s"] < 5 + 20 + 10 for r in rep["nodes"])     # bounded
     assert wall < 140
-    from harness.html import write_preflight_html
-
-    page = write_preflight_html(rep, tmp_path / "pf.html").read_text()
+    page = (tmp_path / "pf.html").read_text()                   # written by rank 0's task
     assert "2/3 nodes pass · flagged: node1" in page and "Stacks of node1 (hang)" in page
 
 
