@@ -469,7 +469,8 @@ def task(args: argparse.Namespace) -> int:
         reach = {f"{n} {k}": fut.result() for (n, k), fut in jobs.items()}
     _write(d / f"reach-{node}.json", {"node": node, "reach": reach,
                                       "s": round(time.monotonic() - t_matrix, 3)})
-    _wait_all(d, "reach", nodes, args.wait)       # every dial done before the ports close
+    present = [n for n in nodes if n in peers]    # a node silent so far is not waited for again
+    _wait_all(d, "reach", present, args.wait)     # every dial done before the ports close
     for s in listeners:
         s.shutdown(socket.SHUT_RDWR)   # wakes the accept of _answer (close alone does not,
         s.close()                      # and the port would stay bound: EADDRINUSE for the store)
@@ -484,7 +485,7 @@ def task(args: argparse.Namespace) -> int:
     if rank != 0:
         final = _wait_all(d, "report", ["all"], args.wait + args.timeout + args.grace)
         return 0 if final.get("all", {}).get("ok") else 1
-    results = _wait_all(d, "result", nodes, args.wait + args.timeout + args.grace)
+    results = _wait_all(d, "result", present, args.wait + args.timeout + args.grace)
     facts_all = _wait_all(d, "facts", nodes, 0)
     reach_all = _wait_all(d, "reach", nodes, 0)
     report = judge(nodes, facts_all, reach_all, results)
@@ -575,8 +576,11 @@ def judge(nodes: Sequence[str], facts: Dict[str, Any], reach: Dict[str, Any],
     coll = {n: results.get(n, {}).get("collective") for n in nodes}
     # a collective the kernel showed stopped (state T) is the cause of the others' hangs too:
     # a peer of a frozen process waits in gloo's mesh connect past any timeout (watched: 1 of 2)
+    # failing that, one that hung, crashed or never answered; failing that, a node the checks
+    # above already flagged (its dropped ports are what the others' collective waited for)
     culprits = [n for n in nodes if (coll[n] or {}).get("stopped")] or \
-        [n for n in nodes if coll[n] is None or coll[n]["verdict"] in ("hang", "crash")]
+        [n for n in nodes if coll[n] is None or coll[n]["verdict"] in ("hang", "crash")] or \
+        [n for n in nodes if reasons[n] and len([m for m in nodes if reasons[m]]) < len(nodes)]
     for n in nodes:
         c = coll[n]
         if c is None:

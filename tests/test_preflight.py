@@ -293,6 +293,13 @@ def test_the_others_timeouts_are_blamed_on_the_node_that_hung():
     # two hang, none stopped: both are flagged, nothing tells them apart
     res["b"]["collective"] = {"verdict": "hang", "reason": "outlived"}
     assert _flagged(pf.judge(nodes, facts, {}, res)) == ["a", "b"]
+    # none hung, but a check flagged b (its ports): the others' timeouts wait for b
+    res["a"]["collective"] = dict(res["c"]["collective"])
+    res["b"]["collective"] = dict(res["c"]["collective"])
+    bad = {"ok": False, "s": 2.0, "error": "TimeoutError"}
+    rep = pf.judge(nodes, facts, {"a": {"reach": {"b ephemeral": bad}},
+                                  "c": {"reach": {"b ephemeral": bad}}}, res)
+    assert _flagged(rep) == ["b"] and "waiting for b" in rep["nodes"][2]["notes"][0]
     # everyone timing out names no cause: every node is flagged
     res["a"]["collective"] = dict(res["c"]["collective"])
     res["b"]["collective"] = dict(res["a"]["collective"])
@@ -351,3 +358,26 @@ def test_the_nccl_collective_is_skipped_with_the_reason():
         "verdict": "ok", "reason": "", "nccl": "skipped: no CUDA device (on a)"}}})
     assert pf.table(rep).endswith("1/1 nodes pass; NCCL collective: skipped: no CUDA device "
                                   "(on a)")
+
+
+@real
+def test_a_node_that_never_reports_is_flagged_alone_and_not_waited_for_twice(tmp_path):
+    """node1's ephemeral port range dropped inbound: its Slurm task never gets going (srun's
+    traffic to it is dropped too), so it never writes its facts: flagged "no answer", the
+    others' collective timeouts noted against it, and rank 0 waits for it once, not per
+    phase."""
+    import time
+
+    t0 = time.monotonic()
+    rep = preflight_on_cluster(tmp_path / "pf", faults="faults:\n  - {kind: firewall, host: "
+                               "node1, port_range: [32768, 60999], direction: in}\n")
+    wall = time.monotonic() - t0
+    print(pf.table(rep), f"\nwall {wall:.1f} s")
+    assert _flagged(rep) == ["node1"], pf.table(rep)
+    why = " ".join(rep["nodes"][1]["reasons"])
+    # racy: node1's task either never wrote its facts or wrote them and its ports were dropped
+    assert why == "no answer (its task never wrote its facts)" or \
+        "ephemeral port" in why and "not reachable from node0" in why, why
+    assert all("waiting for node1" in rep["nodes"][i]["notes"][0] for i in (0, 2))
+    assert all((r["collective_s"] or 0) < 5 + 20 + 10 for r in rep["nodes"])
+    assert wall < 240
