@@ -593,3 +593,87 @@ def write_compare_html(a: Dict[str, Any], b: Dict[str, Any], res: Any, a_name: s
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(render_compare(a, b, res, a_name, b_name, how_sure), encoding="utf-8")
     return p
+
+
+# -- harness preflight ----------------------------------------------------------------------------
+
+PREFLIGHT_CSS = """
+td.pass { color: #2e7d32; font-weight: bold; } td.fail { color: #c62828; font-weight: bold; }
+table.matrix td { text-align: center; } td.ok { background: #e8f5e9; }
+td.bad { background: #fdecea; } td.self { background: #f5f5f5; }
+"""
+
+
+def render_preflight(report: Dict[str, Any]) -> str:
+    """A ``harness preflight`` report (``harness.preflight.judge``) as one HTML document: the
+    per-node table (verdict and reasons), the reachability matrix, the versions, and the
+    collective's verdict per node with the stacks of a hang."""
+    rows = report.get("nodes", [])
+    nodes = [r["node"] for r in rows]
+    bad = [r["node"] for r in rows if not r.get("ok")]
+    title = (f"torchdist-harness preflight · {len(nodes) - len(bad)}/{len(nodes)} nodes pass"
+             + (f" · flagged: {', '.join(bad)}" if bad else ""))
+    table = [[esc(r["node"]),
+              f'<span class="{"pass" if r.get("ok") else "fail"}">'
+              f'{"PASS" if r.get("ok") else "FAIL"}</span>',
+              esc(", ".join(r.get("resolves_to") or []) or "-"), esc(r.get("gloo") or "-"),
+              esc(r.get("nccl") or "-"), _outcome(r.get("collective")),
+              ("<br>".join(esc(x) for x in r.get("reasons") or []) or "all checks passed")
+              + "".join(f'<div class="muted">note: {esc(x)}</div>'
+                        for x in r.get("notes") or [])]
+             for r in rows]
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{esc(title)}</title><style>{CSS}{PREFLIGHT_CSS}</style></head><body>",
+        f"<header><h1>{esc(title)}</h1><div class=\"meta\">"
+        + (f"wall {report['wall_s']:.1f} s" if report.get("wall_s") is not None else "")
+        + "</div></header><main>",
+        "<h2>Nodes</h2>" + _table(["node", "verdict", "its name resolves to", "gloo iface/addr",
+                                   "NCCL iface", "all_reduce", "reasons"], table, "summary")]
+    # the matrix: row = who dials, column = whose ports
+    reach = report.get("reach") or {}
+    mrows = []
+    for src in nodes:
+        cells = [f"<b>{esc(src)}</b>"]
+        for dst in nodes:
+            if src == dst:
+                cells.append('<td class="self">-')
+                continue
+            got = [(k, (reach.get(src) or {}).get("reach", {}).get(f"{dst} {k}"))
+                   for k in ("master", "ephemeral")]
+            txt = " ".join(f"{k}: {'ok' if v and v.get('ok') else 'FAIL' if v else '?'}"
+                           for k, v in got)
+            errs = "; ".join(str(v.get("error")) for _, v in got if v and not v.get("ok"))
+            ok = all(v and v.get("ok") for _, v in got)
+            cells.append(f'<td class="{"ok" if ok else "bad"}" title="{esc(errs)}">{esc(txt)}')
+        mrows.append(cells)
+    head = "".join(f"<th>{esc(h)}</th>" for h in ["dials \u2192", *nodes])
+    body = "".join("<tr><td>" + cells[0] + "</td>" + "".join(c + "</td>" for c in cells[1:])
+                   + "</tr>" for cells in mrows)
+    parts.append("<h2>Reachability (master port and an ephemeral port)</h2>"
+                 f'<table class="matrix"><thead><tr>{head}</tr></thead><tbody>{body}'
+                 "</tbody></table>")
+    keys = ["python", "torch", "cuda", "nccl", "executable"]
+    parts.append("<h2>Versions</h2>" + _table(
+        ["node", *keys], [[esc(r["node"]), *[esc((r.get("versions") or {}).get(k) or "-")
+                                             for k in keys]] for r in rows]))
+    crow = []
+    for r in rows:
+        c = (report.get("results") or {}).get(r["node"], {}).get("collective") or {}
+        crow.append([esc(r["node"]), _outcome(c.get("verdict")), esc(c.get("reason")),
+                     _dur(c.get("s"))])
+    parts.append("<h2>init_process_group + all_reduce</h2>"
+                 + _table(["node", "verdict", "reason", "took"], crow))
+    for r in rows:
+        if r.get("stacks"):
+            parts.append(f"<h3>Stacks of {esc(r['node'])} (hang)</h3><pre>{esc(r['stacks'])}"
+                         "</pre>")
+    parts.append("</main></body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def write_preflight_html(report: Dict[str, Any], path: Union[str, Path]) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(render_preflight(report), encoding="utf-8")
+    return p

@@ -49,6 +49,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 DEFAULT_PORT = 29500
 PHASE_WAIT = 60.0          # how long a node waits for the others' files of one phase
+STACKS_WAIT = 3.0          # how long a hung collective gets to write its stacks
 
 
 # -- small helpers ----------------------------------------------------------------------------
@@ -192,6 +193,73 @@ def gloo_interface(hostname: str, own: List[str], ifs: Dict[str, List[str]]
                        "none of this node's interfaces: gloo cannot bind to it"}
 
 
+def nccl_interface(ifs: Dict[str, List[str]], value: Optional[str] = None) -> Dict[str, Any]:
+    """The interface NCCL's socket transport (its bootstrap, and its data without InfiniBand)
+    would use (pure, given the facts), by NCCL's rules: ``NCCL_SOCKET_IFNAME`` is a list of
+    name prefixes, ``^`` in front excludes them, ``=`` in front makes them exact names; unset,
+    ``ib*`` first, then any interface but ``lo`` and ``docker*``, ``lo`` last."""
+    value = os.environ.get("NCCL_SOCKET_IFNAME", "") if value is None else value
+    have = [n for n in sorted(ifs) if ifs[n]]
+
+    def pick(names: List[str], source: str, problem: Optional[str] = None) -> Dict[str, Any]:
+        name = names[0]
+        addrs = [a.split("/")[0] for a in ifs[name]]
+        addr = ([a for a in addrs if ":" not in a] or addrs)[0]
+        return {"source": source, "ifname": name, "addr": addr, "problem": problem}
+
+    if value:
+        rule = value
+        exclude = rule.startswith("^")
+        rule = rule[1:] if exclude else rule
+        exact = rule.startswith("=")
+        rule = rule[1:] if exact else rule
+        pats = [x for x in rule.split(",") if x]
+
+        def hit(n: str) -> bool:
+            return any(n == x if exact else n.startswith(x) for x in pats)
+
+        got = [n for n in have if hit(n) != exclude]
+        if not got:
+            return {"source": "NCCL_SOCKET_IFNAME", "ifname": None, "addr": None,
+                    "problem": f"NCCL_SOCKET_IFNAME={value} matches none of this node's "
+                               f"interfaces (it has {', '.join(have) or 'none'})"}
+        return pick(got, "NCCL_SOCKET_IFNAME")
+    for group in ([n for n in have if n.startswith("ib")],
+                  [n for n in have if n != "lo" and not n.startswith("docker")]):
+        if group:
+            return pick(group, "NCCL's default (ib*, then any but lo and docker*)")
+    if "lo" in have:
+        return pick(["lo"], "NCCL's default", "NCCL_SOCKET_IFNAME unset and only loopback: "
+                    "NCCL would bind lo, its peers cannot dial it")
+    return {"source": "NCCL's default", "ifname": None, "addr": None,
+            "problem": "no interface with an address"}
+
+
+def nccl_skip(facts: Dict[str, Any]) -> Optional[str]:
+    """Why the NCCL collective cannot run on this set of nodes (None: it can), from every
+    node's facts (pure: every node reads the same files, so every node decides alike)."""
+    for n, f in sorted(facts.items()):
+        g = f.get("gpu") or {}
+        if not g.get("torch_nccl", False):
+            return f"torch built without NCCL (on {n})" if g.get("cuda_devices") else \
+                f"no CUDA device (on {n})"
+        if not g.get("cuda_devices"):
+            return f"no CUDA device (on {n})"
+    return None if facts else "no node answered"
+
+
+def gpu() -> Dict[str, Any]:
+    """CUDA devices torch sees and whether torch has NCCL."""
+    try:
+        import torch
+        import torch.distributed as dist
+
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return {"cuda_devices": n, "torch_nccl": bool(dist.is_nccl_available())}
+    except Exception as e:  # noqa: BLE001 - a finding, not a crash
+        return {"cuda_devices": 0, "torch_nccl": False, "error": f"{type(e).__name__}: {e}"}
+
+
 def versions() -> Dict[str, Optional[str]]:
     out: Dict[str, Optional[str]] = {"python": platform.python_version(),
                                      "executable": sys.executable,
@@ -245,6 +313,15 @@ def _answer(s: socket.socket, node: str) -> None:
             c.close()
 
 
+def proc_state(pid: int) -> Optional[str]:
+    """The kernel's one-letter state of a process (``T``: stopped), None when gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
 # -- the collective, in a child ----------------------------------------------------------------
 COLLECTIVE = r"""
 import faulthandler, os, signal, sys, time
@@ -252,10 +329,20 @@ faulthandler.register(signal.SIGUSR1, file=open(sys.argv[1], "w"), all_threads=T
 from datetime import timedelta
 import torch, torch.distributed as dist
 t0 = time.monotonic()
-dist.init_process_group("gloo", timeout=timedelta(seconds=float(sys.argv[2])))
+nccl = sys.argv[3] == "nccl"
+if nccl:
+    torch.cuda.set_device(0)
+dist.init_process_group("cpu:gloo,cuda:nccl" if nccl else "gloo",
+                        timeout=timedelta(seconds=float(sys.argv[2])))
 t = torch.ones(1)
 dist.all_reduce(t)
 assert int(t.item()) == dist.get_world_size(), f"all_reduce gave {t.item()}"
+if nccl:
+    t = torch.ones(1, device="cuda")
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    assert int(t.item()) == dist.get_world_size(), f"NCCL all_reduce gave {t.item()}"
+    print("PREFLIGHT-NCCL-OK", flush=True)
 dist.destroy_process_group()
 print(f"PREFLIGHT-OK {time.monotonic() - t0:.3f}", flush=True)
 """
@@ -279,26 +366,38 @@ def classify_collective(rc: Optional[int], out: str, timed_out: bool) -> Tuple[s
 
 
 def collective(d: Path, node: str, rank: int, world: int, master: str, port: int,
-               timeout: float, grace: float) -> Dict[str, Any]:
+               timeout: float, grace: float, nccl_skipped: Optional[str] = "not asked"
+               ) -> Dict[str, Any]:
     stacks = d / f"stacks-{node}.txt"
     env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
     env.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR=master, MASTER_PORT=str(port),
                LOCAL_RANK="0")
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-c", COLLECTIVE, str(stacks), str(timeout)], env=env,
+    p = subprocess.Popen([sys.executable, "-c", COLLECTIVE, str(stacks), str(timeout),
+                          "gloo" if nccl_skipped else "nccl"], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     timed_out = False
+    state = None
     try:
         out, _ = p.communicate(timeout=timeout + grace)
     except subprocess.TimeoutExpired:
         timed_out = True
-        p.send_signal(signal.SIGUSR1)
-        time.sleep(0.5)                     # faulthandler writes at once; then it goes
+        state = proc_state(p.pid)
+        p.send_signal(signal.SIGUSR1)       # a stopped child gets it when continued:
+        p.send_signal(signal.SIGCONT)       # faulthandler dumps from the signal handler
+        end = time.monotonic() + STACKS_WAIT
+        while time.monotonic() < end and not (stacks.exists() and stacks.stat().st_size):
+            time.sleep(0.05)                # bounded poll for the dump, then it goes
         p.kill()
         out, _ = p.communicate()
     verdict, reason = classify_collective(p.returncode, out, timed_out)
+    if state == "T":
+        reason += " (the process was stopped, state T: SIGSTOP or a debugger)"
     res = {"verdict": verdict, "reason": reason, "s": round(time.monotonic() - t0, 3),
-           "returncode": p.returncode, "output": out[-2000:], "master": f"{master}:{port}"}
+           "returncode": p.returncode, "output": out[-2000:], "master": f"{master}:{port}",
+           "stopped": state == "T",
+           "nccl": f"skipped: {nccl_skipped}" if nccl_skipped else
+           ("ok" if "PREFLIGHT-NCCL-OK" in out else f"not ok: {verdict}")}
     if timed_out and stacks.exists():
         res["stacks"] = stacks.read_text()[-6000:]
     elif stacks.exists() and not stacks.stat().st_size:
@@ -333,6 +432,7 @@ def task(args: argparse.Namespace) -> int:
                  for n, r in zip(nodes, ex.map(resolve, nodes))}        # not N
     ifs = interfaces()
     gloo = gloo_interface(hostname, own, ifs)
+    nccl = nccl_interface(ifs)
     listeners = []
     ports = {}
     for name, p in (("master", port), ("ephemeral", 0)):
@@ -349,8 +449,8 @@ def task(args: argparse.Namespace) -> int:
             ports[f"{name}_error"] = f"cannot listen on {p}: {e}"
             s.close()
     facts = {"node": node, "rank": rank, "hostname": hostname, "own": own, "own_error": own_err,
-             "names": names, "interfaces": ifs, "gloo": gloo, "ports": ports,
-             "versions": versions()}
+             "names": names, "interfaces": ifs, "gloo": gloo, "nccl": nccl, "gpu": gpu(),
+             "ports": ports, "versions": versions()}
     _write(d / f"facts-{node}.json", facts)
 
     # 2. the reachability matrix: every peer's gloo address on both its ports, in parallel
@@ -369,13 +469,15 @@ def task(args: argparse.Namespace) -> int:
         reach = {f"{n} {k}": fut.result() for (n, k), fut in jobs.items()}
     _write(d / f"reach-{node}.json", {"node": node, "reach": reach,
                                       "s": round(time.monotonic() - t_matrix, 3)})
-    _wait_all(d, "reach", nodes, args.wait)       # every dial done before the ports close
+    present = [n for n in nodes if n in peers]    # a node silent so far is not waited for again
+    _wait_all(d, "reach", present, args.wait)     # every dial done before the ports close
     for s in listeners:
         s.shutdown(socket.SHUT_RDWR)   # wakes the accept of _answer (close alone does not,
         s.close()                      # and the port would stay bound: EADDRINUSE for the store)
 
     # 3. the real thing
-    coll = collective(d, node, rank, world, master, port, args.timeout, args.grace)
+    coll = collective(d, node, rank, world, master, port, args.timeout, args.grace,
+                      nccl_skip(peers) if len(peers) == len(nodes) else "a node never answered")
     ru = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     cpu = sum(r.ru_utime + r.ru_stime for r in ru)
     _write(d / f"result-{node}.json", {"node": node, "collective": coll, "cpu_s": round(cpu, 3),
@@ -383,7 +485,7 @@ def task(args: argparse.Namespace) -> int:
     if rank != 0:
         final = _wait_all(d, "report", ["all"], args.wait + args.timeout + args.grace)
         return 0 if final.get("all", {}).get("ok") else 1
-    results = _wait_all(d, "result", nodes, args.wait + args.timeout + args.grace)
+    results = _wait_all(d, "result", present, args.wait + args.timeout + args.grace)
     facts_all = _wait_all(d, "facts", nodes, 0)
     reach_all = _wait_all(d, "reach", nodes, 0)
     report = judge(nodes, facts_all, reach_all, results)
@@ -391,7 +493,15 @@ def task(args: argparse.Namespace) -> int:
     _write(d / "report.json", report)
     _write(d / "report-all.json", {"ok": report["ok"]})
     print(table(report), flush=True)
+    write_html(args, report)
     return 0 if report["ok"] else 1
+
+
+def write_html(args: argparse.Namespace, report: Dict[str, Any]) -> None:
+    if getattr(args, "html", None):
+        from .html import write_preflight_html
+
+        print(f"preflight: HTML {write_preflight_html(report, args.html)}", flush=True)
 
 
 # -- judging (pure) ---------------------------------------------------------------------------
@@ -424,6 +534,8 @@ def judge(nodes: Sequence[str], facts: Dict[str, Any], reach: Dict[str, Any],
                                     "(loopback)")
         if f.get("gloo", {}).get("problem"):
             reasons[obs].append(f["gloo"]["problem"])
+        if (f.get("gpu") or {}).get("cuda_devices") and (f.get("nccl") or {}).get("problem"):
+            reasons[obs].append(f["nccl"]["problem"])     # NCCL matters where there is a GPU
     # reachability: a target nobody reaches is flagged; a source that reaches nothing that
     # others reach is flagged
     reached_by: Dict[str, List[str]] = {}
@@ -458,30 +570,49 @@ def judge(nodes: Sequence[str], facts: Dict[str, Any], reach: Dict[str, Any],
             diff = [f"{k} {v[k]} (others {usual[k]})" for k in v if v[k] != usual.get(k)]
             if diff:
                 reasons[n].append("differs from the other nodes: " + ", ".join(diff))
-    # the collective
+    # the collective: a node that hung, crashed or never answered is the cause; the others'
+    # timeouts while they waited for it are its consequence (a note, not a failure of theirs)
+    notes: Dict[str, List[str]] = {n: [] for n in nodes}
+    coll = {n: results.get(n, {}).get("collective") for n in nodes}
+    # a collective the kernel showed stopped (state T) is the cause of the others' hangs too:
+    # a peer of a frozen process waits in gloo's mesh connect past any timeout (watched: 1 of 2)
+    # failing that, one that hung, crashed or never answered; failing that, a node the checks
+    # above already flagged (its dropped ports are what the others' collective waited for)
+    culprits = [n for n in nodes if (coll[n] or {}).get("stopped")] or \
+        [n for n in nodes if coll[n] is None or coll[n]["verdict"] in ("hang", "crash")] or \
+        [n for n in nodes if reasons[n] and len([m for m in nodes if reasons[m]]) < len(nodes)]
     for n in nodes:
-        c = results.get(n, {}).get("collective")
+        c = coll[n]
         if c is None:
             if n in facts:
                 reasons[n].append("no collective result within the bound")
             continue
-        if c["verdict"] != "ok":
-            reasons[n].append(f"init_process_group + all_reduce: {c['verdict']}: {c['reason']}")
+        if c["verdict"] == "ok":
+            continue
+        line = f"init_process_group + all_reduce: {c['verdict']}: {c['reason']}"
+        if c["verdict"] in ("timeout", "hang") and culprits and n not in culprits:
+            notes[n].append(f"{line} (waiting for {', '.join(culprits)}, flagged)")
+        else:
+            reasons[n].append(line)
     rows = []
     for n in nodes:
         f = facts.get(n, {})
         c = results.get(n, {}).get("collective", {})
-        rows.append({"node": n, "ok": not reasons[n], "reasons": reasons[n],
+        rows.append({"node": n, "ok": not reasons[n], "reasons": reasons[n], "notes": notes[n],
                      "resolves_to": f.get("own"),
                      "gloo": f"{(f.get('gloo') or {}).get('ifname')} "
                              f"{(f.get('gloo') or {}).get('addr')}" if f else None,
+                     "nccl": (f"{(f.get('nccl') or {}).get('ifname')} "
+                              f"{(f.get('nccl') or {}).get('addr')}; collective "
+                              f"{c.get('nccl') or '-'}") if f else None,
                      "versions": f.get("versions"), "collective": c.get("verdict"),
                      "collective_s": c.get("s"), "stacks": c.get("stacks"),
                      "task_s": results.get(n, {}).get("s"),
                      "cpu_s": results.get(n, {}).get("cpu_s"),
                      "matrix_s": reach.get(n, {}).get("s")})
+    said = sorted({str(c.get("nccl")) for c in coll.values() if c and c.get("nccl")})
     return {"ok": all(r["ok"] for r in rows), "nodes": rows, "facts": facts, "reach": reach,
-            "results": results}
+            "results": results, "nccl": "; ".join(said) or None}
 
 
 def table(report: Dict[str, Any]) -> str:
@@ -492,10 +623,12 @@ def table(report: Dict[str, Any]) -> str:
         lines.append(f"{r['node']:<16} {'PASS' if r['ok'] else 'FAIL':<7} "
                      f"{','.join(r.get('resolves_to') or ['-']):<18} {r.get('gloo') or '-':<22} "
                      f"{v.get('torch') or '-':<12} {r.get('collective') or '-':<10} "
-                     f"{'; '.join(r['reasons']) or 'all checks passed'}")
+                     f"{'; '.join(r['reasons']) or 'all checks passed'}"
+                     + "".join(f"; note: {x}" for x in r.get("notes") or []))
     bad = [r["node"] for r in report["nodes"] if not r["ok"]]
     lines.append(f"preflight: {len(report['nodes']) - len(bad)}/{len(report['nodes'])} nodes "
-                 "pass" + (f"; flagged: {', '.join(bad)}" if bad else ""))
+                 "pass" + (f"; flagged: {', '.join(bad)}" if bad else "")
+                 + (f"; NCCL collective: {report['nccl']}" if report.get("nccl") else ""))
     return "\n".join(lines)
 
 
@@ -521,6 +654,10 @@ def outer(args: argparse.Namespace) -> int:
         print(f"preflight: no report in {d} (srun exited {rc})", file=sys.stderr)
         return rc or 1
     print(f"preflight: report {d / 'report.json'}")
+    try:
+        write_html(args, json.loads((d / "report.json").read_text()))
+    except (OSError, ValueError) as e:
+        print(f"preflight: no HTML: {d / 'report.json'} unreadable ({e})", file=sys.stderr)
     return rc
 
 
@@ -540,6 +677,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"bound of each wait for the other nodes (default {PHASE_WAIT:g} s)")
     p.add_argument("--show", metavar="DIR", help="print the table of DIR/report.json (a "
                    "finished preflight) and exit with its status")
+    p.add_argument("--html", metavar="PATH", help="also write the report as HTML: per-node "
+                   "table, reachability matrix, versions, the collective's verdicts and stacks")
     p.add_argument("--srun-arg", action="append", default=[], metavar="ARG",
                    help="an extra srun option (repeatable)")
 
@@ -554,6 +693,7 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as e:
             raise UsageError(f"{path}: not a preflight report ({e})") from None
         print(table(report))
+        write_html(args, report)
         return 0 if report.get("ok") else 1
     if args.task:
         if not args.dir:

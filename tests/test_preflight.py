@@ -137,7 +137,7 @@ real = pytest.mark.skipif(bool(MISSING), reason="the Slurm test cluster needs: "
 
 
 def preflight_on_cluster(out: Path, nodes: int = 3, loop: str = "", launcher: str = "slurm",
-                         faults: str = "") -> dict:
+                         faults: str = "", extra: str = "") -> dict:
     """Start the run's own test cluster (a Slurm scenario) whose one task per node is
     ``harness preflight --task``; return the report rank 0 wrote."""
     from harness.launch import run_scenario
@@ -153,7 +153,7 @@ def preflight_on_cluster(out: Path, nodes: int = 3, loop: str = "", launcher: st
         deadline: 150
         launcher: {launcher}
         program: {{module: harness.preflight, args: ["--task", "--dir", "{out}", "--timeout",
-                  "5", "--grace", "20", "--wait", "40"]}}
+                  "5", "--grace", "20", "--wait", "40"{extra}]}}
     """) + "hosts:\n" + hosts + faults
     (scn,) = load_text(text, "preflight.yaml")
     run_scenario(scn)
@@ -171,6 +171,8 @@ def test_a_healthy_cluster_passes_every_node(tmp_path):
     assert rep["ok"] and _flagged(rep) == [], pf.table(rep)
     assert [r["collective"] for r in rep["nodes"]] == ["ok", "ok", "ok"]
     assert all(r["gloo"].startswith("eth0 10.") for r in rep["nodes"])
+    assert rep["nccl"] == "skipped: no CUDA device (on node0)"     # a CPU-only test cluster
+    assert "NCCL collective: skipped: no CUDA device (on node0)" in pf.table(rep)
 
 
 @real
@@ -216,3 +218,166 @@ def test_inside_an_allocation_preflight_starts_its_own_step(tmp_path):
     assert rep["ok"] and [r["node"] for r in rep["nodes"]] == ["node0", "node1"], pf.table(rep)
     assert {r.label: r.returncode for r in run.ranks}["0"] == 0
     assert not list(out.glob("stacks-*"))
+
+
+def _stop_when_dialled(stacks: Path, bound: float, seen: dict) -> None:
+    """Find the collective child of one node (its argv names ``stacks``), wait until it holds a
+    socket (it dialled the store: inside init_process_group), then SIGSTOP it; all bounded."""
+    import os
+    import signal
+    import time
+
+    end = time.monotonic() + bound
+    while time.monotonic() < end and "stopped" not in seen:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if len(argv) < 4 or argv[3] != str(stacks).encode():
+                    continue
+                fds = os.listdir(f"/proc/{pid}/fd")
+                if any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:") for fd in fds):
+                    os.kill(int(pid), signal.SIGSTOP)
+                    seen["stopped"] = (int(pid), time.monotonic())
+            except OSError:
+                continue
+        time.sleep(0.05)
+
+
+@real
+def test_a_node_frozen_in_the_collective_is_the_hang_the_others_wait_for(tmp_path):
+    import threading
+    import time
+
+    out = tmp_path / "pf"
+    seen: dict = {}
+    t = threading.Thread(target=_stop_when_dialled, args=(out / "stacks-node1.txt", 120, seen))
+    t.start()
+    t0 = time.monotonic()
+    try:
+        rep = preflight_on_cluster(out, extra=f', "--html", "{tmp_path / "pf.html"}"')
+    finally:
+        seen.setdefault("stopped", None)      # ends the poller whatever happened
+        t.join()
+    wall = time.monotonic() - t0
+    verdicts = {r["node"]: r["collective"] for r in rep["nodes"]}
+    print(pf.table(rep), f"\nwall {wall:.1f} s", json.dumps(verdicts))
+    assert seen["stopped"], "node1's collective child was never seen holding a socket"
+    assert verdicts["node1"] == "hang", pf.table(rep)
+    n1 = rep["nodes"][1]
+    assert "state T" in " ".join(n1["reasons"]) and "File " in (n1["stacks"] or "")
+    assert _flagged(rep) == ["node1"], pf.table(rep)
+    assert all(r["collective"] in ("timeout", "hang") for r in rep["nodes"])
+    assert all("waiting for node1" in r["notes"][0] for r in rep["nodes"] if r["node"] != "node1")
+    assert all(r["collective_s"] < 5 + 20 + 10 for r in rep["nodes"])     # bounded
+    assert wall < 140
+    page = (tmp_path / "pf.html").read_text()                   # written by rank 0's task
+    assert "2/3 nodes pass · flagged: node1" in page and "Stacks of node1 (hang)" in page
+
+
+def test_the_others_timeouts_are_blamed_on_the_node_that_hung():
+    nodes = ["a", "b", "c"]
+    facts = {n: _facts(n) for n in nodes}
+    res = {n: _ok(n) for n in nodes}
+    res["a"]["collective"] = {"verdict": "timeout", "reason": "Timed out waiting 5000ms"}
+    res["b"]["collective"] = {"verdict": "hang", "reason": "outlived its timeout"}
+    res["c"]["collective"] = {"verdict": "timeout", "reason": "Timed out waiting 5000ms"}
+    rep = pf.judge(nodes, facts, {}, res)
+    assert _flagged(rep) == ["b"]
+    assert "waiting for b, flagged" in rep["nodes"][0]["notes"][0]
+    assert "note: init_process_group" in pf.table(rep)
+    # two hang, one of them stopped (state T): the stopped one is the cause
+    res["a"]["collective"] = {"verdict": "hang", "reason": "outlived its timeout"}
+    res["b"]["collective"] = {"verdict": "hang", "reason": "outlived", "stopped": True}
+    rep = pf.judge(nodes, facts, {}, res)
+    assert _flagged(rep) == ["b"] and "waiting for b" in rep["nodes"][0]["notes"][0]
+    # two hang, none stopped: both are flagged, nothing tells them apart
+    res["b"]["collective"] = {"verdict": "hang", "reason": "outlived"}
+    assert _flagged(pf.judge(nodes, facts, {}, res)) == ["a", "b"]
+    # none hung, but a check flagged b (its ports): the others' timeouts wait for b
+    res["a"]["collective"] = dict(res["c"]["collective"])
+    res["b"]["collective"] = dict(res["c"]["collective"])
+    bad = {"ok": False, "s": 2.0, "error": "TimeoutError"}
+    rep = pf.judge(nodes, facts, {"a": {"reach": {"b ephemeral": bad}},
+                                  "c": {"reach": {"b ephemeral": bad}}}, res)
+    assert _flagged(rep) == ["b"] and "waiting for b" in rep["nodes"][2]["notes"][0]
+    # everyone timing out names no cause: every node is flagged
+    res["a"]["collective"] = dict(res["c"]["collective"])
+    res["b"]["collective"] = dict(res["a"]["collective"])
+    assert _flagged(pf.judge(nodes, facts, {}, res)) == nodes
+
+
+def test_show_writes_the_html_that_names_the_flagged_node(tmp_path, capsys):
+    from harness.cli import main
+
+    nodes = ["a", "b", "c"]
+    res = {n: _ok(n) for n in nodes}
+    res["b"]["collective"] = {"verdict": "hang", "reason": "outlived its timeout",
+                              "stacks": 'File "<string>", line 8 in <module>'}
+    ok, bad = {"ok": True, "s": 0.01}, {"ok": False, "s": 2.0, "error": "TimeoutError"}
+    reach = {"a": {"reach": {"b master": bad, "b ephemeral": ok, "c master": ok,
+                             "c ephemeral": ok}}}
+    rep = pf.judge(nodes, {n: _facts(n, torch="2.4.0" if n == "c" else "2.13.0")
+                           for n in nodes}, reach, res)
+    rep["nodes"][1]["stacks"] = res["b"]["collective"]["stacks"]
+    (tmp_path / "report.json").write_text(json.dumps(rep))
+    page = tmp_path / "out" / "pf.html"
+    assert main(["preflight", "--show", str(tmp_path), "--html", str(page)]) == 1
+    assert f"preflight: HTML {page}" in capsys.readouterr().out
+    text = page.read_text()
+    assert "1/3 nodes pass · flagged: b, c" in text
+    assert "master: FAIL ephemeral: ok" in text and 'title="TimeoutError"' in text
+    assert "2.4.0" in text and "line 8 in &lt;module&gt;" in text and ">hang<" in text
+
+
+def test_nccl_interface_follows_nccls_rules():
+    ifs = {"lo": ["127.0.0.1/8"], "docker0": ["172.17.0.1/16"], "eth0": ["10.0.0.2/24"],
+           "ib0": ["10.1.0.2/24"], "eth1": ["10.2.0.2/24"]}
+    assert pf.nccl_interface(ifs, "")["ifname"] == "ib0"                  # ib* first
+    no_ib = {k: v for k, v in ifs.items() if k != "ib0"}
+    assert pf.nccl_interface(no_ib, "")["ifname"] == "eth0"               # not lo, not docker
+    g = pf.nccl_interface({"lo": ["127.0.0.1/8"]}, "")
+    assert g["ifname"] == "lo" and "only loopback" in g["problem"]
+    assert pf.nccl_interface(ifs, "eth")["ifname"] == "eth0"              # a prefix
+    assert pf.nccl_interface(ifs, "=eth1")["addr"] == "10.2.0.2"          # an exact name
+    assert pf.nccl_interface(ifs, "=eth")["problem"].startswith("NCCL_SOCKET_IFNAME==eth "
+                                                                 "matches none")
+    assert pf.nccl_interface(ifs, "^docker,lo,ib,eth0")["ifname"] == "eth1"   # exclusions
+    assert pf.nccl_interface(ifs, "^=eth0,ib0,lo,docker0")["ifname"] == "eth1"
+
+
+def test_the_nccl_collective_is_skipped_with_the_reason():
+    cpu = {"gpu": {"cuda_devices": 0, "torch_nccl": False}}
+    gpu = {"gpu": {"cuda_devices": 8, "torch_nccl": True}}
+    assert pf.nccl_skip({"a": gpu, "b": cpu}) == "no CUDA device (on b)"
+    assert pf.nccl_skip({"a": gpu, "b": {"gpu": {"cuda_devices": 8, "torch_nccl": False}}}) \
+        == "torch built without NCCL (on b)"
+    assert pf.nccl_skip({"a": gpu, "b": gpu}) is None
+    assert pf.nccl_skip({}) == "no node answered"
+    assert pf.gpu() == {"cuda_devices": 0, "torch_nccl": False}       # this CPU-only build
+    rep = pf.judge(["a"], {"a": _facts("a")}, {}, {"a": {"collective": {
+        "verdict": "ok", "reason": "", "nccl": "skipped: no CUDA device (on a)"}}})
+    assert pf.table(rep).endswith("1/1 nodes pass; NCCL collective: skipped: no CUDA device "
+                                  "(on a)")
+
+
+@real
+def test_a_node_that_never_reports_is_flagged_alone_and_not_waited_for_twice(tmp_path):
+    """node1's ephemeral port range dropped inbound: its Slurm task never gets going (srun's
+    traffic to it is dropped too), so it never writes its facts: flagged "no answer", the
+    others' collective timeouts noted against it, and rank 0 waits for it once, not per
+    phase."""
+    import time
+
+    t0 = time.monotonic()
+    rep = preflight_on_cluster(tmp_path / "pf", faults="faults:\n  - {kind: firewall, host: "
+                               "node1, port_range: [32768, 60999], direction: in}\n")
+    wall = time.monotonic() - t0
+    print(pf.table(rep), f"\nwall {wall:.1f} s")
+    assert _flagged(rep) == ["node1"], pf.table(rep)
+    why = " ".join(rep["nodes"][1]["reasons"])
+    # racy: node1's task either never wrote its facts or wrote them and its ports were dropped
+    assert why == "no answer (its task never wrote its facts)" or \
+        "ephemeral port" in why and "not reachable from node0" in why, why
+    assert all("waiting for node1" in rep["nodes"][i]["notes"][0] for i in (0, 2))
+    assert all((r["collective_s"] or 0) < 5 + 20 + 10 for r in rep["nodes"])
+    assert wall < 240
