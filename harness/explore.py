@@ -482,6 +482,12 @@ class Exploration:
         def prop(draw: Dict[str, Any]) -> None:
             self._check(draw)
 
+        # Hypothesis stops shrinking after 300 s, written for fast tests; a real run takes
+        # seconds, and --max-shrinks is the budget here (an internal constant: set if present)
+        from hypothesis.internal.conjecture import engine
+        limit = getattr(engine, "MAX_SHRINKING_SECONDS", None)
+        if limit is not None:
+            engine.MAX_SHRINKING_SECONDS = 24 * 3600
         try:
             prop()
         except AssertionError:
@@ -489,6 +495,9 @@ class Exploration:
         except Exception as e:   # Hypothesis's own complaints (unsatisfiable: all skipped)
             if type(e).__name__ not in ("Unsatisfiable", "NoSuchExample"):
                 raise
+        finally:
+            if limit is not None:
+                engine.MAX_SHRINKING_SECONDS = limit
         if self.target is None or self.last_failing is None:
             return None
         res = self.cache[canonical(self.last_failing)]
