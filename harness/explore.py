@@ -356,7 +356,9 @@ def draw_strategy(space: Space) -> Any:
             f = {"kind": spec["kind"]}
             for k, v in spec.items():
                 if k != "kind":
-                    f[k] = draw(_value_strategy(v, world))
+                    x = draw(_value_strategy(v, world))
+                    if x is not None:       # null drawn: the fault's own default
+                        f[k] = x
             if on and len(faults) < space.max_faults:
                 faults.append(f)
         out = json.loads(json.dumps(space.base))

@@ -153,8 +153,8 @@ explore:
   max_faults: 2
   faults:
     - kind: delayed_rank
-      ranks: [any_rank]
-      delay: {min: 0, max: 1, step: 0.5}
+      ranks: [1]
+      delay: 0.5
     - kind: raise_exception
       rank: any_rank
       phase: "workload step 1"
@@ -174,7 +174,7 @@ def test_real_exploration_shrinks_and_the_written_file_breaks_it_again(tmp_path,
     base = tmp_path / "space.yaml"
     base.write_text(REAL)
     rep = tmp_path / "report.json"
-    rc = main(["explore", str(base), "--seed", "2", "--runs", "6", "--max-shrinks", "4",
+    rc = main(["explore", str(base), "--seed", "2", "--runs", "6", "--max-shrinks", "6",
                "--confirm", "1", "--out", str(tmp_path / "found"), "--report", str(rep)])
     err = capsys.readouterr().err
     assert rc == 1, err
