@@ -406,7 +406,8 @@ def run_draw(draw: Dict[str, Any]) -> Dict[str, Any]:
     return {"job": job_outcome(verdicts), "wall": round(run.wall, 2),
             "verdicts": [{"label": v.label, "outcome": v.outcome, "phase": v.phase,
                           "duration": None if v.duration is None else round(v.duration, 2),
-                          "exception": v.exception, "cause": v.cause} for v in verdicts]}
+                          "exception": v.exception, "message": v.message[:300],
+                          "cause": v.cause} for v in verdicts]}
 
 
 @dataclass
