@@ -195,3 +195,18 @@ def test_real_exploration_shrinks_and_the_written_file_breaks_it_again(tmp_path,
     assert scn.expect[0].ranks[str(raised)].outcome == ["error"] or \
         "error" in str(scn.expect[0].ranks[str(raised)].outcome)
     assert Path(found["file"]).parent == tmp_path / "found"
+
+
+def test_no_hang_within_counts_from_the_rank_own_start():
+    from harness.explore import Invariant
+
+    inv = Invariant("no_hang", 12.0)
+    late = {"label": "1", "outcome": "timeout", "phase": "init", "duration": 13.5,
+            "released": 6.0}
+    assert inv.broken({"faults": []}, [late]) is None          # 7.5 s after its own start
+    assert "later than 12" in inv.broken({"faults": []}, [dict(late, released=0.0)])
+    assert "hang" in inv.broken({"faults": []}, [dict(late, outcome="hang")])
+    assert Invariant("no_hang").broken({"faults": []}, [dict(late, released=0.0)]) is None
+    ok = Invariant("ok_without_faults")
+    assert ok.broken({"faults": [{"kind": "x"}]}, [late]) is None
+    assert "no fault" in ok.broken({"faults": []}, [late])
