@@ -647,9 +647,11 @@ def cmd_explore(args: Any) -> int:
                            "scenario": found["scenario"], "file": str(path),
                            "shrink_steps": ex.shrinks_done,
                            "confirmed": f"{held}/{len(confirms)}"}
+        note = (" (NOT confirmed: it broke only in the shrink's run, a race? its about says "
+                "what each run did)" if confirms and not held else "")
         print(f"explore: {found['invariant']} broken: {found['why']}; minimal after "
               f"{ex.shrinks_done} shrink steps: {short(found['scenario'])}; confirmed "
-              f"{held}/{len(confirms)}; written to {path}", file=sys.stderr)
+              f"{held}/{len(confirms)}{note}; written to {path}", file=sys.stderr)
         rc = 1
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1) + "\n")
