@@ -195,6 +195,11 @@ def test_real_exploration_shrinks_and_the_written_file_breaks_it_again(tmp_path,
     assert scn.expect[0].ranks[str(raised)].outcome == ["error"] or \
         "error" in str(scn.expect[0].ranks[str(raised)].outcome)
     assert Path(found["file"]).parent == tmp_path / "found"
+    # nothing of the ~10 runs is left: no process of ours (each run's own cleanup raises a
+    # HarnessError when it leaves a namespace, a table or its run directory behind)
+    import psutil
+
+    assert psutil.Process().children(recursive=True) == []
 
 
 def test_no_hang_within_counts_from_the_rank_own_start():
