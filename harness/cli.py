@@ -1107,6 +1107,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--force", action="store_true", help="overwrite FILE")
     n.set_defaults(func=cmd_new)
     _add_capture(sub)
+
+    from . import explore  # `harness explore`: its parser and command live in harness.explore
+    explore.add_parser(sub)
     return p
 
 

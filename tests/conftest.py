@@ -87,7 +87,7 @@ def rank_obs(label: str = "0", *, reached: str = "exit", exc: Optional[Dict[str,
          "python": "/venv/bin/python", "python_version": "3.11.7", "hostname": "vm"},
     ]
     if upto >= PHASES.index("init"):
-        events.append({"ev": "released", "t": T0 + 0.01})
+        events.append({"ev": "released", "t": T0 + 0.01, "cpu_wait": 0.01})
     steps = ["all_reduce", "barrier"]
     for i, ph in enumerate(PHASES[2:upto + 1]):
         t = T0 + 0.02 + end * i / 10
@@ -101,10 +101,11 @@ def rank_obs(label: str = "0", *, reached: str = "exit", exc: Optional[Dict[str,
             events.append({"ev": "phase", "t": t, "phase": ph})
     if result:
         if exc is None:
-            events.append({"ev": "result", "t": T0 + end, "status": "ok", "phase": "exit"})
+            events.append({"ev": "result", "t": T0 + end, "status": "ok", "phase": "exit",
+                           "cpu_wait": 0.02})
         else:
             events.append({"ev": "result", "t": T0 + end, "status": "exception",
-                           "phase": reached, "exc": exc})
+                           "phase": reached, "exc": exc, "cpu_wait": 0.02})
     if returncode is None:
         returncode = -9 if killed_at_deadline else (0 if exc is None else 1)
     return {
@@ -114,6 +115,7 @@ def rank_obs(label: str = "0", *, reached: str = "exit", exc: Optional[Dict[str,
         "stderr_tail": "",
         "released_at": 0.0, "ended_at": round(end + 0.04, 3), "notes": [],
         "role": role, "node": node, "attempt": attempt, "info": {}, "sockets": [],
+        "waited_at_deadline": None,
     }
 
 
@@ -123,7 +125,7 @@ def run_obs(*ranks: Dict[str, Any]) -> Dict[str, Any]:
             "torch_version": "2.13.0+cpu", "ranks": list(ranks),
             "wall": max((r["ended_at"] or 0.0) for r in ranks) if ranks else 0.0,
             "run_dir": "/tmp/torchdist-harness/run-built", "t0": T0, "step_log": [],
-            "port_owners": [], "rules": {}, "counters": {}, "store": {},
+            "port_owners": [], "rules": {}, "counters": {}, "store": {}, "stores": [],
             "harness_memory": {"supervisor_mb": 40.0, "servers_mb": 0.0, "ranks": 2,
                                "per_rank_mb": 20.0}}
 
