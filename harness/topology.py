@@ -5,7 +5,10 @@ scenario host, links them, applies network changes (filter rules, cuts, random d
 rate limits, each host's resolver view in ``/etc/netns``) and always removes all of it.
 It never configures anything in the root network namespace: no interface, no bridge, no
 nftables table there. It uses only the standard library and the ``ip``, ``nft`` and ``tc``
-programs, and needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); see :func:`missing`.
+programs, and needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); see :func:`missing`. nftables is
+driven through its JSON interface only (``nft -j``, :mod:`harness.nftjson`): rules go in as JSON
+and their handles come back as JSON; :meth:`Topology.rules` renders ``nft -j list table`` back
+to the text ``nft -a list table`` prints, for reports and the diagnosis.
 
 Layout
 ------
@@ -88,7 +91,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Set, Tuple, Type, Union
 
-from . import resolver
+from . import nftjson, resolver
 from .procs import alive, identity
 
 __all__ = [
@@ -122,7 +125,6 @@ _RUN_ID_RE = re.compile(r"^[A-Za-z0-9_]{1,24}$")
 _HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,15}$")
 _HOSTNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")
 _TC_VALUE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?[A-Za-z]*$")
-_ECHO_HANDLE_RE = re.compile(r"^add rule \S+ \S+ (\S+) .*# handle (\d+)\s*$")
 # What ip/nft/tc print when the thing to delete is already gone.
 _GONE_MARKERS = (
     "No such file or directory",
@@ -318,14 +320,14 @@ def _write_text_atomically(path: Path, text: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# nft rule text
+# nft rule expressions (JSON, harness.nftjson)
 
 
-def _port_list(ports: Sequence[int]) -> str:
+def _port_list(ports: Sequence[int]) -> List[int]:
     values = [_check_port(p) for p in ports]
     if not values:
         raise ValueError("a port list must not be empty")
-    return "{ " + ", ".join(str(p) for p in sorted(set(values))) + " }"
+    return sorted(set(values))
 
 
 def _check_port(port: object) -> int:
@@ -334,29 +336,35 @@ def _check_port(port: object) -> int:
     return port
 
 
-def _port_match(proto: str, ports: Ports) -> Tuple[str, bool]:
-    """nft match for the destination ports, and whether it is an 'every port but' match."""
+def _ports_value(ports: List[int]) -> Union[int, List[int]]:
+    """One port as itself, several as a set (what nft itself keeps of a one-element set)."""
+    return ports[0] if len(ports) == 1 else ports
+
+
+def _port_match(proto: str, ports: Ports) -> Tuple[nftjson.Expr, bool]:
+    """nft match (JSON) for the destination ports, and whether it is an 'every port but' match."""
+    dport = nftjson.payload(proto, "dport")
     if isinstance(ports, str):
         if ports != "all":
             raise ValueError(
                 f"ports must be 'all', a port list, a (low, high) range or "
                 f"{{'except': [...]}}, got {ports!r}"
             )
-        return f"meta l4proto {proto}", False
+        return nftjson.match(nftjson.meta("l4proto"), proto), False
     if isinstance(ports, Mapping):
         if set(ports) != {"except"}:
             raise ValueError(f"a ports mapping must be {{'except': [ports]}}, got {ports!r}")
-        return f"{proto} dport != {_port_list(ports['except'])}", True
+        return nftjson.match(dport, _ports_value(_port_list(ports["except"])), "!="), True
     if isinstance(ports, tuple):
         if len(ports) != 2:
             raise ValueError(f"a port range is a (low, high) tuple, got {ports!r}")
         low, high = _check_port(ports[0]), _check_port(ports[1])
         if low > high:
             raise ValueError(f"port range {ports!r} has low > high")
-        return f"{proto} dport {low}-{high}", False
+        return nftjson.match(dport, {"range": [low, high]}), False
     if isinstance(ports, int):
-        return f"{proto} dport {_check_port(ports)}", False
-    return f"{proto} dport {_port_list(list(ports))}", False
+        return nftjson.match(dport, _check_port(ports)), False
+    return nftjson.match(dport, _ports_value(_port_list(list(ports)))), False
 
 
 def _check_tc_value(what: str, value: str) -> str:
@@ -602,12 +610,12 @@ class Topology:
                           f"{host.addr6}/{self.network6.prefixlen}", "dev", LINK_IFNAME,
                           "nodad"])
                 _run(["ip", "-n", host.netns, "link", "set", LINK_IFNAME, "up"])
-        table = (
-            f"table inet {self.table} {{\n"
-            "  chain input { type filter hook input priority 0; policy accept; }\n"
-            "  chain output { type filter hook output priority 0; policy accept; }\n"
-            "}\n"
-        )
+        table = [
+            nftjson.add_table("inet", self.table),
+            nftjson.add_chain("inet", self.table, "input", type="filter", hook="input", prio=0),
+            nftjson.add_chain("inet", self.table, "output", type="filter", hook="output",
+                              prio=0),
+        ]
         for host in self._hosts.values():
             self._nft(host.netns, table)
         for host in self._hosts.values():
@@ -631,19 +639,11 @@ class Topology:
 
         for host in self._hosts.values():
             if host.netns in made:
-                attempt(
-                    [
-                        "ip",
-                        "netns",
-                        "exec",
-                        host.netns,
-                        "nft",
-                        "delete",
-                        "table",
-                        "inet",
-                        self.table,
-                    ]
-                )
+                try:
+                    self._nft(host.netns, [nftjson.delete_table("inet", self.table)],
+                              ok_if_gone=True)
+                except TopologyError as exc:
+                    problems.append(str(exc))
                 if self.link:
                     attempt(["ip", "-n", host.netns, "link", "delete", LINK_IFNAME])
         if self.switch_netns and self.switch_netns in made:
@@ -677,13 +677,21 @@ class Topology:
 
     # ---- nftables -------------------------------------------------------------------------
 
-    def _nft(self, netns: str, script: str) -> str:
-        return _run(
-            ["ip", "netns", "exec", netns, "nft", "--echo", "--handle", "-f", "-"], stdin=script
-        ).stdout
+    def _nft(self, netns: str, commands: Sequence[nftjson.Expr], *,
+             ok_if_gone: bool = False) -> Dict[str, Any]:
+        """One batch of JSON commands (``nft -j --echo --handle -f -``: all or nothing); what
+        nft echoed back (the added objects with their handles), as JSON."""
+        out = _run(["ip", "netns", "exec", netns, "nft", "-j", "--echo", "--handle", "-f", "-"],
+                   stdin=nftjson.script(commands), ok_if_gone=ok_if_gone).stdout
+        try:
+            return dict(json.loads(out)) if out.strip() else {}
+        except ValueError as exc:
+            raise TopologyError(f"nft in {netns} echoed no JSON ({exc}): {out[:300]}") from exc
 
-    def _add_rules(self, kind: str, rules: Mapping[str, Sequence[Tuple[str, str]]]) -> str:
-        """Add rules (host -> [(chain, rule text)]) atomically per host; return a handle."""
+    def _add_rules(self, kind: str,
+                   rules: Mapping[str, Sequence[Tuple[str, Sequence[nftjson.Expr]]]]) -> str:
+        """Add rules (host -> [(chain, rule expressions)]) atomically per host; return a
+        handle."""
         self._require_up()
         self._counter += 1
         handle = f"{kind}{self._counter}"
@@ -691,19 +699,18 @@ class Topology:
         try:
             for host, chain_rules in rules.items():
                 netns = self.host(host).netns
-                script = "".join(
-                    f'add rule inet {self.table} {chain} {text} comment "{handle}"\n'
-                    for chain, text in chain_rules
-                )
-                out = self._nft(netns, script)
-                found = [_ECHO_HANDLE_RE.match(line) for line in out.splitlines()]
-                got = [_Rule(host, m.group(1), int(m.group(2))) for m in found if m]
-                if len(got) != len(chain_rules):
-                    added.extend(got)
-                    raise TopologyError(
-                        f"nft in {netns} did not echo a handle for every rule of {handle}:\n{out}"
-                    )
+                echoed = self._nft(netns, [
+                    nftjson.add_rule("inet", self.table, chain, expr, comment=handle)
+                    for chain, expr in chain_rules])
+                got = [_Rule(host, str(r["chain"]), int(r["handle"]))
+                       for r in nftjson.rules_of(echoed)
+                       if r.get("comment") == handle and "handle" in r]
                 added.extend(got)
+                if len(got) != len(chain_rules):
+                    raise TopologyError(
+                        f"nft in {netns} did not echo a handle for every rule of {handle}: "
+                        f"{json.dumps(echoed)[:500]}"
+                    )
         except BaseException:
             self._delete_rules(added)
             raise
@@ -712,41 +719,25 @@ class Topology:
 
     def _delete_rules(self, rules: Sequence[_Rule]) -> None:
         for rule in rules:
-            _run(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    self.host(rule.host).netns,
-                    "nft",
-                    "delete",
-                    "rule",
-                    "inet",
-                    self.table,
-                    rule.chain,
-                    "handle",
-                    str(rule.nft_handle),
-                ],
-                ok_if_gone=True,
-            )
+            # one batch per rule: a rule already gone must not keep the others
+            self._nft(self.host(rule.host).netns,
+                      [nftjson.delete_rule("inet", self.table, rule.chain, rule.nft_handle)],
+                      ok_if_gone=True)
+
+    def rules_json(self, host: str) -> Dict[str, Any]:
+        """The host's nftables table as ``nft -j list table`` gives it."""
+        self._require_up()
+        out = _run(["ip", "netns", "exec", self.host(host).netns, "nft", "-j", "list", "table",
+                    "inet", self.table]).stdout
+        try:
+            return dict(json.loads(out))
+        except ValueError as exc:
+            raise TopologyError(f"nft -j list table gave no JSON ({exc}): {out[:300]}") from exc
 
     def rules(self, host: str) -> str:
-        """The host's nftables table as ``nft -a list table`` prints it (for reports)."""
-        self._require_up()
-        return _run(
-            [
-                "ip",
-                "netns",
-                "exec",
-                self.host(host).netns,
-                "nft",
-                "-a",
-                "list",
-                "table",
-                "inet",
-                self.table,
-            ]
-        ).stdout
+        """The host's nftables table in nft's own text (what ``nft -a list table`` prints),
+        rendered from its JSON (for reports and the diagnosis)."""
+        return nftjson.render_table(self.rules_json(host))
 
     def _peer_addr(self, peer: str) -> str:
         if peer in self._hosts:
@@ -789,23 +780,24 @@ class Topology:
             raise ValueError(f"direction must be 'in' or 'out', got {direction!r}")
         if proto not in ("tcp", "udp"):
             raise ValueError(f"proto must be 'tcp' or 'udp', got {proto!r}")
-        parts: List[str] = []
+        parts: List[nftjson.Expr] = []
         if peer is not None:
             paddr = self._peer_addr(peer)
             family = "ip6" if ":" in paddr else "ip"
-            parts.append(f"{family} {'saddr' if direction == 'in' else 'daddr'} {paddr}")
+            parts.append(nftjson.match(
+                nftjson.payload(family, "saddr" if direction == "in" else "daddr"), paddr))
         match, is_except = _port_match(proto, ports)
         parts.append(match)
         if is_except if new_only is None else new_only:
-            parts.append("ct state new")
+            parts.append(nftjson.ct_state("new"))
         if action == "drop":
-            parts.append("drop")
+            parts.append({"drop": None})
         elif proto == "tcp":
-            parts.append("reject with tcp reset")
+            parts.append({"reject": {"type": "tcp reset"}})
         else:
-            parts.append("reject with icmpx type port-unreachable")
+            parts.append({"reject": {"type": "icmpx", "expr": "port-unreachable"}})
         chain = "input" if direction == "in" else "output"
-        return self._add_rules("fw", {host: [(chain, " ".join(parts))]})
+        return self._add_rules("fw", {host: [(chain, parts)]})
 
     def redirect(
         self,
@@ -834,20 +826,21 @@ class Topology:
         if isinstance(mark, bool) or not isinstance(mark, int) or not 0 < mark < 2**32:
             raise ValueError(f"mark must be an integer in 1..2**32-1, got {mark!r}")
         match, _ = _port_match("tcp", ports)
-        own = f"tcp dport != {_port_list([in_port, out_port])}"
-        self._nft(
-            net.netns,
-            f"add chain inet {self.table} nat_in "
-            "{ type nat hook prerouting priority -100; policy accept; }\n"
-            f"add chain inet {self.table} nat_out "
-            "{ type nat hook output priority -100; policy accept; }\n",
-        )
+        own = nftjson.match(nftjson.payload("tcp", "dport"),
+                            _ports_value(_port_list([in_port, out_port])), "!=")
+        self._nft(net.netns, [
+            nftjson.add_chain("inet", self.table, "nat_in", type="nat", hook="prerouting",
+                              prio=-100),
+            nftjson.add_chain("inet", self.table, "nat_out", type="nat", hook="output",
+                              prio=-100),
+        ])
+        not_own = nftjson.match(nftjson.meta("mark"), mark, "!=")
         return self._add_rules(
             "redir",
             {
                 host: [
-                    ("nat_in", f"{match} {own} redirect to :{in_port}"),
-                    ("nat_out", f"meta mark != {mark:#x} {match} {own} redirect to :{out_port}"),
+                    ("nat_in", [match, own, {"redirect": {"port": in_port}}]),
+                    ("nat_out", [not_own, match, own, {"redirect": {"port": out_port}}]),
                 ]
             },
         )
@@ -880,15 +873,17 @@ class Topology:
         for name in a + b:
             self.host(name)
 
-        def drops(group: Sequence[str]) -> List[Tuple[str, str]]:
+        def drops(group: Sequence[str]) -> List[Tuple[str, List[nftjson.Expr]]]:
             out = []
             for family, attr in (("ip", "addr4"), ("ip6", "addr6")):
                 found = [getattr(self._hosts[n], attr) for n in group]
                 if all(found):
-                    out.append(("input", f"{family} saddr {{ {', '.join(found)} }} drop"))
+                    saddr = nftjson.match(nftjson.payload(family, "saddr"),
+                                          found[0] if len(found) == 1 else found)
+                    out.append(("input", [saddr, {"drop": None}]))
             return out
 
-        rules: Dict[str, List[Tuple[str, str]]] = {}
+        rules: Dict[str, List[Tuple[str, List[nftjson.Expr]]]] = {}
         for name in a:
             rules[name] = drops(b)
         for name in b:
@@ -918,12 +913,17 @@ class Topology:
         if direction not in ("in", "out", "both"):
             raise ValueError(f"direction must be 'in', 'out' or 'both', got {direction!r}")
         threshold = round(percent * 100)
-        verdict = "drop" if threshold >= 10000 else f"numgen random mod 10000 < {threshold} drop"
-        chain_rules: List[Tuple[str, str]] = []
+        verdict: List[nftjson.Expr] = [{"drop": None}]
+        if threshold < 10000:
+            verdict.insert(0, nftjson.match(
+                {"numgen": {"mode": "random", "mod": 10000, "offset": 0}}, threshold, "<"))
+        chain_rules: List[Tuple[str, List[nftjson.Expr]]] = []
         if direction in ("in", "both"):
-            chain_rules.append(("input", f'iifname "{net.ifname}" {verdict}'))
+            chain_rules.append(("input", [nftjson.match(nftjson.meta("iifname"), net.ifname),
+                                          *verdict]))
         if direction in ("out", "both"):
-            chain_rules.append(("output", f'oifname "{net.ifname}" {verdict}'))
+            chain_rules.append(("output", [nftjson.match(nftjson.meta("oifname"), net.ifname),
+                                           *verdict]))
         return self._add_rules("loss", {host: chain_rules})
 
     # ---- traffic control ------------------------------------------------------------------
