@@ -4,8 +4,10 @@ This module owns everything a run does to the network: it makes one network name
 scenario host, links them, applies network changes (filter rules, cuts, random drops,
 rate limits, each host's resolver view in ``/etc/netns``) and always removes all of it.
 It never configures anything in the root network namespace: no interface, no bridge, no
-nftables table there. It uses only the standard library and the ``ip``, ``nft`` and ``tc``
-programs, and needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); see :func:`missing`. nftables is
+nftables table there. Links and addresses are made over netlink (pyroute2's ``IPRoute``, in a
+thread that entered the namespace); namespaces are pinned and removed with ``ip netns``,
+commands run in a host with ``ip netns exec`` (which also mounts its resolver view), qdiscs
+with ``tc``. It needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); see :func:`missing`. nftables is
 driven through its JSON interface only (``nft -j``, :mod:`harness.nftjson`): rules go in as JSON
 and their handles come back as JSON; :meth:`Topology.rules` renders ``nft -j list table`` back
 to the text ``nft -a list table`` prints, for reports and the diagnosis.
@@ -76,6 +78,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import ipaddress
 import json
 import os
@@ -84,12 +87,29 @@ import shlex
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Set, Tuple, Type, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    List,
+    Literal,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+)
+
+from pyroute2 import IPRoute, NetlinkError
 
 from . import nftjson, resolver
 from .procs import alive, identity
@@ -251,8 +271,84 @@ def _list_netns() -> List[str]:
 
 
 def _netns_pids(netns: str) -> List[int]:
-    proc = _run(["ip", "netns", "pids", netns], ok_if_gone=True)
-    return [int(tok) for tok in proc.stdout.split() if tok.isdigit()]
+    """The processes inside a named namespace: those whose ``/proc/<pid>/ns/net`` is the file
+    pinned in /run/netns (what ``ip netns pids`` looks at, without reading its output)."""
+    try:
+        pinned = os.stat(NETNS_RUN_DIR / netns)
+    except OSError:
+        return []
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            st = os.stat(f"/proc/{entry}/ns/net")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (pinned.st_dev, pinned.st_ino):
+            pids.append(int(entry))
+    return pids
+
+
+# --------------------------------------------------------------------------------------------
+# links and addresses: netlink (pyroute2)
+
+_T = TypeVar("_T")
+_CLONE_NEWNET = 0x40000000
+# IFLA_AF_SPEC for ``addrgenmode none``: no IPv6 link-local address on the link
+_NO_ADDRGEN = {"attrs": [("AF_INET6", {"attrs": [("IFLA_INET6_ADDR_GEN_MODE", 1)]})]}
+_IFA_F_NODAD = 0x02
+_GONE_ERRNOS = (errno.ENODEV, errno.ENOENT)
+
+
+def _in_netns(netns: str, what: str, call: Callable[[Any], _T], *,
+              ok_if_gone: bool = False) -> Optional[_T]:
+    """``call(ipr)`` with a netlink socket (pyroute2 ``IPRoute``) made inside ``netns``, in a
+    short-lived thread that enters it (setns affects that thread only). Not pyroute2's own
+    ``NetNS``: that forks the calling process, and a fork of the supervisor runs its signal
+    handlers and test session in the child. Errors become TopologyError naming the namespace
+    and ``what``; with ``ok_if_gone``, "no such device/namespace" is no error."""
+    out: List[Any] = []
+
+    def run() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(NETNS_RUN_DIR / netns, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if libc.setns(fd, _CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns {NETNS_RUN_DIR / netns}")
+            finally:
+                os.close(fd)
+            with IPRoute() as ipr:
+                out.append(call(ipr))
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            out.append(exc)
+
+    t = threading.Thread(target=run, name=f"netlink-{netns}")
+    t.start()
+    t.join()
+    got = out[0] if out else RuntimeError("the netlink thread ended without an answer")
+    if isinstance(got, BaseException):
+        code = got.code if isinstance(got, NetlinkError) else getattr(got, "errno", None)
+        if ok_if_gone and code in _GONE_ERRNOS:
+            return None
+        if isinstance(got, (NetlinkError, OSError)):
+            raise TopologyError(f"{what} in {netns} failed: {got}") from got
+        raise got
+    return got  # type: ignore[no-any-return]
+
+
+def _index(ipr: Any, ifname: str) -> int:
+    found = ipr.link_lookup(ifname=ifname)
+    if not found:
+        raise NetlinkError(errno.ENODEV, f"no interface {ifname}")
+    return int(found[0])
+
+
+def _delete_link(netns: str, ifname: str) -> None:
+    """Remove an interface (no error if it or its namespace is gone)."""
+    _in_netns(netns, f"deleting link {ifname}",
+              lambda ipr: ipr.link("del", index=_index(ipr, ifname)), ok_if_gone=True)
 
 
 def _kill_netns_processes(netns: str) -> List[int]:
@@ -562,54 +658,24 @@ class Topology:
             _run(["ip", "netns", "add", netns])
             self._made.append(netns)
         for netns in self.namespaces:
-            _run(["ip", "-n", netns, "link", "set", "lo", "up"])
+            _in_netns(netns, "setting lo up",
+                      lambda ipr: ipr.link("set", index=_index(ipr, "lo"), state="up"))
         if self.switch_netns:
             sw = self.switch_netns
-            _run(["ip", "-n", sw, "link", "add", BRIDGE_IFNAME, "type", "bridge"])
-            _run(["ip", "-n", sw, "link", "set", BRIDGE_IFNAME, "addrgenmode", "none", "up"])
+
+            def bridge(ipr: Any) -> None:
+                ipr.link("add", ifname=BRIDGE_IFNAME, kind="bridge")
+                index = _index(ipr, BRIDGE_IFNAME)
+                ipr.link("set", index=index, IFLA_AF_SPEC=_NO_ADDRGEN)
+                ipr.link("set", index=index, state="up")
+
+            _in_netns(sw, f"making the bridge {BRIDGE_IFNAME}", bridge)
             for name, host in self._hosts.items():
                 port = self._ports[name]
-                _run(
-                    [
-                        "ip",
-                        "-n",
-                        host.netns,
-                        "link",
-                        "add",
-                        LINK_IFNAME,
-                        "type",
-                        "veth",
-                        "peer",
-                        "name",
-                        port,
-                        "netns",
-                        sw,
-                    ]
-                )
-                _run(
-                    [
-                        "ip",
-                        "-n",
-                        sw,
-                        "link",
-                        "set",
-                        port,
-                        "master",
-                        BRIDGE_IFNAME,
-                        "addrgenmode",
-                        "none",
-                        "up",
-                    ]
-                )
-                _run(["ip", "-n", host.netns, "link", "set", LINK_IFNAME, "addrgenmode", "none"])
-                if host.addr4:
-                    _run(["ip", "-n", host.netns, "addr", "add",
-                          f"{host.addr4}/{self.network.prefixlen}", "dev", LINK_IFNAME])
-                if host.addr6:   # nodad: usable at once (no seconds of "tentative")
-                    _run(["ip", "-n", host.netns, "-6", "addr", "add",
-                          f"{host.addr6}/{self.network6.prefixlen}", "dev", LINK_IFNAME,
-                          "nodad"])
-                _run(["ip", "-n", host.netns, "link", "set", LINK_IFNAME, "up"])
+                _in_netns(host.netns, f"making {LINK_IFNAME} and its peer {port}",
+                          functools.partial(self._host_link, host=host, port=port))
+                _in_netns(sw, f"putting {port} on the bridge",
+                          functools.partial(self._port_up, port=port))
         table = [
             nftjson.add_table("inet", self.table),
             nftjson.add_chain("inet", self.table, "input", type="filter", hook="input", prio=0),
@@ -623,6 +689,32 @@ class Topology:
             # resolver view: loopback names only, no DNS
             resolver.write_view(NETNS_ETC_DIR / host.netns)
 
+    def _host_link(self, ipr: Any, host: HostNet, port: str) -> None:
+        """In the host's namespace: ``eth0``, its peer ``port`` sent to the switch, addresses
+        (IPv6 without DAD: usable at once), no IPv6 link-local, up."""
+        fd = os.open(NETNS_RUN_DIR / str(self.switch_netns), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            ipr.link("add", ifname=LINK_IFNAME, kind="veth",
+                     peer={"ifname": port, "net_ns_fd": fd})
+        finally:
+            os.close(fd)
+        eth = _index(ipr, LINK_IFNAME)
+        ipr.link("set", index=eth, IFLA_AF_SPEC=_NO_ADDRGEN)
+        if host.addr4:
+            ipr.addr("add", index=eth, address=host.addr4, prefixlen=self.network.prefixlen)
+        if host.addr6:
+            ipr.addr("add", index=eth, address=host.addr6, prefixlen=self.network6.prefixlen,
+                     flags=_IFA_F_NODAD)
+        ipr.link("set", index=eth, state="up")
+
+    @staticmethod
+    def _port_up(ipr: Any, port: str) -> None:
+        """In the switch: the host's peer on the bridge, no IPv6 link-local, up."""
+        index = _index(ipr, port)
+        ipr.link("set", index=index, master=_index(ipr, BRIDGE_IFNAME))
+        ipr.link("set", index=index, IFLA_AF_SPEC=_NO_ADDRGEN)
+        ipr.link("set", index=index, state="up")
+
     def _teardown(self) -> List[str]:
         """Remove everything this object made, in order; return what could not be removed."""
         if self._closed or not self._entered:
@@ -631,9 +723,9 @@ class Topology:
         problems: List[str] = []
         made = set(self._made)
 
-        def attempt(argv: Sequence[str]) -> None:
+        def attempt(netns: str, ifname: str) -> None:
             try:
-                _run(argv, ok_if_gone=True)
+                _delete_link(netns, ifname)
             except TopologyError as exc:
                 problems.append(str(exc))
 
@@ -645,9 +737,9 @@ class Topology:
                 except TopologyError as exc:
                     problems.append(str(exc))
                 if self.link:
-                    attempt(["ip", "-n", host.netns, "link", "delete", LINK_IFNAME])
+                    attempt(host.netns, LINK_IFNAME)
         if self.switch_netns and self.switch_netns in made:
-            attempt(["ip", "-n", self.switch_netns, "link", "delete", BRIDGE_IFNAME])
+            attempt(self.switch_netns, BRIDGE_IFNAME)
         for path in self._uts:
             try:
                 _unpin(path)
@@ -1018,18 +1110,20 @@ class Topology:
         net = self.host(host)
         index = list(self._hosts).index(host)
         addr = str(self.spare_network.network_address + 1 + index)
-        _run(["ip", "-n", net.netns, "link", "add", ifname, "type", "veth", "peer", "name",
-              f"{ifname}p"])
-        _run(["ip", "-n", net.netns, "addr", "add", f"{addr}/{self.spare_network.prefixlen}",
-              "dev", ifname])
-        if up:
-            _run(["ip", "-n", net.netns, "link", "set", ifname, "up"])
+        def make(ipr: Any) -> None:
+            ipr.link("add", ifname=ifname, kind="veth", peer={"ifname": f"{ifname}p"})
+            index = _index(ipr, ifname)
+            ipr.addr("add", index=index, address=addr, prefixlen=self.spare_network.prefixlen)
+            if up:
+                ipr.link("set", index=index, state="up")
+
+        _in_netns(net.netns, f"adding the spare link {ifname}", make)
         return addr
 
     def remove_spare_link(self, host: str, ifname: str) -> None:
         """Remove a link made by :meth:`add_spare_link` (no error if it is gone)."""
         self._require_up()
-        _run(["ip", "-n", self.host(host).netns, "link", "delete", ifname], ok_if_gone=True)
+        _delete_link(self.host(host).netns, ifname)
 
     # ---- name resolution ------------------------------------------------------------------
 
@@ -1166,7 +1260,8 @@ class Topology:
         if isinstance(mtu, bool) or not isinstance(mtu, int) or not 68 <= mtu <= 65535:
             raise ValueError(f"an MTU is an integer in 68..65535, got {mtu!r}")
         h = self.host(host)
-        _run(["ip", "-n", h.netns, "link", "set", h.ifname, "mtu", str(mtu)])
+        _in_netns(h.netns, f"setting the MTU of {h.ifname}",
+                  lambda ipr: ipr.link("set", index=_index(ipr, h.ifname), mtu=mtu))
 
     def set_resolv_conf(self, host: str, lines: Sequence[str]) -> Path:
         """Change the host's ``/etc/resolv.conf`` in its resolver view (e.g.
