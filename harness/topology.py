@@ -4,8 +4,13 @@ This module owns everything a run does to the network: it makes one network name
 scenario host, links them, applies network changes (filter rules, cuts, random drops,
 rate limits, each host's resolver view in ``/etc/netns``) and always removes all of it.
 It never configures anything in the root network namespace: no interface, no bridge, no
-nftables table there. It uses only the standard library and the ``ip``, ``nft`` and ``tc``
-programs, and needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); see :func:`missing`.
+nftables table there. Links and addresses are made over netlink (pyroute2's ``IPRoute``, in a
+thread that entered the namespace); namespaces are pinned and removed with ``ip netns``,
+commands run in a host with ``ip netns exec`` (which also mounts its resolver view), qdiscs
+with ``tc``. It needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); see :func:`missing`. nftables is
+driven through its JSON interface only (``nft -j``, :mod:`harness.nftjson`): rules go in as JSON
+and their handles come back as JSON; :meth:`Topology.rules` renders ``nft -j list table`` back
+to the text ``nft -a list table`` prints, for reports and the diagnosis.
 
 Layout
 ------
@@ -73,6 +78,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import ipaddress
 import json
 import os
@@ -81,14 +87,31 @@ import shlex
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Set, Tuple, Type, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    List,
+    Literal,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+)
 
-from . import resolver
+from pyroute2 import IPRoute, NetlinkError
+
+from . import nftjson, resolver
 from .procs import alive, identity
 
 __all__ = [
@@ -122,7 +145,6 @@ _RUN_ID_RE = re.compile(r"^[A-Za-z0-9_]{1,24}$")
 _HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,15}$")
 _HOSTNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")
 _TC_VALUE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?[A-Za-z]*$")
-_ECHO_HANDLE_RE = re.compile(r"^add rule \S+ \S+ (\S+) .*# handle (\d+)\s*$")
 # What ip/nft/tc print when the thing to delete is already gone.
 _GONE_MARKERS = (
     "No such file or directory",
@@ -249,8 +271,84 @@ def _list_netns() -> List[str]:
 
 
 def _netns_pids(netns: str) -> List[int]:
-    proc = _run(["ip", "netns", "pids", netns], ok_if_gone=True)
-    return [int(tok) for tok in proc.stdout.split() if tok.isdigit()]
+    """The processes inside a named namespace: those whose ``/proc/<pid>/ns/net`` is the file
+    pinned in /run/netns (what ``ip netns pids`` looks at, without reading its output)."""
+    try:
+        pinned = os.stat(NETNS_RUN_DIR / netns)
+    except OSError:
+        return []
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            st = os.stat(f"/proc/{entry}/ns/net")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (pinned.st_dev, pinned.st_ino):
+            pids.append(int(entry))
+    return pids
+
+
+# --------------------------------------------------------------------------------------------
+# links and addresses: netlink (pyroute2)
+
+_T = TypeVar("_T")
+_CLONE_NEWNET = 0x40000000
+# IFLA_AF_SPEC for ``addrgenmode none``: no IPv6 link-local address on the link
+_NO_ADDRGEN = {"attrs": [("AF_INET6", {"attrs": [("IFLA_INET6_ADDR_GEN_MODE", 1)]})]}
+_IFA_F_NODAD = 0x02
+_GONE_ERRNOS = (errno.ENODEV, errno.ENOENT)
+
+
+def _in_netns(netns: str, what: str, call: Callable[[Any], _T], *,
+              ok_if_gone: bool = False) -> Optional[_T]:
+    """``call(ipr)`` with a netlink socket (pyroute2 ``IPRoute``) made inside ``netns``, in a
+    short-lived thread that enters it (setns affects that thread only). Not pyroute2's own
+    ``NetNS``: that forks the calling process, and a fork of the supervisor runs its signal
+    handlers and test session in the child. Errors become TopologyError naming the namespace
+    and ``what``; with ``ok_if_gone``, "no such device/namespace" is no error."""
+    out: List[Any] = []
+
+    def run() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(NETNS_RUN_DIR / netns, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if libc.setns(fd, _CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns {NETNS_RUN_DIR / netns}")
+            finally:
+                os.close(fd)
+            with IPRoute() as ipr:
+                out.append(call(ipr))
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            out.append(exc)
+
+    t = threading.Thread(target=run, name=f"netlink-{netns}")
+    t.start()
+    t.join()
+    got = out[0] if out else RuntimeError("the netlink thread ended without an answer")
+    if isinstance(got, BaseException):
+        code = got.code if isinstance(got, NetlinkError) else getattr(got, "errno", None)
+        if ok_if_gone and code in _GONE_ERRNOS:
+            return None
+        if isinstance(got, (NetlinkError, OSError)):
+            raise TopologyError(f"{what} in {netns} failed: {got}") from got
+        raise got
+    return got  # type: ignore[no-any-return]
+
+
+def _index(ipr: Any, ifname: str) -> int:
+    found = ipr.link_lookup(ifname=ifname)
+    if not found:
+        raise NetlinkError(errno.ENODEV, f"no interface {ifname}")
+    return int(found[0])
+
+
+def _delete_link(netns: str, ifname: str) -> None:
+    """Remove an interface (no error if it or its namespace is gone)."""
+    _in_netns(netns, f"deleting link {ifname}",
+              lambda ipr: ipr.link("del", index=_index(ipr, ifname)), ok_if_gone=True)
 
 
 def _kill_netns_processes(netns: str) -> List[int]:
@@ -318,14 +416,14 @@ def _write_text_atomically(path: Path, text: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# nft rule text
+# nft rule expressions (JSON, harness.nftjson)
 
 
-def _port_list(ports: Sequence[int]) -> str:
+def _port_list(ports: Sequence[int]) -> List[int]:
     values = [_check_port(p) for p in ports]
     if not values:
         raise ValueError("a port list must not be empty")
-    return "{ " + ", ".join(str(p) for p in sorted(set(values))) + " }"
+    return sorted(set(values))
 
 
 def _check_port(port: object) -> int:
@@ -334,29 +432,35 @@ def _check_port(port: object) -> int:
     return port
 
 
-def _port_match(proto: str, ports: Ports) -> Tuple[str, bool]:
-    """nft match for the destination ports, and whether it is an 'every port but' match."""
+def _ports_value(ports: List[int]) -> Union[int, List[int]]:
+    """One port as itself, several as a set (what nft itself keeps of a one-element set)."""
+    return ports[0] if len(ports) == 1 else ports
+
+
+def _port_match(proto: str, ports: Ports) -> Tuple[nftjson.Expr, bool]:
+    """nft match (JSON) for the destination ports, and whether it is an 'every port but' match."""
+    dport = nftjson.payload(proto, "dport")
     if isinstance(ports, str):
         if ports != "all":
             raise ValueError(
                 f"ports must be 'all', a port list, a (low, high) range or "
                 f"{{'except': [...]}}, got {ports!r}"
             )
-        return f"meta l4proto {proto}", False
+        return nftjson.match(nftjson.meta("l4proto"), proto), False
     if isinstance(ports, Mapping):
         if set(ports) != {"except"}:
             raise ValueError(f"a ports mapping must be {{'except': [ports]}}, got {ports!r}")
-        return f"{proto} dport != {_port_list(ports['except'])}", True
+        return nftjson.match(dport, _ports_value(_port_list(ports["except"])), "!="), True
     if isinstance(ports, tuple):
         if len(ports) != 2:
             raise ValueError(f"a port range is a (low, high) tuple, got {ports!r}")
         low, high = _check_port(ports[0]), _check_port(ports[1])
         if low > high:
             raise ValueError(f"port range {ports!r} has low > high")
-        return f"{proto} dport {low}-{high}", False
+        return nftjson.match(dport, {"range": [low, high]}), False
     if isinstance(ports, int):
-        return f"{proto} dport {_check_port(ports)}", False
-    return f"{proto} dport {_port_list(list(ports))}", False
+        return nftjson.match(dport, _check_port(ports)), False
+    return nftjson.match(dport, _ports_value(_port_list(list(ports)))), False
 
 
 def _check_tc_value(what: str, value: str) -> str:
@@ -554,66 +658,62 @@ class Topology:
             _run(["ip", "netns", "add", netns])
             self._made.append(netns)
         for netns in self.namespaces:
-            _run(["ip", "-n", netns, "link", "set", "lo", "up"])
+            _in_netns(netns, "setting lo up",
+                      lambda ipr: ipr.link("set", index=_index(ipr, "lo"), state="up"))
         if self.switch_netns:
             sw = self.switch_netns
-            _run(["ip", "-n", sw, "link", "add", BRIDGE_IFNAME, "type", "bridge"])
-            _run(["ip", "-n", sw, "link", "set", BRIDGE_IFNAME, "addrgenmode", "none", "up"])
+
+            def bridge(ipr: Any) -> None:
+                ipr.link("add", ifname=BRIDGE_IFNAME, kind="bridge")
+                index = _index(ipr, BRIDGE_IFNAME)
+                ipr.link("set", index=index, IFLA_AF_SPEC=_NO_ADDRGEN)
+                ipr.link("set", index=index, state="up")
+
+            _in_netns(sw, f"making the bridge {BRIDGE_IFNAME}", bridge)
             for name, host in self._hosts.items():
                 port = self._ports[name]
-                _run(
-                    [
-                        "ip",
-                        "-n",
-                        host.netns,
-                        "link",
-                        "add",
-                        LINK_IFNAME,
-                        "type",
-                        "veth",
-                        "peer",
-                        "name",
-                        port,
-                        "netns",
-                        sw,
-                    ]
-                )
-                _run(
-                    [
-                        "ip",
-                        "-n",
-                        sw,
-                        "link",
-                        "set",
-                        port,
-                        "master",
-                        BRIDGE_IFNAME,
-                        "addrgenmode",
-                        "none",
-                        "up",
-                    ]
-                )
-                _run(["ip", "-n", host.netns, "link", "set", LINK_IFNAME, "addrgenmode", "none"])
-                if host.addr4:
-                    _run(["ip", "-n", host.netns, "addr", "add",
-                          f"{host.addr4}/{self.network.prefixlen}", "dev", LINK_IFNAME])
-                if host.addr6:   # nodad: usable at once (no seconds of "tentative")
-                    _run(["ip", "-n", host.netns, "-6", "addr", "add",
-                          f"{host.addr6}/{self.network6.prefixlen}", "dev", LINK_IFNAME,
-                          "nodad"])
-                _run(["ip", "-n", host.netns, "link", "set", LINK_IFNAME, "up"])
-        table = (
-            f"table inet {self.table} {{\n"
-            "  chain input { type filter hook input priority 0; policy accept; }\n"
-            "  chain output { type filter hook output priority 0; policy accept; }\n"
-            "}\n"
-        )
+                _in_netns(host.netns, f"making {LINK_IFNAME} and its peer {port}",
+                          functools.partial(self._host_link, host=host, port=port))
+                _in_netns(sw, f"putting {port} on the bridge",
+                          functools.partial(self._port_up, port=port))
+        table = [
+            nftjson.add_table("inet", self.table),
+            nftjson.add_chain("inet", self.table, "input", type="filter", hook="input", prio=0),
+            nftjson.add_chain("inet", self.table, "output", type="filter", hook="output",
+                              prio=0),
+        ]
         for host in self._hosts.values():
             self._nft(host.netns, table)
         for host in self._hosts.values():
             # every process started in the host (ip netns exec) resolves with the harness's
             # resolver view: loopback names only, no DNS
             resolver.write_view(NETNS_ETC_DIR / host.netns)
+
+    def _host_link(self, ipr: Any, host: HostNet, port: str) -> None:
+        """In the host's namespace: ``eth0``, its peer ``port`` sent to the switch, addresses
+        (IPv6 without DAD: usable at once), no IPv6 link-local, up."""
+        fd = os.open(NETNS_RUN_DIR / str(self.switch_netns), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            ipr.link("add", ifname=LINK_IFNAME, kind="veth",
+                     peer={"ifname": port, "net_ns_fd": fd})
+        finally:
+            os.close(fd)
+        eth = _index(ipr, LINK_IFNAME)
+        ipr.link("set", index=eth, IFLA_AF_SPEC=_NO_ADDRGEN)
+        if host.addr4:
+            ipr.addr("add", index=eth, address=host.addr4, prefixlen=self.network.prefixlen)
+        if host.addr6:
+            ipr.addr("add", index=eth, address=host.addr6, prefixlen=self.network6.prefixlen,
+                     flags=_IFA_F_NODAD)
+        ipr.link("set", index=eth, state="up")
+
+    @staticmethod
+    def _port_up(ipr: Any, port: str) -> None:
+        """In the switch: the host's peer on the bridge, no IPv6 link-local, up."""
+        index = _index(ipr, port)
+        ipr.link("set", index=index, master=_index(ipr, BRIDGE_IFNAME))
+        ipr.link("set", index=index, IFLA_AF_SPEC=_NO_ADDRGEN)
+        ipr.link("set", index=index, state="up")
 
     def _teardown(self) -> List[str]:
         """Remove everything this object made, in order; return what could not be removed."""
@@ -623,31 +723,23 @@ class Topology:
         problems: List[str] = []
         made = set(self._made)
 
-        def attempt(argv: Sequence[str]) -> None:
+        def attempt(netns: str, ifname: str) -> None:
             try:
-                _run(argv, ok_if_gone=True)
+                _delete_link(netns, ifname)
             except TopologyError as exc:
                 problems.append(str(exc))
 
         for host in self._hosts.values():
             if host.netns in made:
-                attempt(
-                    [
-                        "ip",
-                        "netns",
-                        "exec",
-                        host.netns,
-                        "nft",
-                        "delete",
-                        "table",
-                        "inet",
-                        self.table,
-                    ]
-                )
+                try:
+                    self._nft(host.netns, [nftjson.delete_table("inet", self.table)],
+                              ok_if_gone=True)
+                except TopologyError as exc:
+                    problems.append(str(exc))
                 if self.link:
-                    attempt(["ip", "-n", host.netns, "link", "delete", LINK_IFNAME])
+                    attempt(host.netns, LINK_IFNAME)
         if self.switch_netns and self.switch_netns in made:
-            attempt(["ip", "-n", self.switch_netns, "link", "delete", BRIDGE_IFNAME])
+            attempt(self.switch_netns, BRIDGE_IFNAME)
         for path in self._uts:
             try:
                 _unpin(path)
@@ -677,13 +769,21 @@ class Topology:
 
     # ---- nftables -------------------------------------------------------------------------
 
-    def _nft(self, netns: str, script: str) -> str:
-        return _run(
-            ["ip", "netns", "exec", netns, "nft", "--echo", "--handle", "-f", "-"], stdin=script
-        ).stdout
+    def _nft(self, netns: str, commands: Sequence[nftjson.Expr], *,
+             ok_if_gone: bool = False) -> Dict[str, Any]:
+        """One batch of JSON commands (``nft -j --echo --handle -f -``: all or nothing); what
+        nft echoed back (the added objects with their handles), as JSON."""
+        out = _run(["ip", "netns", "exec", netns, "nft", "-j", "--echo", "--handle", "-f", "-"],
+                   stdin=nftjson.script(commands), ok_if_gone=ok_if_gone).stdout
+        try:
+            return dict(json.loads(out)) if out.strip() else {}
+        except ValueError as exc:
+            raise TopologyError(f"nft in {netns} echoed no JSON ({exc}): {out[:300]}") from exc
 
-    def _add_rules(self, kind: str, rules: Mapping[str, Sequence[Tuple[str, str]]]) -> str:
-        """Add rules (host -> [(chain, rule text)]) atomically per host; return a handle."""
+    def _add_rules(self, kind: str,
+                   rules: Mapping[str, Sequence[Tuple[str, Sequence[nftjson.Expr]]]]) -> str:
+        """Add rules (host -> [(chain, rule expressions)]) atomically per host; return a
+        handle."""
         self._require_up()
         self._counter += 1
         handle = f"{kind}{self._counter}"
@@ -691,19 +791,18 @@ class Topology:
         try:
             for host, chain_rules in rules.items():
                 netns = self.host(host).netns
-                script = "".join(
-                    f'add rule inet {self.table} {chain} {text} comment "{handle}"\n'
-                    for chain, text in chain_rules
-                )
-                out = self._nft(netns, script)
-                found = [_ECHO_HANDLE_RE.match(line) for line in out.splitlines()]
-                got = [_Rule(host, m.group(1), int(m.group(2))) for m in found if m]
-                if len(got) != len(chain_rules):
-                    added.extend(got)
-                    raise TopologyError(
-                        f"nft in {netns} did not echo a handle for every rule of {handle}:\n{out}"
-                    )
+                echoed = self._nft(netns, [
+                    nftjson.add_rule("inet", self.table, chain, expr, comment=handle)
+                    for chain, expr in chain_rules])
+                got = [_Rule(host, str(r["chain"]), int(r["handle"]))
+                       for r in nftjson.rules_of(echoed)
+                       if r.get("comment") == handle and "handle" in r]
                 added.extend(got)
+                if len(got) != len(chain_rules):
+                    raise TopologyError(
+                        f"nft in {netns} did not echo a handle for every rule of {handle}: "
+                        f"{json.dumps(echoed)[:500]}"
+                    )
         except BaseException:
             self._delete_rules(added)
             raise
@@ -712,41 +811,25 @@ class Topology:
 
     def _delete_rules(self, rules: Sequence[_Rule]) -> None:
         for rule in rules:
-            _run(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    self.host(rule.host).netns,
-                    "nft",
-                    "delete",
-                    "rule",
-                    "inet",
-                    self.table,
-                    rule.chain,
-                    "handle",
-                    str(rule.nft_handle),
-                ],
-                ok_if_gone=True,
-            )
+            # one batch per rule: a rule already gone must not keep the others
+            self._nft(self.host(rule.host).netns,
+                      [nftjson.delete_rule("inet", self.table, rule.chain, rule.nft_handle)],
+                      ok_if_gone=True)
+
+    def rules_json(self, host: str) -> Dict[str, Any]:
+        """The host's nftables table as ``nft -j list table`` gives it."""
+        self._require_up()
+        out = _run(["ip", "netns", "exec", self.host(host).netns, "nft", "-j", "list", "table",
+                    "inet", self.table]).stdout
+        try:
+            return dict(json.loads(out))
+        except ValueError as exc:
+            raise TopologyError(f"nft -j list table gave no JSON ({exc}): {out[:300]}") from exc
 
     def rules(self, host: str) -> str:
-        """The host's nftables table as ``nft -a list table`` prints it (for reports)."""
-        self._require_up()
-        return _run(
-            [
-                "ip",
-                "netns",
-                "exec",
-                self.host(host).netns,
-                "nft",
-                "-a",
-                "list",
-                "table",
-                "inet",
-                self.table,
-            ]
-        ).stdout
+        """The host's nftables table in nft's own text (what ``nft -a list table`` prints),
+        rendered from its JSON (for reports and the diagnosis)."""
+        return nftjson.render_table(self.rules_json(host))
 
     def _peer_addr(self, peer: str) -> str:
         if peer in self._hosts:
@@ -789,23 +872,24 @@ class Topology:
             raise ValueError(f"direction must be 'in' or 'out', got {direction!r}")
         if proto not in ("tcp", "udp"):
             raise ValueError(f"proto must be 'tcp' or 'udp', got {proto!r}")
-        parts: List[str] = []
+        parts: List[nftjson.Expr] = []
         if peer is not None:
             paddr = self._peer_addr(peer)
             family = "ip6" if ":" in paddr else "ip"
-            parts.append(f"{family} {'saddr' if direction == 'in' else 'daddr'} {paddr}")
+            parts.append(nftjson.match(
+                nftjson.payload(family, "saddr" if direction == "in" else "daddr"), paddr))
         match, is_except = _port_match(proto, ports)
         parts.append(match)
         if is_except if new_only is None else new_only:
-            parts.append("ct state new")
+            parts.append(nftjson.ct_state("new"))
         if action == "drop":
-            parts.append("drop")
+            parts.append({"drop": None})
         elif proto == "tcp":
-            parts.append("reject with tcp reset")
+            parts.append({"reject": {"type": "tcp reset"}})
         else:
-            parts.append("reject with icmpx type port-unreachable")
+            parts.append({"reject": {"type": "icmpx", "expr": "port-unreachable"}})
         chain = "input" if direction == "in" else "output"
-        return self._add_rules("fw", {host: [(chain, " ".join(parts))]})
+        return self._add_rules("fw", {host: [(chain, parts)]})
 
     def redirect(
         self,
@@ -834,20 +918,21 @@ class Topology:
         if isinstance(mark, bool) or not isinstance(mark, int) or not 0 < mark < 2**32:
             raise ValueError(f"mark must be an integer in 1..2**32-1, got {mark!r}")
         match, _ = _port_match("tcp", ports)
-        own = f"tcp dport != {_port_list([in_port, out_port])}"
-        self._nft(
-            net.netns,
-            f"add chain inet {self.table} nat_in "
-            "{ type nat hook prerouting priority -100; policy accept; }\n"
-            f"add chain inet {self.table} nat_out "
-            "{ type nat hook output priority -100; policy accept; }\n",
-        )
+        own = nftjson.match(nftjson.payload("tcp", "dport"),
+                            _ports_value(_port_list([in_port, out_port])), "!=")
+        self._nft(net.netns, [
+            nftjson.add_chain("inet", self.table, "nat_in", type="nat", hook="prerouting",
+                              prio=-100),
+            nftjson.add_chain("inet", self.table, "nat_out", type="nat", hook="output",
+                              prio=-100),
+        ])
+        not_own = nftjson.match(nftjson.meta("mark"), mark, "!=")
         return self._add_rules(
             "redir",
             {
                 host: [
-                    ("nat_in", f"{match} {own} redirect to :{in_port}"),
-                    ("nat_out", f"meta mark != {mark:#x} {match} {own} redirect to :{out_port}"),
+                    ("nat_in", [match, own, {"redirect": {"port": in_port}}]),
+                    ("nat_out", [not_own, match, own, {"redirect": {"port": out_port}}]),
                 ]
             },
         )
@@ -880,15 +965,17 @@ class Topology:
         for name in a + b:
             self.host(name)
 
-        def drops(group: Sequence[str]) -> List[Tuple[str, str]]:
+        def drops(group: Sequence[str]) -> List[Tuple[str, List[nftjson.Expr]]]:
             out = []
             for family, attr in (("ip", "addr4"), ("ip6", "addr6")):
                 found = [getattr(self._hosts[n], attr) for n in group]
                 if all(found):
-                    out.append(("input", f"{family} saddr {{ {', '.join(found)} }} drop"))
+                    saddr = nftjson.match(nftjson.payload(family, "saddr"),
+                                          found[0] if len(found) == 1 else found)
+                    out.append(("input", [saddr, {"drop": None}]))
             return out
 
-        rules: Dict[str, List[Tuple[str, str]]] = {}
+        rules: Dict[str, List[Tuple[str, List[nftjson.Expr]]]] = {}
         for name in a:
             rules[name] = drops(b)
         for name in b:
@@ -918,12 +1005,17 @@ class Topology:
         if direction not in ("in", "out", "both"):
             raise ValueError(f"direction must be 'in', 'out' or 'both', got {direction!r}")
         threshold = round(percent * 100)
-        verdict = "drop" if threshold >= 10000 else f"numgen random mod 10000 < {threshold} drop"
-        chain_rules: List[Tuple[str, str]] = []
+        verdict: List[nftjson.Expr] = [{"drop": None}]
+        if threshold < 10000:
+            verdict.insert(0, nftjson.match(
+                {"numgen": {"mode": "random", "mod": 10000, "offset": 0}}, threshold, "<"))
+        chain_rules: List[Tuple[str, List[nftjson.Expr]]] = []
         if direction in ("in", "both"):
-            chain_rules.append(("input", f'iifname "{net.ifname}" {verdict}'))
+            chain_rules.append(("input", [nftjson.match(nftjson.meta("iifname"), net.ifname),
+                                          *verdict]))
         if direction in ("out", "both"):
-            chain_rules.append(("output", f'oifname "{net.ifname}" {verdict}'))
+            chain_rules.append(("output", [nftjson.match(nftjson.meta("oifname"), net.ifname),
+                                           *verdict]))
         return self._add_rules("loss", {host: chain_rules})
 
     # ---- traffic control ------------------------------------------------------------------
@@ -1018,18 +1110,20 @@ class Topology:
         net = self.host(host)
         index = list(self._hosts).index(host)
         addr = str(self.spare_network.network_address + 1 + index)
-        _run(["ip", "-n", net.netns, "link", "add", ifname, "type", "veth", "peer", "name",
-              f"{ifname}p"])
-        _run(["ip", "-n", net.netns, "addr", "add", f"{addr}/{self.spare_network.prefixlen}",
-              "dev", ifname])
-        if up:
-            _run(["ip", "-n", net.netns, "link", "set", ifname, "up"])
+        def make(ipr: Any) -> None:
+            ipr.link("add", ifname=ifname, kind="veth", peer={"ifname": f"{ifname}p"})
+            index = _index(ipr, ifname)
+            ipr.addr("add", index=index, address=addr, prefixlen=self.spare_network.prefixlen)
+            if up:
+                ipr.link("set", index=index, state="up")
+
+        _in_netns(net.netns, f"adding the spare link {ifname}", make)
         return addr
 
     def remove_spare_link(self, host: str, ifname: str) -> None:
         """Remove a link made by :meth:`add_spare_link` (no error if it is gone)."""
         self._require_up()
-        _run(["ip", "-n", self.host(host).netns, "link", "delete", ifname], ok_if_gone=True)
+        _delete_link(self.host(host).netns, ifname)
 
     # ---- name resolution ------------------------------------------------------------------
 
@@ -1166,7 +1260,8 @@ class Topology:
         if isinstance(mtu, bool) or not isinstance(mtu, int) or not 68 <= mtu <= 65535:
             raise ValueError(f"an MTU is an integer in 68..65535, got {mtu!r}")
         h = self.host(host)
-        _run(["ip", "-n", h.netns, "link", "set", h.ifname, "mtu", str(mtu)])
+        _in_netns(h.netns, f"setting the MTU of {h.ifname}",
+                  lambda ipr: ipr.link("set", index=_index(ipr, h.ifname), mtu=mtu))
 
     def set_resolv_conf(self, host: str, lines: Sequence[str]) -> Path:
         """Change the host's ``/etc/resolv.conf`` in its resolver view (e.g.
