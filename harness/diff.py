@@ -8,7 +8,9 @@ Ranks are compared as their scenario's expectation allows them. Where the expect
 a race (several outcomes, or several phases: torch itself takes one path or the other), one
 run of each report is one draw of that race: a move between the declared outcomes/phases, and
 the exception, message and duration that come with the other path, is listed as variation
-within the declared race, not counted as a change; leaving the declared set is a change. An
+within the declared race, not counted as a change; leaving the declared set is a change. A row
+that exists on one path of a declared race only (a restarted worker, a late node's), spoken of
+by a wildcard key that declares the race, is variation when it comes or goes. An
 expectation may also name what varies with the same outcome and phase (``varies: [message]``:
 gloo says "recv" or "send" by which side notices first): changes of those are variation too.
 In a case whose fault draws at random while it runs (packet loss), one run's durations are one
