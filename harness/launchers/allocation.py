@@ -655,7 +655,9 @@ class AllocRun:
             return
         self.closed = True
         end = time.monotonic() + CLOSE_WAIT
-        waiting = [p for p in self.procs if p.running()]
+        # no job script ever started (the run was refused before srun): no task to wait for
+        never = self._job_proc() is None
+        waiting = [] if never else [p for p in self.procs if p.running()]
         while waiting and time.monotonic() < end:
             time.sleep(0.05)
             waiting = [p for p in waiting if p.running()]
