@@ -228,6 +228,47 @@ def test_a_shared_run_directory_of_another_machine_is_never_swept(tmp_path):
     mine.remove()
 
 
+class _Run:
+    """What a RemoteProcess asks of its case's run (srun still going)."""
+
+    def __init__(self, alloc: Path):
+        self.alloc, self.steps = alloc, []
+
+    def saw_step(self, step):
+        self.steps.append(step)
+
+    def srun_gone_for(self):
+        return None
+
+
+def test_a_remote_ranks_event_times_are_placed_on_the_supervisors_clock(tmp_path):
+    from harness.launchers import RankProcess
+    from harness.launchers.allocation import RemoteProcess
+
+    run = _Run(tmp_path)
+    proc = RemoteProcess(run, "0", "t")
+    events = tmp_path / "t.events"
+    events.write_text(json.dumps({"ev": "phase", "t": 500.0, "phase": "init"}) + "\n")
+    row = RankProcess("0", proc, events=events, stacks=tmp_path / "t.stacks", out=None,
+                      err=None, now=lambda: 0.0)
+    row.read_events()
+    assert row.obs.events == [] and proc.running()     # its clock is not known yet: not read
+    # the node's monotonic clock is 1000 s behind ours (wall clocks agree)
+    node_mono = time.monotonic() - 1000.0
+    (tmp_path / "t.status").write_text(
+        json.dumps({"ev": "start", "mono": node_mono, "wall": time.time(), "node": "cn1",
+                    "addr": "10.1.2.3", "procid": 3, "step": "77.4"}) + "\n"
+        + json.dumps({"ev": "child", "mono": node_mono, "pid": 4242}) + "\n"
+        + json.dumps({"ev": "exit", "mono": 600.0, "returncode": -9}) + "\n")
+    assert not proc.running() and proc.returncode == -9 and proc.pid == 4242
+    assert abs(proc.clock_offset - 1000.0) < 0.5 and abs(proc.end_time - 1600.0) < 0.5
+    assert run.steps == ["77.4"] and proc.addr == "10.1.2.3"
+    row.read_events()
+    assert abs(row.obs.events[0].t - 1500.0) < 0.5 and row.obs.pid == 4242
+    proc.signal_group(signal.SIGKILL)                  # it ended: no command any more
+    assert (tmp_path / "t.cmd").read_text() == ""
+
+
 # -- the node's task helper, for real on this machine ------------------------------------------
 def _helper(tmp_path: Path, entry: dict, procid: int = 0, lost_after: float = 30,
             node: str = "cn1", on: str = "cn1") -> subprocess.Popen:
@@ -399,6 +440,8 @@ def test_catalog_cases_run_across_the_allocations_nodes_with_per_rank_verdicts(t
                   "scenarios/slurm.yaml::slurm[task_exits_before_init]",
                   "scenarios/net-healthy-hosts.yaml::net_healthy_hosts[two_hosts]",
                   "scenarios/net-store-port-blocked.yaml",
+                  "scenarios/kill_rank.yaml::kill_rank[worker]",
+                  "scenarios/stop_rank.yaml::stop_rank[init]",
                   f"{extra}::alloc_extra[three_hosts]"]},
         {"do": "run", "name": "harness_run", "timeout": 200, "cwd": str(ROOT), "env": env,
          "argv": [py, "-m", "harness", "run", "--launcher", "slurm", "--shared-dir",
@@ -424,6 +467,14 @@ def test_catalog_cases_run_across_the_allocations_nodes_with_per_rank_verdicts(t
     two = {r["label"]: r for r in got["net_healthy_hosts[two_hosts]"]["ranks"]}
     assert {two["0"]["host"], two["1"]["host"]} == {"a", "b"}
     assert got["net_healthy_hosts[two_hosts]"]["status"] == "passed"
+    # the signals are sent on the node by its task helper; a hung rank's stacks come back
+    killed = {r["label"]: r for r in got["kill_rank[worker]"]["ranks"]}
+    assert got["kill_rank[worker]"]["status"] == "passed"
+    assert (killed["1"]["outcome"], killed["1"]["returncode"]) == ("crash", -9)
+    stopped = {r["label"]: r for r in got["stop_rank[init]"]["ranks"]}
+    assert got["stop_rank[init]"]["status"] == "passed" and stopped["1"]["outcome"] == "hang"
+    stacks = Path(got["stop_rank[init]"]["evidence"]) / "rank-1.stacks"
+    assert "init_process_group" in stacks.read_text()
     fw = [c for k, c in got.items() if k.startswith("net_store_port_blocked")]
     assert fw and all(c["status"] == "skipped" for c in fw)
     assert all("firewall: needs root on the allocation's nodes" in c["reason"]
