@@ -54,8 +54,6 @@ POLL = 0.05
 # program, which gets them itself (never SIG_IGN: an ignored signal would be inherited)
 NOTED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
          signal.SIGQUIT, signal.SIGALRM, signal.SIGCONT)
-# step-level variables srun gives a task and a rank keeps (what a user's task sees)
-SLURM_PREFIXES = ("SLURM_", "SLURMD_")
 
 
 def tag_of(label: str) -> str:
@@ -136,10 +134,11 @@ def entry_of(spec: Dict[str, Any], node: str, local: int, procid: int
 
 
 def child_env(entry: Dict[str, Any], own: Dict[str, str]) -> Dict[str, str]:
-    """The program's environment. A planned rank (``ranks`` mode): what the supervisor planned
-    for it, plus the step's Slurm variables srun gave this task (a rank under srun sees them).
-    A task of a ``launcher: slurm`` job (``tasks`` mode, no ``env`` in its entry): this task's
-    own, as srun exported it, observed in the role the entry says (its task script sets
+    """The program's environment. A planned rank (``ranks`` mode): this task's own, as srun
+    gave it (exported from the supervisor's machine, with what Slurm sets per task on this
+    node: its SLURM_* variables, a GPU binding), with what the plan makes different for the
+    rank (``env``, ``unset``). A task of a ``launcher: slurm`` job (``tasks`` mode, no ``env``
+    in its entry): this task's own, observed in the role the entry says (its task script sets
     RANK, MASTER_ADDR... as a user's does)."""
     from .. import protocol as P
 
@@ -149,7 +148,7 @@ def child_env(entry: Dict[str, Any], own: Dict[str, str]) -> Dict[str, str]:
         if entry.get("observe_dir"):
             env[P.OBSERVE_DIR_ENV] = str(entry["observe_dir"])
         return env
-    env = {k: v for k, v in own.items() if k.startswith(SLURM_PREFIXES)}
+    env = dict(own)
     env.update(entry.get("env") or {})
     for k in entry.get("unset") or []:
         env.pop(k, None)

@@ -480,20 +480,23 @@ class AllocRun:
         if rp.observed:
             paths["events"] = str(self.observe / f"{tag}.events")
             paths["stacks"] = str(self.observe / f"{tag}.stacks")
-            env = process_env(rp, {P.OBSERVE_ROLE_ENV: rp.role,
-                                   P.OBSERVE_DIR_ENV: str(self.observe),
-                                   P.OBSERVE_JOB_ENV: rp.job})
+            full = process_env(rp, {P.OBSERVE_ROLE_ENV: rp.role,
+                                    P.OBSERVE_DIR_ENV: str(self.observe),
+                                    P.OBSERVE_JOB_ENV: rp.job})
             argv = [rp.python or sys.executable, *rp.argv]
         else:
-            env = process_env(rp)
+            full = process_env(rp)
             argv = [rp.python or sys.executable, "-m", "harness.worker",
                     sup.plan.worker_spec(rp).to_json()]
-        for k in NOT_ON_NODES:
-            env.pop(k, None)
-        for k in list(env):
-            if k.startswith("SLURM"):
-                env.pop(k)     # the step's own come from srun, on the node
-        return {"label": rp.label, "tag": tag, "argv": argv, "env": env,
+        # the task's own environment is srun's (this machine's, exported, with what Slurm
+        # sets per task on its node: its SLURM_* variables, a GPU binding): the rank gets it
+        # with only what the plan makes different, as on one machine
+        base = srun_env()
+        env = {k: v for k, v in full.items() if base.get(k) != v and k not in NOT_ON_NODES
+               and not k.startswith("SLURM")}
+        unset = sorted({k for k in base if k not in full and not k.startswith("SLURM")}
+                       | set(rp.unset) | set(NOT_ON_NODES))
+        return {"label": rp.label, "tag": tag, "argv": argv, "env": env, "unset": unset,
                 "protocol": "observed" if rp.observed else "worker", "held": True,
                 "cwd": rp.cwd or "/", "absent": rp.absent, "role": rp.role, **paths}
 
