@@ -188,6 +188,21 @@ def test_a_slurm_scenario_runs_its_srun_options_and_task_script_on_the_nodes():
     assert not any(isinstance(s, type) or type(s).__name__ == "SlurmUp" for s in plan.steps)
 
 
+def test_srun_started_inside_a_step_does_not_take_the_steps_variables_for_options(monkeypatch):
+    from harness.launchers.allocation import srun_env
+
+    for k, v in (("SLURM_JOB_ID", "77"), ("SLURM_JOB_NODELIST", "cn[1-2]"),
+                 ("SLURM_NTASKS", "2"), ("SLURM_NTASKS_PER_NODE", "1"), ("SLURM_STEP_ID", "0"),
+                 ("SLURM_CPUS_PER_TASK", "4"), ("SLURM_PROCID", "0"),
+                 ("SLURM_SRUN_COMM_PORT", "4000"), ("HARNESS_SUPERVISOR", "1:2")):
+        monkeypatch.setenv(k, v)
+    env = srun_env()
+    assert (env["SLURM_JOB_ID"], env["SLURM_JOB_NODELIST"]) == ("77", "cn[1-2]")
+    assert not [k for k in env if k in ("SLURM_NTASKS", "SLURM_NTASKS_PER_NODE",
+                                        "SLURM_CPUS_PER_TASK", "SLURM_PROCID")
+                or k.startswith(("SLURM_STEP", "SLURM_SRUN", "HARNESS_"))]
+
+
 def test_on_an_allocation_srun_names_the_step_not_the_jobs_end():
     text = slurm_job.summary(7, {}, {"1": {"node": "cn2", "how": "Exited with exit code 7"}},
                              ["srun: error: cn2: task 1: Exited with exit code 7"],

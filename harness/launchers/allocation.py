@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple
+from typing import Any, Dict, List, Literal, Optional, Tuple
 
 from pydantic import Field
 
@@ -47,7 +47,7 @@ from .. import interrupts
 from .. import protocol as P
 from ..errors import HarnessError
 from ..rows import RowSet
-from . import CLEARED, CLEARED_PREFIXES, LauncherSpec, RankProcess, _tag, process_env
+from . import LauncherSpec, RankProcess, _tag, process_env
 
 HEARTBEAT = 1.0                     # the supervisor's heartbeat, seconds
 LOST_AFTER = float(os.environ.get("HARNESS_ALLOC_LOST_AFTER", "30"))   # a helper gives up
@@ -110,7 +110,6 @@ class _OnAllocation(LauncherSpec):
     job_id: str = Field(description="the allocation's job id")
     nodes: List[str] = Field(description="its nodes in Slurm's order")
     inner: Any = Field(None, exclude=True, description="the scenario's own launcher")
-    MODE: ClassVar[str] = ""
     summary = "srun on the nodes of the Slurm allocation the harness runs in"
 
     def describe(self) -> str:
@@ -153,7 +152,6 @@ class AllocDirect(_OnAllocation):
     """Tasks as ranks: a ``launcher: direct`` scenario's ranks, one srun task each."""
 
     STARTS_RANKS = True
-    MODE: ClassVar[str] = "ranks"
 
     def rows(self, scn: Any, job: str = "", world: Optional[int] = None) -> RowSet:
         return RowSet(world=world or scn.world_size, job=job)
@@ -207,8 +205,6 @@ class AllocDirect(_OnAllocation):
 class AllocTasks(_OnAllocation):
     """A ``launcher: slurm`` scenario (form tasks) over the allocation: its job script and
     task script, every task a row."""
-
-    MODE: ClassVar[str] = "tasks"
 
     def rows(self, scn: Any, job: str = "", world: Optional[int] = None) -> RowSet:
         rows: RowSet = self.inner.rows(scn, job, world)
@@ -694,4 +690,4 @@ def _q(s: str) -> str:
 
 
 __all__: List[str] = ["AllocDirect", "AllocTasks", "RemoteProcess", "on_allocation",
-                      "srun_env", "CLEARED", "CLEARED_PREFIXES"]
+                      "srun_env"]
