@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .classify import Verdict, signal_name
+from .classify import Verdict, mro_names, signal_name
 from .observe import RankObservation, RunObservation
 from .protocol import Label, parse_label
 from .sockets import SocketRecord
@@ -720,13 +720,28 @@ def peer_died(c: RankContext) -> Optional[Cause]:
     if not PEER_CLOSED.search(msg) or c.verdict.duration is None:
         return None
     at = re.search(r"\[([^\]]+)\]:(\d+)", msg)
-    dead = [v for v in c.verdicts if v.label != c.verdict.label and v.role in ("rank", "worker")
-            and v.outcome in ("crash", "error", "timeout") and v.duration is not None
-            and _ended_at(c, v) <= c.verdict.duration + END_SLACK
-            and (at is None or v.addr in (at.group(1), ""))]
+    own_end = c.verdict.duration
+    peers = [v for v in c.verdicts if v.label != c.verdict.label and v.role in ("rank", "worker")
+             and v.duration is not None and (at is None or v.addr in (at.group(1), ""))]
+    dead = [v for v in peers if v.outcome in ("crash", "error", "timeout")
+            and _ended_at(c, v) <= own_end + END_SLACK]
     if len(dead) > 1:   # one killed, the others failing after it: the killed one is the cause
         crashed = [v for v in dead if v.outcome == "crash"]
         dead = crashed if len(crashed) == 1 else dead
+    if len(dead) > 1:   # a peer that ended before this rank raised, over one inside the slack
+        before = [v for v in dead if _ended_at(c, v) <= own_end]
+        dead = before if len(before) == 1 else dead
+    # a peer that finished its work and exited (ok) before this rank raised, while no failed
+    # peer had ended yet: its exit closed the pair (a rank-dependent branch that skips work)
+    finished = [v for v in peers if v.outcome == "ok" and _job(v.label) == _job(c.verdict.label)
+                and float(v.duration or 0.0) <= own_end]
+    if len(finished) == 1 and not any(_ended_at(c, v) <= own_end for v in dead):
+        f = finished[0]
+        where = f" ([{at.group(1)}]:{at.group(2)})" if at else ""
+        return Cause(f"its gloo connection to rank {f.label}{where} was closed: rank {f.label} "
+                     f"had finished its work and exited (ok) at {f.duration:g} s while this "
+                     f"rank was still in {c.verdict.phase}", [_exc_line(c.verdict),
+                                                              f"rank {f.label}: {f.reason}"])
     if len(dead) != 1:
         return None
     d = dead[0]
@@ -1151,12 +1166,16 @@ def rendezvous_store_lost(c: RankContext) -> Optional[Cause]:
                      f"had ended ({how}) at {hv.duration:g} s and closed the connection",
                      ev + [hv.reason])
     done = [w.ended_at for w in c.run.ranks if w.node == h.label and w.ended_at]
-    if hv.outcome == "ok" and done and max(done) <= v.duration and _listens(o, port) is False \
+    if hv.outcome == "ok" and done and max(done) <= v.duration \
+            and (_listens(o, port) is False or (_listens(o, port) is None and o.addr
+                                                 and o.addr != ip)) \
             and (h.released_at or 0.0) < (o.released_at or 0.0):
         return Cause(f"lost the rendezvous store at {ip}:{port}, which it did not host: "
                      f"{h.label}, on the same endpoint and started first, hosted it and closed "
                      f"it when its own job finished (its workers ended by {max(done):g} s)",
-                     ev + [f"{v.label}: no listener on port {port} among its sockets"])
+                     ev + [f"{v.label}: no listener on port {port} among its sockets"
+                           if _listens(o, port) is False else
+                           f"{v.label}: on {o.addr}, not the endpoint's address {ip}"])
     return None
 
 
@@ -1732,10 +1751,12 @@ def store_host_gone(c: RankContext) -> Optional[Cause]:
     """A store client in init whose connection was reset or closed after the store's host
     (rank 0) had ended: the store went with it."""
     v = c.verdict
-    if v.outcome != "error" or v.phase != "init" or not re.search(
+    if v.outcome != "error" or not re.search(
             r"Connection reset by peer|Failed to recv|Connection was likely closed",
             v.message or "", re.I) or _proxied(c) is not None:
         return None
+    if v.phase != "init" and "DistNetworkError" not in mro_names(v.exception_mro):
+        return None   # after init only the store client's own error: gloo's pairs say the same
     host = next((o for o in c.verdicts if o.label != v.label and o.role == "rank"
                  and c.env(o.label).get("RANK", o.label) == "0"), None)
     if host is None or host.outcome == "ok" and host.duration is None or host.duration is None \
@@ -1746,6 +1767,79 @@ def store_host_gone(c: RankContext) -> Optional[Cause]:
     return Cause(f"the store's host, rank {host.label}, had ended ({host.outcome}) at "
                  f"{host.duration:g} s and its store with it: {own}",
                  [_exc_line(v), _exc_line(host) if host.exception else host.reason])
+
+
+def stale_file_store(c: RankContext) -> Optional[Cause]:
+    """init_method file:// on a file a killed job left (the scenario's ``file_init:
+    stale_file``): it still holds that job's rank-0 gloo address, and a rank that reads it
+    before the new rank 0 writes its own dials the dead job and is refused."""
+    v = c.verdict
+    init = c.plan_rank(v.label).get("init") or {}
+    stale = next((st for st in c.run.step_log
+                  if (st.what or "").startswith("leave a stale FileStore")), None)
+    m = re.search(r"Connection refused, remote=(\[[^\]]+\]:\d+)", v.message or "")
+    if v.outcome != "error" or v.phase != "init" or init.get("method") != "file" \
+            or stale is None or m is None:
+        return None
+    return Cause(f"gloo's full mesh dialled {m.group(1)} and was refused: the file store "
+                 f"{init.get('url') or ''} was left by a killed earlier job (the scenario's "
+                 "file_init stale_file fault) and still held that job's rank-0 address; this "
+                 "rank read it before the new rank 0 wrote its own", [_exc_line(v), stale.what])
+
+
+LISTEN_SYSCTLS = ("net.core.somaxconn", "net.ipv4.tcp_max_syn_backlog",
+                  "net.ipv4.tcp_abort_on_overflow")
+NET_FAILURE = re.compile(r"reset by peer|closed by peer|Connect timeout|timed out connecting|"
+                         r"Timed out waiting \d+ms for (?:recv|send)|Failed to recv|"
+                         r"clients joined", re.I)
+
+
+def listen_queue_overflowed(c: RankContext) -> Optional[Cause]:
+    """A network failure in a run where a host the scenario gave a small listen backlog
+    (``sysctl: net.core.somaxconn``, ``tcp_abort_on_overflow``) counted listen overflows: the
+    kernel dropped or reset connections to its listeners (the store's and rank 0's gloo
+    listener share that backlog)."""
+    v = c.verdict
+    if v.outcome not in ("error", "timeout") or not NET_FAILURE.search(v.message or ""):
+        return None
+    for h in c.run.plan.get("hosts", []):
+        sysctl = (h.get("machine") or {}).get("sysctl") or {}
+        set_ = {k: sysctl[k] for k in LISTEN_SYSCTLS if k in sysctl}
+        counts = (c.run.counters or {}).get(h.get("name"), {})
+        over = counts.get("TcpExt.ListenOverflows", 0)
+        if not set_ or not over:
+            continue
+        said = ", ".join(f"{k}={val}" for k, val in set_.items())
+        return Cause(f"{h.get('name')}'s listen queue overflowed (TcpExt.ListenOverflows "
+                     f"{over}, ListenDrops {counts.get('TcpExt.ListenDrops', 0)}; the "
+                     f"scenario's sysctl {said}): the kernel dropped or reset connections to "
+                     "its listeners (the store and rank 0's gloo listener), and gloo's mesh "
+                     f"broke: this rank {'timed out' if v.outcome == 'timeout' else 'failed'} "
+                     f"in {v.phase}", [_exc_line(v), f"{h.get('name')} counters: "
+                                       + ", ".join(f"{k} {n}" for k, n in counts.items())])
+    return None
+
+
+def hung_with_a_dead_peer(c: RankContext) -> Optional[Cause]:
+    """A rank hung in a collective after the one peer of its job that failed had died: the
+    collective never completes, and torch's timeout did not end it."""
+    v = c.verdict
+    if v.outcome != "hang" or v.role not in ("rank", "worker") or v.phase in ("init", "import"):
+        return None
+    dead = [o for o in c.verdicts if o.label != v.label and o.role in ("rank", "worker")
+            and _job(o.label) == _job(v.label) and o.outcome in ("crash", "error")
+            and o.duration is not None]
+    if len(dead) != 1:
+        return None
+    d = dead[0]
+    how = _cause_of(c, d.label, [hung_with_a_dead_peer]) or d.reason
+    lazy = c.env(v.label).get("TORCH_GLOO_LAZY_INIT", "") in ("1", "true", "True")
+    return Cause(f"waited in {v.phase} for rank {d.label}, which had ended ({d.outcome}) at "
+                 f"{_ended_at(c, d):g} s ({how}): the collective never completed and torch's "
+                 "timeout did not end it"
+                 + (" (TORCH_GLOO_LAZY_INIT=1: this group's pairs connect at its first "
+                    "collective, and a pair to a dead peer does not always fail)" if lazy else ""),
+                 [v.reason, f"rank {d.label}: {d.reason}"])
 
 
 def teardown_gil_deadlock(c: RankContext) -> Optional[Cause]:
@@ -1833,6 +1927,7 @@ RULES: List[Rule] = [
     out_of_memory,
     file_store_unusable,
     file_store_never_opened,
+    stale_file_store,
     killed_by_the_fault,
     world_size_disagrees,
     frozen_by_the_fault,
@@ -1868,6 +1963,7 @@ RULES: List[Rule] = [
     waiting_for_ranks,
     waiting_for_a_rank_key,
     a_peer_was_frozen,
+    hung_with_a_dead_peer,
     no_store_there,
     refused_and_retried,
     a_peer_missed_the_collective,
@@ -1877,6 +1973,7 @@ RULES: List[Rule] = [
     groups_disagree,
     store_host_gone,
     no_route,
+    listen_queue_overflowed,
     mesh_peer_failed,
     cut_after_init,
     partitioned,
