@@ -203,6 +203,12 @@ def _unreachable_master(c: RankContext, label: str) -> str:
             f"itself, while the store is on {store.host} ({store.label}'s)")
 
 
+def _starved(c: RankContext, label: str) -> Optional[Any]:
+    """The step of the scenario's cpu_contention fault on the row ``label``, if it has one."""
+    return next((st for st in c.run.step_log if st.fault == "cpu_contention"
+                 and st.action == "do" and st.target == f"rank {label}"), None)
+
+
 # -- the rules ---------------------------------------------------------------------------------
 def store_port_in_use(c: RankContext) -> Optional[Cause]:
     """The rank meant to host the store could not listen: the port was taken."""
@@ -548,6 +554,10 @@ def waiting_for_ranks(c: RankContext) -> Optional[Cause]:
         elif other is not None and env.get("RANK") is not None and \
                 env.get("RANK") == mine.get("RANK"):
             why.append(f"rank {label} also claimed RANK={mine.get('RANK')}")
+        elif other is not None and other.outcome != "ok" and \
+                (starved := _starved(c, label)) is not None:
+            why.append(f"rank {label} never reached it: it was starved of CPU (the scenario's "
+                       f"cpu_contention fault: {starved.what})")
         elif other is not None and other.outcome != "ok":
             ctx = c.about(other)
             own = diagnose(ctx, [r for r in RULES if r is not waiting_for_ranks]) \
@@ -579,6 +589,20 @@ def store_host_failed(c: RankContext) -> Optional[Cause]:
                  [_exc_line(c.verdict), _exc_line(f)])
 
 
+def starved_in_init(c: RankContext) -> Optional[Cause]:
+    """A rank the scenario starved of CPU (cpu_contention) that failed or hung before it was
+    through init: it came to the store too late; what it met there follows."""
+    v = c.verdict
+    st = _starved(c, v.label)
+    if st is None or v.outcome not in ("timeout", "error", "hang") or v.phase != "init":
+        return None
+    then = diagnose(c, [r for r in RULES if r is not starved_in_init])
+    return Cause(f"starved of CPU by the scenario's cpu_contention fault ({st.what}), it was "
+                 "still in init when the others had given up"
+                 + (f": {then.text}" if then is not None and then.text != UNKNOWN else ""),
+                 [_exc_line(v) if v.exception else v.reason])
+
+
 def no_store_there(c: RankContext) -> Optional[Cause]:
     """A client that timed out connecting to a port where no store listened: not the run's
     master port, or the store's host had already ended."""
@@ -586,6 +610,10 @@ def no_store_there(c: RankContext) -> Optional[Cause]:
     if m is None:
         return None
     port = int(m.group(2))
+    unreachable = _unreachable_master(c, c.verdict.label)
+    if unreachable:
+        return Cause(f"{unreachable}; connects were retried until the client's timeout",
+                     [_exc_line(c.verdict)])
     if c.master_port and port != c.master_port:
         return Cause(f"dialled port {port}, where no store listened (the store's port is "
                      f"{c.master_port}); connects were retried until the client's timeout",
@@ -1960,6 +1988,7 @@ RULES: List[Rule] = [
     gloo_mesh_blocked,
     gloo_pair_to_no_host,
     syn_unanswered,
+    starved_in_init,
     waiting_for_ranks,
     waiting_for_a_rank_key,
     a_peer_was_frozen,

@@ -818,3 +818,20 @@ def test_a_rank_hung_in_a_collective_after_its_one_failed_peer_died(obs):
     assert v0.cause.startswith("waited in workload step 2 for rank 2, which had ended (crash) "
                                "at 0.025 s")
     assert "TORCH_GLOO_LAZY_INIT=1" in v0.cause
+
+
+def test_a_rank_starved_of_cpu_before_it_reached_the_store_is_named_by_both(obs):
+    from harness.observe import StepRecord
+
+    r0 = obs.rank("0", reached="init", end=6.0, exc=obs.exc("DistStoreError", JOINED))
+    r1 = obs.rank("1", reached="init", end=15.4, exc=obs.exc("DistNetworkError", CLIENT))
+    run, _ = _run(obs, r0, r1)
+    run.step_log = [StepRecord("cpu_contention#1", "cpu_contention", "do",
+                               "pin rank 1 to the busy processes' CPU", "rank 1", 0.0)]
+    v0, v1 = explain_run(run, classify_run(run))
+    assert v0.cause == ("waited for 1 of 2 clients: rank 1 never reached it: it was starved of "
+                        "CPU (the scenario's cpu_contention fault: pin rank 1 to the busy "
+                        "processes' CPU)")
+    assert v1.cause.startswith("starved of CPU by the scenario's cpu_contention fault (pin rank "
+                               "1 to the busy processes' CPU), it was still in init when the "
+                               "others had given up: the store's host, rank 0, had ended")
