@@ -1207,6 +1207,30 @@ def rendezvous_store_lost(c: RankContext) -> Optional[Cause]:
     return None
 
 
+def rendezvous_already_closed(c: RankContext) -> Optional[Cause]:
+    """An agent's RendezvousClosedError: another agent of its job had finished its workers and
+    closed the rendezvous before this one joined (a late node of an elastic job)."""
+    v, o = c.verdict, c.obs
+    if v.role != "agent" or o is None or "RendezvousClosedError" not in (v.exception or ""):
+        return None
+    done = []
+    for a in c.run.ranks:
+        av = c.verdict_of(a.label)
+        if a.role != "agent" or a.label == v.label or _job(a.label) != _job(v.label) \
+                or av is None or av.outcome != "ok":
+            continue
+        ended = [w.ended_at for w in c.run.ranks if w.node == a.label and w.ended_at]
+        if ended and v.duration is not None and max(ended) <= v.duration:
+            done.append((a.label, max(ended)))
+    if len(done) != 1:
+        return None
+    label, t = done[0]
+    started = f" (this agent started at {o.released_at:g} s)" if o.released_at else ""
+    return Cause(f"the rendezvous was already closed: {label} had run its job to the end (its "
+                 f"workers ended by {t:g} s) and closed it before this agent joined{started}",
+                 [_exc_line(v)])
+
+
 def rendezvous_join_timeout(c: RankContext) -> Optional[Cause]:
     """An agent's RendezvousTimeoutError: the agents of its job that had not started by then."""
     v = c.verdict
@@ -1480,6 +1504,9 @@ def a_peer_missed_the_collective(c: RankContext) -> Optional[Cause]:
                 why.append(f"rank {label} was starved of CPU (the scenario's cpu_contention "
                            f"fault: {starved.what})")
     own = (c.plan_rank(v.label).get("variation") or {}).get("skip")
+    if not why and (starved := _starved(c, v.label)) is not None:
+        why.append(f"this rank was starved of CPU (the scenario's cpu_contention fault: "
+                   f"{starved.what})")
     if not why and own:
         why.append(f"this rank skipped its collective in {', '.join(own)} (the scenario's "
                    "skip_collective fault): its later collectives paired with the others' "
@@ -1968,6 +1995,7 @@ RULES: List[Rule] = [
     rendezvous_service_faulted,
     rendezvous_store_lost,
     rendezvous_join_timeout,
+    rendezvous_already_closed,
     elastic_round_deadlock,
     redundant_agent_left,
     restart_read_stale_keys,

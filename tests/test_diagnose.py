@@ -835,3 +835,20 @@ def test_a_rank_starved_of_cpu_before_it_reached_the_store_is_named_by_both(obs)
     assert v1.cause.startswith("starved of CPU by the scenario's cpu_contention fault (pin rank "
                                "1 to the busy processes' CPU), it was still in init when the "
                                "others had given up: the store's host, rank 0, had ended")
+
+
+def test_a_late_agent_meeting_a_closed_rendezvous_names_the_agent_that_closed_it(obs):
+    a0 = obs.rank("agent:node0", reached="init", end=11.7, role="agent", host="node0")
+    a1 = obs.rank("agent:node1", reached="init", end=8.3, role="agent", host="node1",
+                  exc=obs.exc("RuntimeError", "The rendezvous 'x' is closed"))
+    a1.released_at = 8.0
+    w0 = obs.rank("0", end=8.1, role="worker", host="node0", node="agent:node0")
+    run = obs.run(a0, a1, w0)
+    run.plan.update({"ranks": []})
+    vs = classify_run(run)
+    for v in vs:   # the exception class a real agent raises
+        if v.label == "agent:node1":
+            v.exception = "RendezvousClosedError"
+    a1v = next(v for v in explain_run(run, vs) if v.label == "agent:node1")
+    assert a1v.cause.startswith("the rendezvous was already closed: agent:node0 had run its "
+                                "job to the end (its workers ended by 8.14 s)")
