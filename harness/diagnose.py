@@ -477,7 +477,19 @@ def name_unresolved(c: RankContext) -> Optional[Cause]:
             return Cause(f"MASTER_ADDR={addr} is an IPv6 address, and its lookup failed on "
                          f"this host: host {c.verdict.host} has IPv6 off ({said}): the resolver "
                          "gives no address of a family the host lacks", ev)
-    return Cause(f"a name did not resolve{f' (MASTER_ADDR={addr})' if addr else ''}", ev)
+    end = c.verdict.duration if c.verdict.duration is not None else float("inf")
+    server: List[str] = []
+    for st in c.run.step_log:   # what the scenario's name-server faults did by this rank's end
+        if st.action != "do" or not st.fault.startswith("dns") or st.t > end:
+            continue
+        healed = next((u.t for u in c.run.step_log if u.step == st.step and u.action == "undo"),
+                      None)
+        if healed is not None and healed <= end:
+            continue
+        server.append(f"{st.what.removeprefix('dns: ')} (the scenario's {st.fault} fault, from "
+                    f"{st.t:g} s)")
+    return Cause(f"a name did not resolve{f' (MASTER_ADDR={addr})' if addr else ''}"
+                 + (": the run's name server: " + "; ".join(server) if server else ""), ev)
 
 
 NO_PEER_NAME = re.compile(r"The hostname of the client socket cannot be retrieved\. err=-?\d+")

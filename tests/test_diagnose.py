@@ -852,3 +852,19 @@ def test_a_late_agent_meeting_a_closed_rendezvous_names_the_agent_that_closed_it
     a1v = next(v for v in explain_run(run, vs) if v.label == "agent:node1")
     assert a1v.cause.startswith("the rendezvous was already closed: agent:node0 had run its "
                                 "job to the end (its workers ended by 8.14 s)")
+
+
+def test_an_unresolved_name_says_what_the_runs_name_server_was_made_to_answer(obs):
+    from harness.observe import StepRecord
+
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    r1.stderr_tail = "(gai error: -2 - Name or service not known)\n"
+    run, _ = _run(obs, r1)
+    run.step_log = [StepRecord("dns_name#1", "dns_name", "do", "dns: master.cluster.test -> "
+                               "SERVFAIL", "dns", 0.0)]
+    v = explain_run(run, classify_run(run))[0]
+    assert v.cause == ("a name did not resolve (MASTER_ADDR=127.0.0.1): the run's name server: "
+                       "master.cluster.test -> SERVFAIL (the scenario's dns_name fault, from 0 s)")
+    run.step_log.append(StepRecord("dns_name#1", "dns_name", "undo", "", "dns", 3.0))
+    assert explain_run(run, classify_run(run))[0].cause == \
+        "a name did not resolve (MASTER_ADDR=127.0.0.1)"   # healed before this rank gave up
