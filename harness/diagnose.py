@@ -1413,8 +1413,8 @@ def torch_refused_the_setup(c: RankContext) -> Optional[Cause]:
             text = f"torch refused the set-up: {which[0]}={n.group(1)!r} is not a number"
     elif g is not None:
         text = f"torch refused the set-up: gloo's check {g.group(1)} failed ({g.group(2)} vs " \
-            f"{g.group(3)}): RANK={env.get('RANK', '?')} is outside WORLD_SIZE=" \
-            f"{env.get('WORLD_SIZE', '?')}"
+            f"{g.group(3)}): RANK={env.get('RANK', g.group(2))} is outside WORLD_SIZE=" \
+            f"{env.get('WORLD_SIZE', g.group(3) if 'size' in g.group(1) else '?')}"
     return Cause(text, [_exc_line(v)])
 
 
