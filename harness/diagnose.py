@@ -1531,6 +1531,44 @@ def a_peer_missed_the_collective(c: RankContext) -> Optional[Cause]:
                  [_exc_line(v)])
 
 
+def _collective_ops(o: Optional[RankObservation]) -> Dict[int, str]:
+    """A program's collectives as the observer saw them: their number -> the call's name."""
+    out: Dict[int, str] = {}
+    for e in (o.events if o is not None else []):
+        m = re.fullmatch(r"collective (\d+)", str(e.data.get("phase") or "")) \
+            if e.ev == "phase" else None
+        if m and e.data.get("op"):
+            out[int(m.group(1))] = str(e.data["op"])
+    return out
+
+
+def collectives_out_of_step(c: RankContext) -> Optional[Cause]:
+    """A program whose ranks called different collectives at the same point (a rank-dependent
+    branch: ``if rank == 0: dist.barrier()``): gloo pairs them out of step, and the one left
+    waiting times out or hangs."""
+    v = c.verdict
+    m = re.fullmatch(r"collective (\d+)", v.phase or "")
+    if m is None or v.outcome not in ("timeout", "hang", "error"):
+        return None
+    n = int(m.group(1))
+    mine = _collective_ops(c.obs)
+    for k in range(1, n + 1):
+        calls = {}
+        for o in c.run.ranks:
+            if o.role in ("rank", "worker") and _job(o.label) == _job(v.label):
+                op = _collective_ops(o).get(k)
+                if op is not None:
+                    calls[o.label] = op
+        if len(set(calls.values())) > 1 and v.label in calls:
+            said = ", ".join(f"rank {lb} {op}" for lb, op in sorted(calls.items()))
+            return Cause(f"the ranks called different collectives at their collective {k} "
+                         f"({said}: a rank-dependent branch in the program): gloo paired them out "
+                         f"of step, and this rank's {mine.get(n, 'collective')} in collective "
+                         f"{n} {'hung' if v.outcome == 'hang' else 'never completed'}",
+                         [_exc_line(v) if v.exception else v.reason])
+    return None
+
+
 def interrupted_by_the_fault(c: RankContext) -> Optional[Cause]:
     """KeyboardInterrupt from a SIGINT the scenario's fault sent."""
     v, o = c.verdict, c.obs
@@ -2036,6 +2074,7 @@ RULES: List[Rule] = [
     no_store_there,
     refused_and_retried,
     a_peer_missed_the_collective,
+    collectives_out_of_step,
     file_store_paths_differ,
     out_of_descriptors,
     torch_refused_the_call,

@@ -868,3 +868,24 @@ def test_an_unresolved_name_says_what_the_runs_name_server_was_made_to_answer(ob
     run.step_log.append(StepRecord("dns_name#1", "dns_name", "undo", "", "dns", 3.0))
     assert explain_run(run, classify_run(run))[0].cause == \
         "a name did not resolve (MASTER_ADDR=127.0.0.1)"   # healed before this rank gave up
+
+
+def test_ranks_that_called_different_collectives_are_named_with_their_calls(obs):
+    msg = "[unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete"
+    runs = []
+    for label, op in (("0", "barrier"), ("1", "all_reduce")):
+        d = obs.rank_dict(label, reached="init", end=5.7, exc=obs.exc("RuntimeError", msg))
+        for e in d["events"]:
+            if e.get("ev") == "result":
+                e["phase"] = "collective 1"
+        d["events"].insert(-1, {"ev": "phase", "t": obs.t0 + 0.5, "phase": "collective 1",
+                                "op": op})
+        from harness.observe import RankObservation
+        runs.append(RankObservation.from_dict(d))
+    _, (v0, v1) = _run(obs, *runs)
+    assert v0.phase == "collective 1"
+    assert v0.cause.startswith("the ranks called different collectives at their collective 1 "
+                               "(rank 0 barrier, rank 1 all_reduce: a rank-dependent branch")
+    runs[1].events[-2].data["op"] = "barrier"   # the same call on both: not said
+    _, (v0, _) = _run(obs, *runs)
+    assert "different collectives" not in v0.cause
