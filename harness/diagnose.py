@@ -841,6 +841,21 @@ def ddp_params_differ(c: RankContext) -> Optional[Cause]:
                      "construction)", [_exc_line(c.verdict)])
     return Cause(f"the model differs between ranks: {m.group(0)}", [_exc_line(c.verdict)])
 
+def ddp_unused_parameters(c: RankContext) -> Optional[Cause]:
+    """DDP's reducer found that the previous step's reduction never finished: some parameters
+    took no part in this rank's loss (a module skipped in forward) without
+    find_unused_parameters=True."""
+    msg = c.verdict.message or ""
+    if "Expected to have finished reduction in the prior iteration" not in msg:
+        return None
+    idx = re.search(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)", msg)
+    which = f" (parameters {idx.group(2).strip()} got no gradient on rank {idx.group(1)})" \
+        if idx else ""
+    return Cause("DDP's previous step never finished its reduction: some parameters took no "
+                 f"part in this rank's loss{which}, a module its forward skipped, and the model "
+                 "was wrapped without find_unused_parameters=True", [_exc_line(c.verdict)])
+
+
 OWN_CODE = "it was in the program's own code"
 
 
@@ -2056,6 +2071,7 @@ RULES: List[Rule] = [
     nobody_claimed_rank_0,
     program_exited,
     ddp_params_differ,
+    ddp_unused_parameters,
     not_started_by_the_deadline,
     in_its_own_code,
     agent_waiting_for_workers,

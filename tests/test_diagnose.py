@@ -889,3 +889,12 @@ def test_ranks_that_called_different_collectives_are_named_with_their_calls(obs)
     runs[1].events[-2].data["op"] = "barrier"   # the same call on both: not said
     _, (v0, _) = _run(obs, *runs)
     assert "different collectives" not in v0.cause
+
+
+def test_ddp_parameters_that_got_no_gradient_are_named(obs):
+    msg = ("Expected to have finished reduction in the prior iteration before starting a new "
+           "one. ...\nParameter indices which did not receive grad for rank 1: 2 3\n In addition")
+    v = _told(obs, obs.exc("RuntimeError", msg), {}, reached="workload step 1")
+    assert v.cause.startswith("DDP's previous step never finished its reduction: some "
+                              "parameters took no part in this rank's loss (parameters 2 3 got "
+                              "no gradient on rank 1)")
