@@ -76,6 +76,7 @@ ANY_RANK = "any_rank"
 ANY = "any"
 MAX_WORLD_EXPLORED = 8
 MAX_JOBS = 32
+TMP_PREFIX = "harness-explore-"     # + the explorer's pid: the batch's folder (removed after)
 INVARIANTS: Dict[str, str] = {
     "no_hang": "no rank ends in hang; with within: S, every rank that is not ok ends within S s "
                "of its own start",
@@ -179,9 +180,10 @@ class Invariant:
                 continue
             failed = [w for w in workers if w["outcome"] != "ok"]
             if sup["outcome"] == "ok" and failed:
-                w = failed[0]
-                return (f"{sup['label']} ended ok while its worker {w['label']} ended in "
-                        f"{w['outcome']} ({w.get('exception') or w['phase']})")
+                return (f"{sup['label']} ended ok while its worker" + "s" * (len(failed) > 1)
+                        + " " + ", ".join(f"{w['label']} ended in {w['outcome']} "
+                                          f"({w.get('exception') or w['phase']})"
+                                          for w in failed))
             if sup["outcome"] != "ok" and not failed:
                 how = f"{sup['outcome']} ({sup.get('exception') or sup['phase']})"
                 return (f"{sup['label']} ended in {how} while every worker of its last "
@@ -837,7 +839,7 @@ def run_batch(draws: List[Dict[str, Any]], jobs: int = 1,
         if on_result is not None:
             on_result(i, res)
 
-    with tempfile.TemporaryDirectory(prefix="harness-explore-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as tmp:
         root = Path(tmp)
         (root / "scenarios").mkdir()
         (root / "pytest.ini").write_text("[pytest]\n")   # no user's ini applies
