@@ -672,7 +672,9 @@ def _value_strategy(v: Any, world: int) -> Any:
             step = float(step if step is not None else 0.5)
             n = int(math.floor((hi - lo) / step + 1e-9))
             return st.integers(0, n).map(lambda k: round(lo + k * step, 3))
-        return st.fixed_dictionaries({k: _value_strategy(x, world) for k, x in v.items()})
+        keys = list(v)     # the spec's own order (the strategy's dict order is its own)
+        return st.fixed_dictionaries({k: _value_strategy(x, world) for k, x in v.items()}) \
+            .map(lambda d: {k: d[k] for k in keys})
     if isinstance(v, list):
         return st.tuples(*[_value_strategy(x, world) for x in v]).map(list)
     if v == ANY_RANK:
