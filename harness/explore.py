@@ -915,7 +915,7 @@ class Progress:
                 self.tasks[what] = self.bar.add_task(self._desc(), total=total, what=what)
 
     def _desc(self) -> str:
-        return f"failures {self.failures}"
+        return f"failing draws {self.failures}"
 
     def _advance(self, what: str) -> None:
         if self.bar is not None and what in self.tasks:
@@ -927,7 +927,7 @@ class Progress:
         self._task(what, total)
 
     def step(self, what: str, failed: bool) -> None:
-        self.failures += int(failed)
+        self.failures += int(failed and what == "draws")
         self._advance(what)
 
     def stop(self) -> None:
