@@ -1226,11 +1226,21 @@ def found_scenario(space: Space, seed: int, found: Dict[str, Any],
              f"{'/'.join(jobs)}; {watched}.\n"
              "Run it at least 3 times and widen the expectation with what you see before adding "
              "it to the catalog.\n")
+    import textwrap
+
     data = dict(found["scenario"])
     data["name"] = f"{space.name}-{found['invariant'].split('(')[0]}-seed{seed}"
-    data["about"] = about
+    data["about"] = "".join(textwrap.fill(line, 96) + "\n" for line in about.splitlines())
     data["expect"] = {"job": jobs, "ranks": {k: o for k, o in ranks.items()}}
     return data
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line text (about:) as a literal block, as people write it by hand."""
+
+
+_Dumper.add_representer(str, lambda d, s: d.represent_scalar(
+    "tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
 
 
 def write_scenario(data: Dict[str, Any], out_dir: Path) -> Path:
@@ -1238,7 +1248,7 @@ def write_scenario(data: Dict[str, Any], out_dir: Path) -> Path:
     path = out_dir / f"{data['name']}.yaml"
     ordered = {"name": data["name"], "about": data["about"]}
     ordered.update({k: v for k, v in data.items() if k not in ordered})
-    path.write_text(yaml.safe_dump(ordered, sort_keys=False, width=100))
+    path.write_text(yaml.dump(ordered, Dumper=_Dumper, sort_keys=False, width=100))
     load_text(path.read_text(), str(path))   # what we write loads
     return path
 
