@@ -1299,6 +1299,13 @@ def cmd_explore(args: Any) -> int:
               f"--jobs from 1 to {MAX_JOBS}", file=sys.stderr)
         return 2
     keep = Path(args.keep).resolve() if args.keep else None
+    if jobs > 1:
+        try:
+            import xdist  # noqa: F401
+        except ImportError:
+            print("harness explore: --jobs needs pytest-xdist (pip install "
+                  "'torchdist-harness[explore]'): running one draw at a time", file=sys.stderr)
+            jobs = 1
 
     def batch(draws: List[Dict[str, Any]], n: int,
               on_result: Callable[[int, Dict[str, Any]], None]) -> List[Dict[str, Any]]:
