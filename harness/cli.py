@@ -567,6 +567,10 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
         pargs += ["--harness-start", args.start]
     if getattr(args, "python", None):
         pargs += ["--harness-python", args.python]
+    if getattr(args, "launcher", None):
+        pargs += ["--harness-launcher", args.launcher]
+    if getattr(args, "shared_dir", None):
+        pargs += ["--harness-shared-dir", args.shared_dir]
     pargs += list(getattr(args, "pytest_args", None) or [])
     con = _console()
     progress = _progress_plugin(enabled=not args.no_progress and not args.verbose)
@@ -992,6 +996,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "frequencies per rank, frequency bounds checked, flaky cases named")
     r.add_argument("--python", metavar="PATH", help="run the ranks (and torchrun agents, "
                    "spawning parents) with this interpreter: another venv's or image's python")
+    r.add_argument("--launcher", choices=("slurm",), help="slurm: inside a Slurm allocation, "
+                   "start every case's ranks with srun across its nodes (host i = node i); "
+                   "what needs root on the nodes is skipped with the reason")
+    r.add_argument("--shared-dir", metavar="DIR", help="with --launcher slurm: where run "
+                   "directories go, a folder every node of the allocation sees")
     r.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output "
                    "live (no progress bar)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar or lines")

@@ -412,6 +412,57 @@ def _ifname(c: RankContext, label: str) -> str:
     return "GLOO_SOCKET_IFNAME unset" if name is None else f"GLOO_SOCKET_IFNAME={name}"
 
 
+SPARE_STEP = re.compile(r"^add (\S+) \((up|down)\) on (\S+)$")
+
+
+def _second_cards(c: RankContext) -> Dict[str, Tuple[str, str]]:
+    """Address -> (host, interface) of every second card a fault gave a host (second_nic,
+    wrong_interface list_down): the step's own record of the address it got."""
+    out: Dict[str, Tuple[str, str]] = {}
+    for st in c.run.step_log:
+        m = SPARE_STEP.match(st.what or "")
+        addr = (st.info or {}).get("addr") if st.action == "do" else None
+        if m is not None and addr:
+            out[str(addr)] = (m.group(3), m.group(1))
+    return out
+
+
+def gloo_pair_to_a_second_card(c: RankContext) -> Optional[Cause]:
+    """A gloo pair dialled the address of a host's second card, on a network no other host is
+    on (GLOO_SOCKET_IFNAME named it: each rank advertised its own there): no route; the rank
+    on that card's host waits for the pair until gloo's connect timeout."""
+    v = c.verdict
+    if "connectFullMesh" not in (v.message or ""):
+        return None
+    cards = _second_cards(c)
+    if not cards:
+        return None
+    m = REMOTE.search(v.message or "")
+    if m is not None and m.group(1) in cards:
+        host, ifname = cards[m.group(1)]
+        who = [o.label for o in c.verdicts if o.host == host and o.label != v.label
+               and o.role == v.role]
+        said = re.search(r"SO_ERROR: ([^,]+)", v.message or "")
+        return Cause(f"its gloo pair dialled {m.group(1)}:{m.group(2)}, the address of host "
+                     f"{host}'s second card {ifname}, on a network no other host is on"
+                     + (f" ({said.group(1)})" if said else "") + ": "
+                     + (f"rank {who[0]} advertised it ({_ifname(c, who[0])})" if who
+                        else "its rank advertised it"),
+                     [_exc_line(v), f"{host} {ifname}: {m.group(1)}"])
+    mine = {a: hi for a, hi in cards.items() if hi[0] == v.host}
+    for o in c.verdicts:
+        om = REMOTE.search(o.message or "") if o.label != v.label else None
+        if om is not None and om.group(1) in mine:
+            host, ifname = mine[om.group(1)]
+            return Cause(f"gloo's full mesh never connected: rank {o.label} dialled "
+                         f"{om.group(1)}:{om.group(2)}, the address this rank advertised on "
+                         f"{host}'s second card {ifname} ({_ifname(c, v.label)}), on a network "
+                         f"no other host is on, and gave up at {o.duration:g} s; this rank "
+                         "waited for the pair until gloo's connect timeout",
+                         [_exc_line(v), _exc_line(o), f"{host} {ifname}: {om.group(1)}"])
+    return None
+
+
 def gloo_pair_to_no_host(c: RankContext) -> Optional[Cause]:
     """A gloo pair dialled an address no host of the run has (a peer advertised 127.0.0.1: on
     namespace hosts that is the dialler's own namespace): the dialler is refused, the peer
@@ -2080,6 +2131,7 @@ RULES: List[Rule] = [
     reverse_lookup_stalled,
     gloo_interface_missing,
     gloo_mesh_blocked,
+    gloo_pair_to_a_second_card,
     gloo_pair_to_no_host,
     syn_unanswered,
     starved_in_init,

@@ -1102,10 +1102,12 @@ class Topology:
 
     def add_spare_link(self, host: str, ifname: str, up: bool = False) -> str:
         """A second interface on the host with an address of its own subnet (the harness's
-        pool, routed by no link of the run), left down unless ``up``: a NIC that is configured
-        but has no carrier. It is one end of a veth
-        pair whose other end (``<ifname>p``) stays down in the same namespace (this kernel may
-        lack the dummy link type); both go with the namespace. Returns its address."""
+        pool, routed by no link of the run: every host's is in the same subnet, and nothing
+        joins them), left down unless ``up``: a NIC that is configured but has no carrier. It
+        is one end of a veth pair whose other end (``<ifname>p``) stays in the same namespace
+        (this kernel may lack the dummy link type), down, or with ``up`` up too (the card has
+        carrier on a network where no other host is: ARP for a peer's address there is never
+        answered); both go with the namespace. Returns its address."""
         self._require_up()
         net = self.host(host)
         index = list(self._hosts).index(host)
@@ -1115,6 +1117,7 @@ class Topology:
             index = _index(ipr, ifname)
             ipr.addr("add", index=index, address=addr, prefixlen=self.spare_network.prefixlen)
             if up:
+                ipr.link("set", index=_index(ipr, f"{ifname}p"), state="up")
                 ipr.link("set", index=index, state="up")
 
         _in_netns(net.netns, f"adding the spare link {ifname}", make)

@@ -898,3 +898,32 @@ def test_ddp_parameters_that_got_no_gradient_are_named(obs):
     assert v.cause.startswith("DDP's previous step never finished its reduction: some "
                               "parameters took no part in this rank's loss (parameters 2 3 got "
                               "no gradient on rank 1)")
+
+
+NO_ROUTE = ("Gloo connectFullMesh failed with [.../pair.cc:152] timed out connecting: SO_ERROR: "
+            "No route to host, remote=[10.9.0.1]:41383$1")
+
+
+def test_a_gloo_pair_dialling_a_second_cards_address_names_the_card_on_both_sides(obs):
+    from harness.observe import StepRecord
+
+    r0 = obs.rank("0", reached="init", end=29.0, exc=obs.exc("RuntimeError", WAITED),
+                  host="node0", addr="10.0.0.1")
+    r1 = obs.rank("1", reached="init", end=10.0, exc=obs.exc("RuntimeError", NO_ROUTE),
+                  host="node1", addr="10.0.0.2")
+    run = obs.run(r0, r1)
+    run.plan.update({"master_port": 29500, "hosts": [{"name": "node0", "addr": "10.0.0.1"},
+                                                     {"name": "node1", "addr": "10.0.0.2"}],
+                     "ranks": [{"label": r, "env": {"RANK": r, "GLOO_SOCKET_IFNAME": "eth1"}}
+                               for r in ("0", "1")]})
+    run.step_log = [StepRecord(f"second_nic#{i}", "second_nic", "do", f"add eth1 (up) on {h}",
+                               f"host {h}", 0.0, info={"addr": a})
+                    for i, (h, a) in enumerate((("node0", "10.9.0.1"), ("node1", "10.9.0.2")))]
+    v0, v1 = explain_run(run, classify_run(run))
+    assert v1.cause == ("its gloo pair dialled 10.9.0.1:41383, the address of host node0's "
+                        "second card eth1, on a network no other host is on (No route to "
+                        "host): rank 0 advertised it (GLOO_SOCKET_IFNAME=eth1)")
+    assert v0.cause.startswith("gloo's full mesh never connected: rank 1 dialled "
+                               "10.9.0.1:41383, the address this rank advertised on node0's "
+                               "second card eth1 (GLOO_SOCKET_IFNAME=eth1)")
+    assert "node0 eth1: 10.9.0.1" in v1.cause_evidence

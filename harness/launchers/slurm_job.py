@@ -78,10 +78,13 @@ def parse_job(text: str) -> Dict[str, str]:
 
 
 def summary(rc: int, job: Dict[str, str], tasks: Dict[str, Dict[str, str]],
-            lines: List[str]) -> str:
-    """One message (pure): srun's status, the job's state, the failed tasks, srun's lines."""
+            lines: List[str], step: Optional[str] = None) -> str:
+    """One message (pure): srun's status, the job's state (``step``, on an allocation: the
+    case's step, the job going on), the failed tasks, srun's lines."""
     words = [f"srun exited with status {rc}"]
-    if job:
+    if step is not None:
+        words.append(f"step {step or '?'} of the allocation (its job goes on)")
+    elif job:
         words.append(f"job {job.get('JobId', '?')} {job.get('JobState', '?')} "
                      f"({job.get('Reason', 'None')}) ExitCode={job.get('ExitCode', '?')}")
     for t in sorted(tasks, key=int):
@@ -111,17 +114,44 @@ def final_job_state(env: Dict[str, str], limit: float = 10.0) -> Dict[str, str]:
         time.sleep(0.1)
 
 
+def step_of(out_dir: Path) -> str:
+    """On an allocation: the step the task helpers reported ("JOB.STEP"), or ""."""
+    for path in sorted((out_dir.parent / "alloc").glob("*.status")):
+        try:
+            first = json.loads(path.read_text().splitlines()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        if first.get("step"):
+            return str(first["step"])
+    return ""
+
+
 def main(argv: List[str]) -> int:
     from .. import protocol as P
+    from ..procs import die_with_parent
 
+    die_with_parent()       # srun dies with this script (below), this script with the harness
     spec = json.loads(argv[0])
-    conf = Path(spec["slurm_conf"])
     env = dict(os.environ)
-    env[P.OBSERVE_ROLE_ENV] = spec["role"]       # what the tasks are: ranks or agents
     env.pop(P.OBSERVE_NODE_ENV, None)            # they are nobody's children here
-    out_dir = conf.parent
-    cmd = [*spec["srun"], f"--output={out_dir / 'task-%t.out'}",
-           f"--error={out_dir / 'task-%t.err'}", "sh", "-c", spec["script"]]
+    allocation = spec.get("allocation")
+    if spec.get("helper"):
+        # on an allocation every task is the node's task helper (harness.launchers.
+        # alloc_task), which runs the program: the helper itself is not observed, and nothing
+        # of this machine's run (its pid record, its supervisor) means anything on a node
+        from .allocation import NOT_ON_NODES, srun_env
+
+        env = {k: v for k, v in srun_env().items() if k not in NOT_ON_NODES}
+        for k in (P.OBSERVE_ROLE_ENV, P.OBSERVE_NODE_ENV):
+            env.pop(k, None)
+        out_dir = Path(spec["out_dir"])
+        cmd = [*spec["srun"], f"--output={out_dir / 'helper-%t.out'}",
+               f"--error={out_dir / 'helper-%t.err'}", *spec["helper"]]
+    else:
+        env[P.OBSERVE_ROLE_ENV] = spec["role"]   # what the tasks are: ranks or agents
+        out_dir = Path(spec["slurm_conf"]).parent
+        cmd = [*spec["srun"], f"--output={out_dir / 'task-%t.out'}",
+               f"--error={out_dir / 'task-%t.err'}", "sh", "-c", spec["script"]]
     # srun dies with this script (util-linux's setpriv asks for the death signal, then execs
     # it; not harness.procs --exec or a preexec_fn: the observer would see an interpreter or
     # a fork of this one and take it for a task), so a killed run leaves no srun behind
@@ -136,16 +166,23 @@ def main(argv: List[str]) -> int:
         if len(lines) < 10 * MAX_LINES:
             lines.append(line.rstrip("\n"))
     rc = proc.wait()
-    job = final_job_state(env)
+    # the test cluster's job ends with its one step: its final state is Slurm's view; an
+    # allocation's job goes on after the case's step (which leaves no record without
+    # accounting), so the step is named instead
+    job = final_job_state(env) if not allocation else {}
     tasks = parse_srun(lines)
     record = {"srun_exit": rc, "job": job, "tasks": tasks,
               "srun_lines": [ln for ln in lines if ln.startswith("srun:")][-MAX_LINES:],
               "argv": cmd[:-1] + ["<script>"]}
+    if allocation:
+        record["allocation"] = allocation
+        record["step"] = step_of(out_dir)
     try:
         (out_dir / "job.json").write_text(json.dumps(record, indent=1) + "\n")
     except OSError:
         pass
-    text = summary(rc, job, tasks, lines)
+    text = summary(rc, job, tasks, lines, step=str(record.get("step") or "") if allocation
+                   else None)
     print(text.splitlines()[0], flush=True)
     if rc != 0:
         raise SrunFailed(text)
