@@ -791,7 +791,7 @@ def doctor_facts() -> Dict[str, Any]:
     facts: Dict[str, Any] = {"torch": env, "root": os.geteuid() == 0, "euid": os.geteuid()}
     from .launch import _py_spy
 
-    facts["tools"] = {t: shutil.which(t) for t in ("ip", "nft", "tc", "chromium")}
+    facts["tools"] = {t: shutil.which(t) for t in ("ip", "nft", "chromium")}
     facts["tools"]["py-spy"] = _py_spy()   # also the one beside this Python (a venv)
     try:
         from . import topology
@@ -862,7 +862,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                       "not the default (torch < 2.4 or USE_LIBUV=0)"))
     lines.append((ok if facts["root"] else warn, "root", "yes" if facts["root"] else
                   f"no (euid {facts['euid']}): network scenarios are skipped"))
-    for tool in ("ip", "nft", "tc"):
+    for tool in ("ip", "nft"):
         p = facts["tools"][tool]
         lines.append((ok if p else warn, tool, p or "not found: apt-get install "
                       + ("nftables" if tool == "nft" else "iproute2")))
