@@ -789,7 +789,7 @@ def doctor_facts() -> Dict[str, Any]:
 
     env = dict(probe())
     facts: Dict[str, Any] = {"torch": env, "root": os.geteuid() == 0, "euid": os.geteuid()}
-    from .launch import _py_spy
+    from .pyspy import executable as _py_spy
 
     facts["tools"] = {t: shutil.which(t) for t in ("ip", "nft", "chromium")}
     facts["tools"]["py-spy"] = _py_spy()   # also the one beside this Python (a venv)
