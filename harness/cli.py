@@ -539,8 +539,17 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
     # --assert=plain: scenario items assert nothing, and pytest would otherwise rewrite every
     # module of every pytest11 plugin's distribution (~200 here, 1-2 s of CPU per process and
     # per xdist worker, each time where bytecode is not written)
-    pargs += ["-p", "no:cacheprovider", "--assert=plain", "--capture=sys",
-              "--harness-report", report_path]
+    # pytest's cache (what --lf, --ff and --sw read and every run writes) lives in the current
+    # folder's .pytest_cache, whatever pytest takes as its rootdir: never inside an installed
+    # package or beside scenario files of someone else's
+    pargs += ["-o", f"cache_dir={os.path.join(os.getcwd(), '.pytest_cache')}",
+              "--assert=plain", "--capture=sys", "--harness-report", report_path]
+    if getattr(args, "lf", False):
+        pargs += ["--lf"]
+    if getattr(args, "ff", False):
+        pargs += ["--ff"]
+    if getattr(args, "sw", False):
+        pargs += ["--sw"]
     if args.html:
         pargs += ["--harness-html", args.html]
     if getattr(args, "builtin", False):
@@ -584,6 +593,14 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
         rep = report_mod.read(report_path)
     except report_mod.ReportError:
         rep = None
+    stepped = rc == 2 and getattr(args, "sw", False) and rep is not None \
+        and interrupts.interrupted() is None and not rep.get("interrupted") \
+        and not (rep.get("summary") or {}).get("collect_errors") \
+        and (rep.get("summary") or {}).get("failed", 0) > 0
+    if stepped:
+        # pytest --sw ends with its "Interrupted" code 2 when it stops at a failing case: here
+        # that is a failed run, as -x is, and not an interruption
+        rc = 1
     if rep is None or rc in (2, 3, 4):
         # interrupted, internal error or a usage error: pytest's own words matter (but not the
         # report file in our temp folder, which is removed before we exit)
@@ -986,6 +1003,13 @@ def build_parser() -> argparse.ArgumentParser:
                    ".harness/evidence under pytest's rootdir)")
     r.add_argument("-n", type=int, metavar="N", help="run N scenarios at a time (pytest-xdist)")
     r.add_argument("-x", action="store_true", help="stop at the first failing case")
+    r.add_argument("--lf", "--last-failed", dest="lf", action="store_true", help="run only "
+                   "the cases that failed last time (pytest --lf; the cache is ./.pytest_cache)")
+    r.add_argument("--ff", "--failed-first", dest="ff", action="store_true", help="run the "
+                   "cases that failed last time first, then the rest (pytest --ff)")
+    r.add_argument("--sw", "--stepwise", dest="sw", action="store_true", help="stop at the "
+                   "first failing case and start from it next time (pytest --sw; exit code 1 "
+                   "when it stopped there, as -x)")
     r.add_argument("--start", choices=("fresh", "fork"), help="how ranks start, overriding "
                    "the scenarios' start: (fork: from a per-host server that imported torch)")
     r.add_argument("--repeat", type=int, metavar="N", help="run every case N times: outcome "
