@@ -1539,8 +1539,12 @@ def qdisc_missing(kind: str) -> Optional[str]:
                   lambda ipr: ipr.tc("add", kind, _index(ipr, "lo"), **params))
         return None
     except TopologyError as exc:
-        cause = exc.__cause__ if exc.__cause__ is not None else exc
-        return f"the {kind} qdisc is missing (the kernel said: {cause})"
+        cause = exc.__cause__
+        if isinstance(cause, NetlinkError):   # ENOENT: no such qdisc kind in this kernel
+            said = f"{errno.errorcode.get(cause.code, cause.code)}: {os.strerror(cause.code)}"
+        else:
+            said = str(cause if cause is not None else exc)
+        return f"the {kind} qdisc is missing (the kernel answered {said})"
     except (KeyError, ValueError, TypeError) as exc:   # a kind pyroute2 cannot encode
         return f"the {kind} qdisc cannot be asked for here: {exc!r}"
     finally:
