@@ -118,15 +118,24 @@ def cmd_list(args: argparse.Namespace) -> int:
     files = find_scenarios(scenario_paths(args))
     rows: List[Dict[str, Any]] = []
     broken: List[str] = []
+    catalog = None
+    if getattr(args, "builtin", False):
+        from .catalog import require_builtin
+
+        catalog = require_builtin().resolve()
     for f in files:
         try:
             loaded = load_file(f)
         except ScenarioFileError as e:
             broken.append(e.short())
             continue
+        # the built-in catalog's cases are named as `harness run --builtin` names them,
+        # relative to the catalog (FILE.yaml::CASE), wherever the package is installed
+        named = f.resolve().relative_to(catalog).as_posix() \
+            if catalog is not None and catalog in f.resolve().parents else f.as_posix()
         for scn in loaded:
             rows.append({
-                "id": f"{f.as_posix()}::{item_name(scn)}", "file": f.as_posix(),
+                "id": f"{named}::{item_name(scn)}", "file": f.as_posix(),
                 "scenario": scn.name, "case": scn.case, "marks": list(scn.marks),
                 "faults": [x.kind for x in scn.faults], "backend": scn.backend,
                 "world_size": scn.world_size, "deadline": scn.deadline,
