@@ -201,6 +201,7 @@ def test_installed_wheel_runs_a_subset_of_the_builtin_catalog_with_the_users_fol
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(7200)
 @pytest.mark.skipif(not os.environ.get("HARNESS_WHEEL_CATALOG"),
                     reason="the whole built-in catalog from the wheel takes ~20 min on 2 cores: "
                            "HARNESS_WHEEL_CATALOG=1 runs it")
