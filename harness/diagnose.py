@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .classify import Verdict, signal_name
+from .classify import Verdict, mro_names, signal_name
 from .observe import RankObservation, RunObservation
 from .protocol import Label, parse_label
 from .pyspy import functions
@@ -202,6 +202,12 @@ def _unreachable_master(c: RankContext, label: str) -> str:
         return ""
     return (f"it was handed MASTER_ADDR={addr}:{port}, which on host {o.host} is {o.host} "
             f"itself, while the store is on {store.host} ({store.label}'s)")
+
+
+def _starved(c: RankContext, label: str) -> Optional[Any]:
+    """The step of the scenario's cpu_contention fault on the row ``label``, if it has one."""
+    return next((st for st in c.run.step_log if st.fault == "cpu_contention"
+                 and st.action == "do" and st.target == f"rank {label}"), None)
 
 
 # -- the rules ---------------------------------------------------------------------------------
@@ -472,7 +478,19 @@ def name_unresolved(c: RankContext) -> Optional[Cause]:
             return Cause(f"MASTER_ADDR={addr} is an IPv6 address, and its lookup failed on "
                          f"this host: host {c.verdict.host} has IPv6 off ({said}): the resolver "
                          "gives no address of a family the host lacks", ev)
-    return Cause(f"a name did not resolve{f' (MASTER_ADDR={addr})' if addr else ''}", ev)
+    end = c.verdict.duration if c.verdict.duration is not None else float("inf")
+    server: List[str] = []
+    for st in c.run.step_log:   # what the scenario's name-server faults did by this rank's end
+        if st.action != "do" or not st.fault.startswith("dns") or st.t > end:
+            continue
+        healed = next((u.t for u in c.run.step_log if u.step == st.step and u.action == "undo"),
+                      None)
+        if healed is not None and healed <= end:
+            continue
+        server.append(f"{st.what.removeprefix('dns: ')} (the scenario's {st.fault} fault, from "
+                    f"{st.t:g} s)")
+    return Cause(f"a name did not resolve{f' (MASTER_ADDR={addr})' if addr else ''}"
+                 + (": the run's name server: " + "; ".join(server) if server else ""), ev)
 
 
 NO_PEER_NAME = re.compile(r"The hostname of the client socket cannot be retrieved\. err=-?\d+")
@@ -549,6 +567,10 @@ def waiting_for_ranks(c: RankContext) -> Optional[Cause]:
         elif other is not None and env.get("RANK") is not None and \
                 env.get("RANK") == mine.get("RANK"):
             why.append(f"rank {label} also claimed RANK={mine.get('RANK')}")
+        elif other is not None and other.outcome != "ok" and \
+                (starved := _starved(c, label)) is not None:
+            why.append(f"rank {label} never reached it: it was starved of CPU (the scenario's "
+                       f"cpu_contention fault: {starved.what})")
         elif other is not None and other.outcome != "ok":
             ctx = c.about(other)
             own = diagnose(ctx, [r for r in RULES if r is not waiting_for_ranks]) \
@@ -580,6 +602,20 @@ def store_host_failed(c: RankContext) -> Optional[Cause]:
                  [_exc_line(c.verdict), _exc_line(f)])
 
 
+def starved_in_init(c: RankContext) -> Optional[Cause]:
+    """A rank the scenario starved of CPU (cpu_contention) that failed or hung before it was
+    through init: it came to the store too late; what it met there follows."""
+    v = c.verdict
+    st = _starved(c, v.label)
+    if st is None or v.outcome not in ("timeout", "error", "hang") or v.phase != "init":
+        return None
+    then = diagnose(c, [r for r in RULES if r is not starved_in_init])
+    return Cause(f"starved of CPU by the scenario's cpu_contention fault ({st.what}), it was "
+                 "still in init when the others had given up"
+                 + (f": {then.text}" if then is not None and then.text != UNKNOWN else ""),
+                 [_exc_line(v) if v.exception else v.reason])
+
+
 def no_store_there(c: RankContext) -> Optional[Cause]:
     """A client that timed out connecting to a port where no store listened: not the run's
     master port, or the store's host had already ended."""
@@ -587,6 +623,10 @@ def no_store_there(c: RankContext) -> Optional[Cause]:
     if m is None:
         return None
     port = int(m.group(2))
+    unreachable = _unreachable_master(c, c.verdict.label)
+    if unreachable:
+        return Cause(f"{unreachable}; connects were retried until the client's timeout",
+                     [_exc_line(c.verdict)])
     if c.master_port and port != c.master_port:
         return Cause(f"dialled port {port}, where no store listened (the store's port is "
                      f"{c.master_port}); connects were retried until the client's timeout",
@@ -721,13 +761,28 @@ def peer_died(c: RankContext) -> Optional[Cause]:
     if not PEER_CLOSED.search(msg) or c.verdict.duration is None:
         return None
     at = re.search(r"\[([^\]]+)\]:(\d+)", msg)
-    dead = [v for v in c.verdicts if v.label != c.verdict.label and v.role in ("rank", "worker")
-            and v.outcome in ("crash", "error", "timeout") and v.duration is not None
-            and _ended_at(c, v) <= c.verdict.duration + END_SLACK
-            and (at is None or v.addr in (at.group(1), ""))]
+    own_end = c.verdict.duration
+    peers = [v for v in c.verdicts if v.label != c.verdict.label and v.role in ("rank", "worker")
+             and v.duration is not None and (at is None or v.addr in (at.group(1), ""))]
+    dead = [v for v in peers if v.outcome in ("crash", "error", "timeout")
+            and _ended_at(c, v) <= own_end + END_SLACK]
     if len(dead) > 1:   # one killed, the others failing after it: the killed one is the cause
         crashed = [v for v in dead if v.outcome == "crash"]
         dead = crashed if len(crashed) == 1 else dead
+    if len(dead) > 1:   # a peer that ended before this rank raised, over one inside the slack
+        before = [v for v in dead if _ended_at(c, v) <= own_end]
+        dead = before if len(before) == 1 else dead
+    # a peer that finished its work and exited (ok) before this rank raised, while no failed
+    # peer had ended yet: its exit closed the pair (a rank-dependent branch that skips work)
+    finished = [v for v in peers if v.outcome == "ok" and _job(v.label) == _job(c.verdict.label)
+                and float(v.duration or 0.0) <= own_end]
+    if len(finished) == 1 and not any(_ended_at(c, v) <= own_end for v in dead):
+        f = finished[0]
+        where = f" ([{at.group(1)}]:{at.group(2)})" if at else ""
+        return Cause(f"its gloo connection to rank {f.label}{where} was closed: rank {f.label} "
+                     f"had finished its work and exited (ok) at {f.duration:g} s while this "
+                     f"rank was still in {c.verdict.phase}", [_exc_line(c.verdict),
+                                                              f"rank {f.label}: {f.reason}"])
     if len(dead) != 1:
         return None
     d = dead[0]
@@ -786,6 +841,21 @@ def ddp_params_differ(c: RankContext) -> Optional[Cause]:
                      f"parameters, rank {n.group(3)} has {n.group(4)} (DDP's check at "
                      "construction)", [_exc_line(c.verdict)])
     return Cause(f"the model differs between ranks: {m.group(0)}", [_exc_line(c.verdict)])
+
+def ddp_unused_parameters(c: RankContext) -> Optional[Cause]:
+    """DDP's reducer found that the previous step's reduction never finished: some parameters
+    took no part in this rank's loss (a module skipped in forward) without
+    find_unused_parameters=True."""
+    msg = c.verdict.message or ""
+    if "Expected to have finished reduction in the prior iteration" not in msg:
+        return None
+    idx = re.search(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)", msg)
+    which = f" (parameters {idx.group(2).strip()} got no gradient on rank {idx.group(1)})" \
+        if idx else ""
+    return Cause("DDP's previous step never finished its reduction: some parameters took no "
+                 f"part in this rank's loss{which}, a module its forward skipped, and the model "
+                 "was wrapped without find_unused_parameters=True", [_exc_line(c.verdict)])
+
 
 OWN_CODE = "it was in the program's own code"
 
@@ -1152,13 +1222,41 @@ def rendezvous_store_lost(c: RankContext) -> Optional[Cause]:
                      f"had ended ({how}) at {hv.duration:g} s and closed the connection",
                      ev + [hv.reason])
     done = [w.ended_at for w in c.run.ranks if w.node == h.label and w.ended_at]
-    if hv.outcome == "ok" and done and max(done) <= v.duration and _listens(o, port) is False \
+    if hv.outcome == "ok" and done and max(done) <= v.duration \
+            and (_listens(o, port) is False or (_listens(o, port) is None and o.addr
+                                                 and o.addr != ip)) \
             and (h.released_at or 0.0) < (o.released_at or 0.0):
         return Cause(f"lost the rendezvous store at {ip}:{port}, which it did not host: "
                      f"{h.label}, on the same endpoint and started first, hosted it and closed "
                      f"it when its own job finished (its workers ended by {max(done):g} s)",
-                     ev + [f"{v.label}: no listener on port {port} among its sockets"])
+                     ev + [f"{v.label}: no listener on port {port} among its sockets"
+                           if _listens(o, port) is False else
+                           f"{v.label}: on {o.addr}, not the endpoint's address {ip}"])
     return None
+
+
+def rendezvous_already_closed(c: RankContext) -> Optional[Cause]:
+    """An agent's RendezvousClosedError: another agent of its job had finished its workers and
+    closed the rendezvous before this one joined (a late node of an elastic job)."""
+    v, o = c.verdict, c.obs
+    if v.role != "agent" or o is None or "RendezvousClosedError" not in (v.exception or ""):
+        return None
+    done = []
+    for a in c.run.ranks:
+        av = c.verdict_of(a.label)
+        if a.role != "agent" or a.label == v.label or _job(a.label) != _job(v.label) \
+                or av is None or av.outcome != "ok":
+            continue
+        ended = [w.ended_at for w in c.run.ranks if w.node == a.label and w.ended_at]
+        if ended and v.duration is not None and max(ended) <= v.duration:
+            done.append((a.label, max(ended)))
+    if len(done) != 1:
+        return None
+    label, t = done[0]
+    started = f" (this agent started at {o.released_at:g} s)" if o.released_at else ""
+    return Cause(f"the rendezvous was already closed: {label} had run its job to the end (its "
+                 f"workers ended by {t:g} s) and closed it before this agent joined{started}",
+                 [_exc_line(v)])
 
 
 def rendezvous_join_timeout(c: RankContext) -> Optional[Cause]:
@@ -1331,8 +1429,8 @@ def torch_refused_the_setup(c: RankContext) -> Optional[Cause]:
             text = f"torch refused the set-up: {which[0]}={n.group(1)!r} is not a number"
     elif g is not None:
         text = f"torch refused the set-up: gloo's check {g.group(1)} failed ({g.group(2)} vs " \
-            f"{g.group(3)}): RANK={env.get('RANK', '?')} is outside WORLD_SIZE=" \
-            f"{env.get('WORLD_SIZE', '?')}"
+            f"{g.group(3)}): RANK={env.get('RANK', g.group(2))} is outside WORLD_SIZE=" \
+            f"{env.get('WORLD_SIZE', g.group(3) if 'size' in g.group(1) else '?')}"
     return Cause(text, [_exc_line(v)])
 
 
@@ -1434,6 +1532,9 @@ def a_peer_missed_the_collective(c: RankContext) -> Optional[Cause]:
                 why.append(f"rank {label} was starved of CPU (the scenario's cpu_contention "
                            f"fault: {starved.what})")
     own = (c.plan_rank(v.label).get("variation") or {}).get("skip")
+    if not why and (starved := _starved(c, v.label)) is not None:
+        why.append(f"this rank was starved of CPU (the scenario's cpu_contention fault: "
+                   f"{starved.what})")
     if not why and own:
         why.append(f"this rank skipped its collective in {', '.join(own)} (the scenario's "
                    "skip_collective fault): its later collectives paired with the others' "
@@ -1444,6 +1545,44 @@ def a_peer_missed_the_collective(c: RankContext) -> Optional[Cause]:
     waited = f" after {int(m.group(1)) / 1000:g} s" if m else ""
     return Cause(f"its collective in {v.phase} timed out{waited}: " + "; ".join(why),
                  [_exc_line(v)])
+
+
+def _collective_ops(o: Optional[RankObservation]) -> Dict[int, str]:
+    """A program's collectives as the observer saw them: their number -> the call's name."""
+    out: Dict[int, str] = {}
+    for e in (o.events if o is not None else []):
+        m = re.fullmatch(r"collective (\d+)", str(e.data.get("phase") or "")) \
+            if e.ev == "phase" else None
+        if m and e.data.get("op"):
+            out[int(m.group(1))] = str(e.data["op"])
+    return out
+
+
+def collectives_out_of_step(c: RankContext) -> Optional[Cause]:
+    """A program whose ranks called different collectives at the same point (a rank-dependent
+    branch: ``if rank == 0: dist.barrier()``): gloo pairs them out of step, and the one left
+    waiting times out or hangs."""
+    v = c.verdict
+    m = re.fullmatch(r"collective (\d+)", v.phase or "")
+    if m is None or v.outcome not in ("timeout", "hang", "error"):
+        return None
+    n = int(m.group(1))
+    mine = _collective_ops(c.obs)
+    for k in range(1, n + 1):
+        calls = {}
+        for o in c.run.ranks:
+            if o.role in ("rank", "worker") and _job(o.label) == _job(v.label):
+                op = _collective_ops(o).get(k)
+                if op is not None:
+                    calls[o.label] = op
+        if len(set(calls.values())) > 1 and v.label in calls:
+            said = ", ".join(f"rank {lb} {op}" for lb, op in sorted(calls.items()))
+            return Cause(f"the ranks called different collectives at their collective {k} "
+                         f"({said}: a rank-dependent branch in the program): gloo paired them out "
+                         f"of step, and this rank's {mine.get(n, 'collective')} in collective "
+                         f"{n} {'hung' if v.outcome == 'hang' else 'never completed'}",
+                         [_exc_line(v) if v.exception else v.reason])
+    return None
 
 
 def interrupted_by_the_fault(c: RankContext) -> Optional[Cause]:
@@ -1733,10 +1872,12 @@ def store_host_gone(c: RankContext) -> Optional[Cause]:
     """A store client in init whose connection was reset or closed after the store's host
     (rank 0) had ended: the store went with it."""
     v = c.verdict
-    if v.outcome != "error" or v.phase != "init" or not re.search(
+    if v.outcome != "error" or not re.search(
             r"Connection reset by peer|Failed to recv|Connection was likely closed",
             v.message or "", re.I) or _proxied(c) is not None:
         return None
+    if v.phase != "init" and "DistNetworkError" not in mro_names(v.exception_mro):
+        return None   # after init only the store client's own error: gloo's pairs say the same
     host = next((o for o in c.verdicts if o.label != v.label and o.role == "rank"
                  and c.env(o.label).get("RANK", o.label) == "0"), None)
     if host is None or host.outcome == "ok" and host.duration is None or host.duration is None \
@@ -1747,6 +1888,79 @@ def store_host_gone(c: RankContext) -> Optional[Cause]:
     return Cause(f"the store's host, rank {host.label}, had ended ({host.outcome}) at "
                  f"{host.duration:g} s and its store with it: {own}",
                  [_exc_line(v), _exc_line(host) if host.exception else host.reason])
+
+
+def stale_file_store(c: RankContext) -> Optional[Cause]:
+    """init_method file:// on a file a killed job left (the scenario's ``file_init:
+    stale_file``): it still holds that job's rank-0 gloo address, and a rank that reads it
+    before the new rank 0 writes its own dials the dead job and is refused."""
+    v = c.verdict
+    init = c.plan_rank(v.label).get("init") or {}
+    stale = next((st for st in c.run.step_log
+                  if (st.what or "").startswith("leave a stale FileStore")), None)
+    m = re.search(r"Connection refused, remote=(\[[^\]]+\]:\d+)", v.message or "")
+    if v.outcome != "error" or v.phase != "init" or init.get("method") != "file" \
+            or stale is None or m is None:
+        return None
+    return Cause(f"gloo's full mesh dialled {m.group(1)} and was refused: the file store "
+                 f"{init.get('url') or ''} was left by a killed earlier job (the scenario's "
+                 "file_init stale_file fault) and still held that job's rank-0 address; this "
+                 "rank read it before the new rank 0 wrote its own", [_exc_line(v), stale.what])
+
+
+LISTEN_SYSCTLS = ("net.core.somaxconn", "net.ipv4.tcp_max_syn_backlog",
+                  "net.ipv4.tcp_abort_on_overflow")
+NET_FAILURE = re.compile(r"reset by peer|closed by peer|Connect timeout|timed out connecting|"
+                         r"Timed out waiting \d+ms for (?:recv|send)|Failed to recv|"
+                         r"clients joined", re.I)
+
+
+def listen_queue_overflowed(c: RankContext) -> Optional[Cause]:
+    """A network failure in a run where a host the scenario gave a small listen backlog
+    (``sysctl: net.core.somaxconn``, ``tcp_abort_on_overflow``) counted listen overflows: the
+    kernel dropped or reset connections to its listeners (the store's and rank 0's gloo
+    listener share that backlog)."""
+    v = c.verdict
+    if v.outcome not in ("error", "timeout") or not NET_FAILURE.search(v.message or ""):
+        return None
+    for h in c.run.plan.get("hosts", []):
+        sysctl = (h.get("machine") or {}).get("sysctl") or {}
+        set_ = {k: sysctl[k] for k in LISTEN_SYSCTLS if k in sysctl}
+        counts = (c.run.counters or {}).get(h.get("name"), {})
+        over = counts.get("TcpExt.ListenOverflows", 0)
+        if not set_ or not over:
+            continue
+        said = ", ".join(f"{k}={val}" for k, val in set_.items())
+        return Cause(f"{h.get('name')}'s listen queue overflowed (TcpExt.ListenOverflows "
+                     f"{over}, ListenDrops {counts.get('TcpExt.ListenDrops', 0)}; the "
+                     f"scenario's sysctl {said}): the kernel dropped or reset connections to "
+                     "its listeners (the store and rank 0's gloo listener), and gloo's mesh "
+                     f"broke: this rank {'timed out' if v.outcome == 'timeout' else 'failed'} "
+                     f"in {v.phase}", [_exc_line(v), f"{h.get('name')} counters: "
+                                       + ", ".join(f"{k} {n}" for k, n in counts.items())])
+    return None
+
+
+def hung_with_a_dead_peer(c: RankContext) -> Optional[Cause]:
+    """A rank hung in a collective after the one peer of its job that failed had died: the
+    collective never completes, and torch's timeout did not end it."""
+    v = c.verdict
+    if v.outcome != "hang" or v.role not in ("rank", "worker") or v.phase in ("init", "import"):
+        return None
+    dead = [o for o in c.verdicts if o.label != v.label and o.role in ("rank", "worker")
+            and _job(o.label) == _job(v.label) and o.outcome in ("crash", "error")
+            and o.duration is not None]
+    if len(dead) != 1:
+        return None
+    d = dead[0]
+    how = _cause_of(c, d.label, [hung_with_a_dead_peer]) or d.reason
+    lazy = c.env(v.label).get("TORCH_GLOO_LAZY_INIT", "") in ("1", "true", "True")
+    return Cause(f"waited in {v.phase} for rank {d.label}, which had ended ({d.outcome}) at "
+                 f"{_ended_at(c, d):g} s ({how}): the collective never completed and torch's "
+                 "timeout did not end it"
+                 + (" (TORCH_GLOO_LAZY_INIT=1: this group's pairs connect at its first "
+                    "collective, and a pair to a dead peer does not always fail)" if lazy else ""),
+                 [v.reason, f"rank {d.label}: {d.reason}"])
 
 
 def teardown_gil_deadlock(c: RankContext) -> Optional[Cause]:
@@ -1834,6 +2048,7 @@ RULES: List[Rule] = [
     out_of_memory,
     file_store_unusable,
     file_store_never_opened,
+    stale_file_store,
     killed_by_the_fault,
     world_size_disagrees,
     frozen_by_the_fault,
@@ -1846,6 +2061,7 @@ RULES: List[Rule] = [
     rendezvous_service_faulted,
     rendezvous_store_lost,
     rendezvous_join_timeout,
+    rendezvous_already_closed,
     elastic_round_deadlock,
     redundant_agent_left,
     restart_read_stale_keys,
@@ -1856,6 +2072,7 @@ RULES: List[Rule] = [
     nobody_claimed_rank_0,
     program_exited,
     ddp_params_differ,
+    ddp_unused_parameters,
     not_started_by_the_deadline,
     in_its_own_code,
     agent_waiting_for_workers,
@@ -1866,18 +2083,22 @@ RULES: List[Rule] = [
     gloo_mesh_blocked,
     gloo_pair_to_no_host,
     syn_unanswered,
+    starved_in_init,
     waiting_for_ranks,
     waiting_for_a_rank_key,
     a_peer_was_frozen,
+    hung_with_a_dead_peer,
     no_store_there,
     refused_and_retried,
     a_peer_missed_the_collective,
+    collectives_out_of_step,
     file_store_paths_differ,
     out_of_descriptors,
     torch_refused_the_call,
     groups_disagree,
     store_host_gone,
     no_route,
+    listen_queue_overflowed,
     mesh_peer_failed,
     cut_after_init,
     partitioned,

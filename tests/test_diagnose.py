@@ -762,3 +762,171 @@ def test_a_restarted_worker_that_read_the_last_attempts_keys_and_its_agent(obs):
                                       "address the previous attempt published")
     assert vs["agent:local"].cause.startswith("its worker rank 0 failed first: a worker of "
                                               "restart 1")
+
+
+CLOSED_BY = ("Gloo connectFullMesh failed with [pair.cc:553] Connection closed by peer "
+             "[127.0.0.1]:30951")
+
+
+def test_a_peer_that_finished_and_exited_closed_the_pair_of_a_rank_still_in_init(obs):
+    # subgroups non_member_skips_new_group, as watched: rank 2 skipped its work and exited ok
+    # while rank 0 was still connecting its mesh; rank 1 raised only later (it is not the cause)
+    r0 = obs.rank("0", reached="init", end=0.07, exc=obs.exc("RuntimeError", CLOSED_BY))
+    r1 = obs.rank("1", reached="workload step 1", end=0.27,
+                  exc=obs.exc("DistNetworkError", FAILED_RECV))
+    r2 = obs.rank("2", end=0.06)
+    _, (v0, v1, _) = _run(obs, r0, r1, r2)
+    assert v0.cause.startswith("its gloo connection to rank 2 ([127.0.0.1]:30951) was closed: "
+                               "rank 2 had finished its work and exited (ok) at 0.06 s while "
+                               "this rank was still in init")
+    # rank 1, a store client after init, lost the store when its host (rank 0) failed
+    assert v1.cause.startswith("the store's host, rank 0, had ended (error) at 0.07 s and its "
+                               "store with it: its gloo connection to rank 2")
+
+
+def test_a_failed_peer_that_ended_before_is_preferred_to_one_inside_the_slack(obs):
+    msg = "[pair.cc:537] Read error [10.0.0.2]:46287: Connection reset by peer"
+    r2 = obs.rank("2", reached="workload step 1", addr="10.0.0.2", end=1.073,
+                  exc=obs.exc("RuntimeError", msg))
+    r4 = obs.rank("4", reached="workload step 1", addr="10.0.0.2", end=1.101,
+                  exc=obs.exc("RuntimeError", msg))
+    r6 = obs.rank("6", reached="workload step 1", addr="10.0.0.2", end=1.087,
+                  exc=obs.exc("RuntimeError", msg))
+    _, (_, _, v6) = _run(obs, r2, r4, r6)
+    assert v6.cause.startswith("its gloo connection to rank 2 ([10.0.0.2]:46287) was closed: "
+                               "rank 2 had ended (error) at 1.073 s")
+
+
+def test_a_gloo_error_after_init_is_not_blamed_on_the_store(obs):
+    msg = "[pair.cc:537] Read error [127.0.0.1]:4000: Connection reset by peer"
+    r0 = obs.rank("0", reached="init", end=0.07, exc=obs.exc("RuntimeError", CLOSED_BY))
+    r1 = obs.rank("1", reached="workload step 1", end=0.27, exc=obs.exc("RuntimeError", msg))
+    _, (_, v1) = _run(obs, r0, r1)
+    assert not v1.cause.startswith("the store's host")
+
+
+def test_a_stale_file_store_is_named_for_the_rank_it_sent_to_a_dead_address(obs):
+    from harness.observe import StepRecord
+
+    msg = ("Gloo connectFullMesh failed with [pair.cc:152] timed out connecting: SO_ERROR: "
+           "Connection refused, remote=[127.0.0.1]:16257")
+    r1 = obs.rank("1", reached="init", end=0.04, exc=obs.exc("RuntimeError", msg))
+    run = obs.run(r1)
+    run.plan.update({"master_port": 29500, "ranks": [
+        {"label": "1", "env": {}, "init": {"method": "file", "url": "file:///tmp/x/pg"}}]})
+    run.step_log = [StepRecord("file_init#1", "file_init", "do",
+                               "leave a stale FileStore at /tmp/x/pg", "", 0.0)]
+    v = explain_run(run, classify_run(run))[0]
+    assert v.cause.startswith("gloo's full mesh dialled [127.0.0.1]:16257 and was refused: the "
+                              "file store file:///tmp/x/pg was left by a killed earlier job")
+    run.step_log = []   # no stale file in this run: not said
+    assert "stale" not in explain_run(run, classify_run(run))[0].cause
+
+
+def test_a_listen_queue_the_scenario_shrank_and_that_overflowed_is_named(obs):
+    msg = "[unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete"
+    r1 = obs.rank("1", reached="workload step 1", end=11.1, exc=obs.exc("RuntimeError", msg))
+    run, _ = _run(obs, r1)
+    run.plan["hosts"] = [{"name": "node0", "machine": {"sysctl": {
+        "net.core.somaxconn": "1", "net.ipv4.tcp_abort_on_overflow": "1"}}}, {"name": "node1"}]
+    run.counters = {"node0": {"TcpExt.ListenOverflows": 14, "TcpExt.ListenDrops": 14}}
+    v = explain_run(run, classify_run(run))[0]
+    assert v.cause.startswith("node0's listen queue overflowed (TcpExt.ListenOverflows 14, "
+                              "ListenDrops 14; the scenario's sysctl net.core.somaxconn=1, "
+                              "net.ipv4.tcp_abort_on_overflow=1)")
+    run.counters = {"node0": {"TcpExt.ListenOverflows": 0}}   # it did not overflow: not said
+    assert "listen queue" not in explain_run(run, classify_run(run))[0].cause
+
+
+def test_a_rank_hung_in_a_collective_after_its_one_failed_peer_died(obs):
+    kill = [{"signal": "SIGKILL", "t": 0.025, "by": "fault"}]
+    r0 = _in_step(obs, "0", "group_all_reduce", end=30.0, killed_at_deadline=True)
+    r2 = obs.rank("2", reached="workload step 1", end=0.07, returncode=-9, result=False,
+                  signals=kill)
+    run, _ = _run(obs, r0, r2)
+    run.plan["ranks"][0]["env"]["TORCH_GLOO_LAZY_INIT"] = "1"
+    v0 = explain_run(run, classify_run(run))[0]
+    assert v0.outcome == "hang"
+    assert v0.cause.startswith("waited in workload step 2 for rank 2, which had ended (crash) "
+                               "at 0.025 s")
+    assert "TORCH_GLOO_LAZY_INIT=1" in v0.cause
+
+
+def test_a_rank_starved_of_cpu_before_it_reached_the_store_is_named_by_both(obs):
+    from harness.observe import StepRecord
+
+    r0 = obs.rank("0", reached="init", end=6.0, exc=obs.exc("DistStoreError", JOINED))
+    r1 = obs.rank("1", reached="init", end=15.4, exc=obs.exc("DistNetworkError", CLIENT))
+    run, _ = _run(obs, r0, r1)
+    run.step_log = [StepRecord("cpu_contention#1", "cpu_contention", "do",
+                               "pin rank 1 to the busy processes' CPU", "rank 1", 0.0)]
+    v0, v1 = explain_run(run, classify_run(run))
+    assert v0.cause == ("waited for 1 of 2 clients: rank 1 never reached it: it was starved of "
+                        "CPU (the scenario's cpu_contention fault: pin rank 1 to the busy "
+                        "processes' CPU)")
+    assert v1.cause.startswith("starved of CPU by the scenario's cpu_contention fault (pin rank "
+                               "1 to the busy processes' CPU), it was still in init when the "
+                               "others had given up: the store's host, rank 0, had ended")
+
+
+def test_a_late_agent_meeting_a_closed_rendezvous_names_the_agent_that_closed_it(obs):
+    a0 = obs.rank("agent:node0", reached="init", end=11.7, role="agent", host="node0")
+    a1 = obs.rank("agent:node1", reached="init", end=8.3, role="agent", host="node1",
+                  exc=obs.exc("RuntimeError", "The rendezvous 'x' is closed"))
+    a1.released_at = 8.0
+    w0 = obs.rank("0", end=8.1, role="worker", host="node0", node="agent:node0")
+    run = obs.run(a0, a1, w0)
+    run.plan.update({"ranks": []})
+    vs = classify_run(run)
+    for v in vs:   # the exception class a real agent raises
+        if v.label == "agent:node1":
+            v.exception = "RendezvousClosedError"
+    a1v = next(v for v in explain_run(run, vs) if v.label == "agent:node1")
+    assert a1v.cause.startswith("the rendezvous was already closed: agent:node0 had run its "
+                                "job to the end (its workers ended by 8.14 s)")
+
+
+def test_an_unresolved_name_says_what_the_runs_name_server_was_made_to_answer(obs):
+    from harness.observe import StepRecord
+
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    r1.stderr_tail = "(gai error: -2 - Name or service not known)\n"
+    run, _ = _run(obs, r1)
+    run.step_log = [StepRecord("dns_name#1", "dns_name", "do", "dns: master.cluster.test -> "
+                               "SERVFAIL", "dns", 0.0)]
+    v = explain_run(run, classify_run(run))[0]
+    assert v.cause == ("a name did not resolve (MASTER_ADDR=127.0.0.1): the run's name server: "
+                       "master.cluster.test -> SERVFAIL (the scenario's dns_name fault, from 0 s)")
+    run.step_log.append(StepRecord("dns_name#1", "dns_name", "undo", "", "dns", 3.0))
+    assert explain_run(run, classify_run(run))[0].cause == \
+        "a name did not resolve (MASTER_ADDR=127.0.0.1)"   # healed before this rank gave up
+
+
+def test_ranks_that_called_different_collectives_are_named_with_their_calls(obs):
+    msg = "[unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete"
+    runs = []
+    for label, op in (("0", "barrier"), ("1", "all_reduce")):
+        d = obs.rank_dict(label, reached="init", end=5.7, exc=obs.exc("RuntimeError", msg))
+        for e in d["events"]:
+            if e.get("ev") == "result":
+                e["phase"] = "collective 1"
+        d["events"].insert(-1, {"ev": "phase", "t": obs.t0 + 0.5, "phase": "collective 1",
+                                "op": op})
+        from harness.observe import RankObservation
+        runs.append(RankObservation.from_dict(d))
+    _, (v0, v1) = _run(obs, *runs)
+    assert v0.phase == "collective 1"
+    assert v0.cause.startswith("the ranks called different collectives at their collective 1 "
+                               "(rank 0 barrier, rank 1 all_reduce: a rank-dependent branch")
+    runs[1].events[-2].data["op"] = "barrier"   # the same call on both: not said
+    _, (v0, _) = _run(obs, *runs)
+    assert "different collectives" not in v0.cause
+
+
+def test_ddp_parameters_that_got_no_gradient_are_named(obs):
+    msg = ("Expected to have finished reduction in the prior iteration before starting a new "
+           "one. ...\nParameter indices which did not receive grad for rank 1: 2 3\n In addition")
+    v = _told(obs, obs.exc("RuntimeError", msg), {}, reached="workload step 1")
+    assert v.cause.startswith("DDP's previous step never finished its reduction: some "
+                              "parameters took no part in this rank's loss (parameters 2 3 got "
+                              "no gradient on rank 1)")
