@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from .classify import Verdict, mro_names, signal_name
 from .observe import RankObservation, RunObservation
 from .protocol import Label, parse_label
+from .pyspy import functions
 from .sockets import SocketRecord
 
 UNKNOWN = "unknown: no rule of harness.diagnose explains it (see the evidence below)"
@@ -2018,9 +2019,9 @@ def teardown_gil_deadlock(c: RankContext) -> Optional[Cause]:
     ProcessGroupGloo (freeing a DDP Reducer, say) and joins its worker thread while holding the
     GIL; the worker thread waits for the GIL to free its last work."""
     v, o = c.verdict, c.obs
-    if v.outcome != "hang" or o is None or not o.native_stacks:
+    if v.outcome != "hang" or o is None or not o.native_threads:
         return None
-    threads = re.split(r"\n(?=Thread \d+)", o.native_stacks)
+    threads = [" | ".join(functions(t)) for t in o.native_threads]
     joining = [t for t in threads if "~ProcessGroupGloo" in t and "thread::join" in t]
     waiting = [t for t in threads if "gil_scoped_acquire" in t and "~AsyncWork" in t]
     if not joining or not waiting:

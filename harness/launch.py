@@ -31,7 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from . import cgroups, interrupts
+from . import cgroups, interrupts, pyspy
 from .capture import Capture
 from .errors import HarnessError
 from .launchers import Discovery, RankProcess, close_fds, process_env
@@ -160,31 +160,15 @@ def _remote(r: RankProcess) -> bool:
     return bool(getattr(r.proc, "remote", False))
 
 
-def _py_spy() -> Optional[str]:
-    return shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
-
-
 def native_stacks_available() -> bool:
-    return _py_spy() is not None
+    return pyspy.executable() is not None
 
 
-def native_stacks(pid: int) -> str:
-    """``py-spy dump --native``: the C++ frames (TCPStore::ping -> recv ...) of a stuck rank
-    (py-spy pauses it while reading). Empty when py-spy is not installed; its error when not
-    permitted (needs CAP_SYS_PTRACE)."""
-    exe = _py_spy()
-    if not exe:
-        return ""
-    argv = [exe, "dump", "--native", "--pid", str(pid)]
-    try:
-        p = subprocess.run(argv, capture_output=True,
-                           text=True, timeout=20, start_new_session=True)
-    except (subprocess.TimeoutExpired, OSError) as e:
-        return f"py-spy failed: {e}"
-    if p.returncode == 0:   # pybind11's template frames run to thousands of characters
-        return "\n".join(ln if len(ln) <= 200 else ln[:150] + " ... " + ln[ln.rfind("("):]
-                         for ln in p.stdout.splitlines()) + "\n"
-    return f"py-spy failed (rc {p.returncode}): {p.stderr[-500:]}"
+def native_stacks(pid: int) -> Tuple[List[Dict[str, Any]], str]:
+    """A stuck rank's C++ frames (TCPStore::ping -> recv ...) by ``py-spy dump --native
+    --json`` (harness.pyspy; py-spy pauses it while reading): (threads, their text). Empty
+    without py-spy; the text is py-spy's error when it is not permitted (CAP_SYS_PTRACE)."""
+    return pyspy.dump(pid)
 
 
 def port_owners(port: int) -> List[Dict[str, Any]]:
@@ -435,8 +419,9 @@ class Supervisor:
             taken = early.get(r.label) or late.get(r.label)
             if taken is not None:
                 future, at = taken
-                text = future.result()
+                threads, text = future.result()
                 r.obs.native_stacks = (f"(taken at {at:.2f} s)\n" + text) if text else text
+                r.obs.native_threads = threads
         pool.shutdown()
 
     def _start_native_stacks(self) -> None:

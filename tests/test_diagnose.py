@@ -558,18 +558,19 @@ def test_ranks_making_groups_in_another_order_are_said_to_deadlock(obs):
     assert v1.cause.startswith("this rank makes its steps in another order")
 
 
-TEARDOWN = """Thread 17395 (idle): "MainThread"
-    std::thread::join (libstdc++.so.6.0.30)
-    c10d::ProcessGroupGloo::~ProcessGroupGloo (libtorch_cpu.so)
-    c10d::ProcessGroup::~ProcessGroup (libtorch_cpu.so)
-    c10d::Reducer::~Reducer (libtorch_cpu.so)
-    run_rank (harness/worker.py:313)
-Thread 17519 (idle)
-    pthread_cond_timedwait (libc.so.6)
-    pybind11::gil_scoped_acquire::gil_scoped_acquire (libtorch_python.so)
-    c10d::ProcessGroupGloo::AsyncWork::~AsyncWork (libtorch_cpu.so)
-    c10d::ProcessGroupGloo::runLoop (libtorch_cpu.so)
-"""
+def _frames(*names):
+    return [{"function": n, "file": "libtorch_cpu.so", "line": 0} for n in names]
+
+
+# what harness.pyspy keeps of `py-spy dump --native --json`
+TEARDOWN = [
+    {"thread": 17395, "name": "MainThread", "state": "idle", "frames": _frames(
+        "std::thread::join", "c10d::ProcessGroupGloo::~ProcessGroupGloo",
+        "c10d::ProcessGroup::~ProcessGroup", "c10d::Reducer::~Reducer", "run_rank")},
+    {"thread": 17519, "name": None, "state": "idle", "frames": _frames(
+        "pthread_cond_timedwait", "pybind11::gil_scoped_acquire::gil_scoped_acquire",
+        "c10d::ProcessGroupGloo::AsyncWork::~AsyncWork", "c10d::ProcessGroupGloo::runLoop")},
+]
 
 
 def test_a_gil_deadlock_in_torchs_teardown_is_read_from_the_native_stacks(obs):
@@ -577,14 +578,45 @@ def test_a_gil_deadlock_in_torchs_teardown_is_read_from_the_native_stacks(obs):
     r1 = obs.rank("1", reached="destroy", killed_at_deadline=True, end=60.0,
                   stacks=obs.hung_stacks)
     run = obs.run(r1)
-    run.ranks[0].native_stacks = TEARDOWN
+    run.ranks[0].native_threads = TEARDOWN
     run.plan.update({"master_port": 29500, "ranks": [{"label": "1", "env": {}}]})
     (v,) = explain_run(run, classify_run(run))
     assert v.cause.startswith("deadlocked in torch's teardown (destroy): the main thread, "
                               "freeing a DDP Reducer, joins ProcessGroupGloo's worker thread")
-    run.ranks[0].native_stacks = TEARDOWN.split("Thread 17519")[0]   # one side: no deadlock
+    run.ranks[0].native_threads = TEARDOWN[:1]          # one side: no deadlock
     (v,) = explain_run(run, classify_run(run))
     assert not v.cause.startswith("deadlocked")
+    # the words alone (the text a person reads) prove nothing: the rule reads the threads
+    from harness.pyspy import render
+
+    run.ranks[0].native_threads, run.ranks[0].native_stacks = [], render(TEARDOWN)
+    (v,) = explain_run(run, classify_run(run))
+    assert not v.cause.startswith("deadlocked")
+
+
+def test_py_spy_json_is_trimmed_and_shown_in_py_spys_own_layout():
+    from harness.pyspy import render, trim
+
+    raw = [{"pid": 7, "thread_id": 140, "thread_name": "MainThread", "os_thread_id": 7,
+            "active": False, "owns_gil": False, "frames": [
+                {"name": "clock_nanosleep", "filename": "/usr/lib/libc.so.6",
+                 "short_filename": "libc.so.6", "line": 0, "locals": None},
+                {"name": "<module>", "filename": "/x/<string>", "short_filename": "<string>",
+                 "line": 1}]},
+           {"pid": 7, "thread_id": 141, "thread_name": None, "os_thread_id": 9,
+            "active": True, "owns_gil": True, "frames": [
+                {"name": "pybind11::" + "x" * 5000, "short_filename": "libtorch_python.so",
+                 "line": 0}]},
+           "not a thread"]
+    threads = trim(raw)
+    assert [t["thread"] for t in threads] == [7, 9]
+    text = render(threads)
+    assert text.splitlines()[:3] == ['Thread 7 (idle): "MainThread"',
+                                     "    clock_nanosleep (libc.so.6)",
+                                     "    <module> (<string>:1)"]
+    assert text.splitlines()[3] == "Thread 9 (active+gil)"
+    assert len(text.splitlines()[4]) < 200 and text.splitlines()[4].endswith(
+        " ... (libtorch_python.so)")
 
 
 # ranks a launcher started itself (srun's tasks: role "worker", not in the plan)

@@ -410,7 +410,7 @@ def _await_nodes(cfg: Any, nodes: List[Any], prefix: Any, limit: float = 30.0) -
     while waiting:
         states = node_states(cfg, prefix)
         for name in [x for x in waiting
-                     if states.get(x, "").rstrip("*") in ("idle", "mixed", "allocated")]:
+                     if states.get(x, "").split("+")[0] in ("idle", "mixed", "allocated")]:
             del waiting[name]
         for name, svc in waiting.items():
             if not svc.running:
