@@ -667,6 +667,28 @@ def starved_in_init(c: RankContext) -> Optional[Cause]:
                  [_exc_line(v) if v.exception else v.reason])
 
 
+def _name_unknown_here(c: RankContext, name: str) -> str:
+    """The rank dialled a host name that its own host's hosts file does not list while the run
+    has no name server (the harness's resolver view: files only): why, in words; "" else."""
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+        return ""
+    except ValueError:
+        pass
+    if c.run.plan.get("dns") or name in ("localhost",):
+        return ""
+    host = next((h for h in c.run.plan.get("hosts") or [] if h.get("name") == c.verdict.host),
+                None)
+    machine = (host or {}).get("machine") or {}
+    entries = machine.get("entries")
+    if host is None or not isinstance(entries, dict) or name in entries \
+            or name == machine.get("hostname"):
+        return ""
+    return (f"it dialled {name}, a name host {c.verdict.host}'s hosts file does not list (it "
+            f"knows {', '.join(sorted(entries)) or 'no name'}; the run has no name server): the "
+            "name did not resolve there")
+
+
 def no_store_there(c: RankContext) -> Optional[Cause]:
     """A client that timed out connecting to a port where no store listened: not the run's
     master port, or the store's host had already ended."""
@@ -674,6 +696,10 @@ def no_store_there(c: RankContext) -> Optional[Cause]:
     if m is None:
         return None
     port = int(m.group(2))
+    unknown_name = _name_unknown_here(c, m.group(1).strip())
+    if unknown_name:
+        return Cause(f"{unknown_name}; connects were retried until the client's timeout",
+                     [_exc_line(c.verdict)])
     unreachable = _unreachable_master(c, c.verdict.label)
     if unreachable:
         return Cause(f"{unreachable}; connects were retried until the client's timeout",
@@ -803,6 +829,27 @@ def _ended_at(c: RankContext, v: Verdict) -> float:
                 if reaped is not None:
                     end = min(end, c.t(reaped))
     return end
+
+
+def joined_another_jobs_store(c: RankContext) -> Optional[Cause]:
+    """A rank of a second job on the same MASTER_PORT whose own rank 0 could not start a store
+    (EADDRINUSE): its init went to the first job's store there and returned, and it then waited
+    for peers that are not in its job."""
+    v = c.verdict
+    if v.outcome not in ("error", "timeout", "hang") or v.phase in ("init", "import", "start") \
+            or not _job(v.label):
+        return None
+    own0 = next((o for o in c.verdicts if o.label != v.label and _job(o.label) == _job(v.label)
+                 and c.env(o.label).get("RANK") == "0" and EADDRINUSE.search(o.message or "")),
+                None)
+    if own0 is None:
+        return None
+    port = c.env(v.label).get("MASTER_PORT", "")
+    return Cause(f"it joined another job's store: its own rank 0 ({own0.label}) could not start "
+                 f"one on port {port} (EADDRINUSE at {own0.duration:g} s), so this rank's init "
+                 "reached the store the first job's rank 0 hosts there and returned; it then "
+                 f"waited in {v.phase} for peers that are not in its job",
+                 [_exc_line(v) if v.exception else v.reason, _exc_line(own0)])
 
 
 def peer_died(c: RankContext) -> Optional[Cause]:
@@ -2117,6 +2164,7 @@ RULES: List[Rule] = [
     redundant_agent_left,
     restart_read_stale_keys,
     connected_to_a_non_store,
+    joined_another_jobs_store,
     peer_reinitialised,   # before peer_died: a peer that re-initialised closed it, then failed
     peer_died,
     reinit_on_the_old_store,

@@ -959,3 +959,32 @@ def test_a_gloo_pair_dialling_a_second_cards_address_names_the_card_on_both_side
                                "10.9.0.1:41383, the address this rank advertised on node0's "
                                "second card eth1 (GLOO_SOCKET_IFNAME=eth1)")
     assert "node0 eth1: 10.9.0.1" in v1.cause_evidence
+
+
+def test_a_name_the_ranks_own_hosts_file_does_not_list_is_said_unresolved_there(obs):
+    msg = "The client socket has timed out after 10000ms while trying to connect to (node0, 42889)."
+    r1 = obs.rank("1", reached="init", end=12.9, host="node1",
+                  exc=obs.exc("DistNetworkError", msg))
+    run, _ = _run(obs, r1)
+    run.plan["master_port"] = 20512
+    run.plan["hosts"] = [{"name": "node0", "machine": {"hostname": "node0", "entries": {
+        "node0": ["10.0.0.1"], "node1": ["10.0.0.2"]}}},
+        {"name": "node1", "machine": {"hostname": "node1", "entries": {"node1": ["10.0.0.2"]}}}]
+    v = explain_run(run, classify_run(run))[0]
+    assert v.cause.startswith("it dialled node0, a name host node1's hosts file does not list "
+                              "(it knows node1; the run has no name server)")
+
+
+def test_a_second_jobs_rank_that_joined_the_first_jobs_store_is_said_so(obs):
+    msg = "[unbound_buffer.cc:78] Timed out waiting 2000ms for recv operation to complete"
+    a0 = obs.rank("0", end=3.5)
+    a1 = obs.rank("1", end=3.5)
+    b0 = obs.rank("job2:0", reached="init", end=1.04, exc=obs.exc("DistNetworkError", IN_USE))
+    b1 = obs.rank("job2:1", reached="workload step 1", end=3.03,
+                  exc=obs.exc("RuntimeError", msg))
+    run, _ = _run(obs, a0, a1, b0, b1)
+    run.plan["ranks"][2]["env"]["RANK"] = "0"
+    run.plan["ranks"][3]["env"]["RANK"] = "1"
+    v = explain_run(run, classify_run(run))[3]
+    assert v.cause.startswith("it joined another job's store: its own rank 0 (job2:0) could not "
+                              "start one on port 29500 (EADDRINUSE at 1.04 s)")
