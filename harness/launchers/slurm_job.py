@@ -180,7 +180,7 @@ def main(argv: List[str]) -> int:
         # on an allocation every task is the node's task helper (harness.launchers.
         # alloc_task), which runs the program: the helper itself is not observed, and nothing
         # of this machine's run (its pid record, its supervisor) means anything on a node
-        from .allocation import NOT_ON_NODES, srun_env
+        from .alloc_env import NOT_ON_NODES, srun_env
 
         env = {k: v for k, v in srun_env().items() if k not in NOT_ON_NODES}
         for k in (P.OBSERVE_ROLE_ENV, P.OBSERVE_NODE_ENV):
