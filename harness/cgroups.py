@@ -258,7 +258,11 @@ def _walk(d: Path, depth: int) -> Iterator[Path]:
 
 def sweep(live_run_ids: Optional[Dict[str, bool]] = None) -> List[str]:
     """Remove the cgroups of runs that are over (``live_run_ids``: run id -> alive; by default
-    the run directories of this user's state folder, harness.rundir). Returns what went."""
+    the run directories of this user's state folder, harness.rundir). Returns what went.
+
+    A cgroup whose run is not in ``live_run_ids`` belongs to a run this sweep cannot judge (a
+    state folder elsewhere: another ``TMPDIR``, another session's test): it is removed only
+    when no process is in it, never by killing what runs there."""
     if os.geteuid() != 0 or not ROOT.is_dir():
         return []
     if live_run_ids is None:
@@ -270,6 +274,8 @@ def sweep(live_run_ids: Optional[Dict[str, bool]] = None) -> List[str]:
         run_id = path.name[len(PREFIX):].split("-", 1)[0]
         if run_id == "probe" or live_run_ids.get(run_id):
             continue
+        if run_id not in live_run_ids and _procs(path):
+            continue   # not a run of this state folder, and something runs there
         try:
             _remove(path)
             removed.append(str(path))

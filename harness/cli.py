@@ -858,10 +858,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     con = _console()
     cleaned: Dict[str, List[str]] = {}
     if args.clean:
-        from .rundir import sweep
-        cleaned["run directories"] = sweep()
         from . import cgroups
-        cleaned["cgroups"] = cgroups.sweep()
+        from .rundir import sweep
+        cleaned["cgroups"] = cgroups.sweep()   # while the run directories say which are dead
+        cleaned["run directories"] = sweep()
         try:
             from . import topology
             if not topology.missing():

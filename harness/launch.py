@@ -804,8 +804,10 @@ def run_scenario(scn: Scenario, keep: Optional[Path] = None,
 
     can_netns = not topology.missing() and allocation is None
     with interrupts.shield():
+        # a killed run's cgroups (resource faults) first, while its run directory still says
+        # the run is dead (a cgroup of a run no directory here speaks of is not ours to judge)
+        cgroups.sweep()
         sweep()
-        cgroups.sweep()        # a killed run's cgroups (resource faults), after its processes
         if not topology.missing():
             topology.sweep()
         base = None

@@ -143,17 +143,26 @@ def test_the_sweep_leaves_live_runs_and_removes_dead_ones(tmp_path):
         pytest.skip(why)
     live = cgroups.Cgroup("memory", "livetest", "rank1-memory")
     dead = cgroups.Cgroup("memory", "deadtest", "rank1-memory")
+    # a run of another state folder (another TMPDIR, another session's test) with a process in
+    # it: not this sweep's to judge, whatever it holds
+    foreign = cgroups.Cgroup("memory", "foreigntest", "rank1-memory")
     sleeper = subprocess.Popen(["sleep", "60"])
+    other = subprocess.Popen(["sleep", "60"])
     try:
         dead.add(sleeper.pid)
-        removed = cgroups.sweep({"livetest": True})
+        foreign.add(other.pid)
+        removed = cgroups.sweep({"livetest": True, "deadtest": False})
         assert str(dead.path) in removed and not dead.path.exists()
         assert live.path.exists()
         assert sleeper.wait(timeout=10) == -signal.SIGKILL
+        assert foreign.path.exists() and other.poll() is None
+        assert str(foreign.path) not in removed
     finally:
         sleeper.kill()
+        other.kill()
         live.remove()
         dead.remove()
+        foreign.remove()
 
 
 SCENARIO = """\
@@ -190,8 +199,8 @@ def test_a_killed_run_leaves_no_cgroup_and_no_hog_after_the_sweep(tmp_path):
         sup.send_signal(signal.SIGKILL)
         sup.wait(timeout=30)
         assert mine[0].exists()                    # nobody tidied up: the supervisor is gone
+        removed = cgroups.sweep(live_runs(base))   # as a run's start does: cgroups first
         sweep(base)
-        removed = cgroups.sweep(live_runs(base))
         assert removed == [str(mine[0])] and not mine[0].exists()
         wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status()
                               != psutil.STATUS_ZOMBIE for p in pids), 30, "the run's processes")
