@@ -64,6 +64,20 @@ def test_the_key_leaves_out_only_the_per_run_paths():
     assert PER_RUN_ENV == {"HARNESS_RESOLVER_VIEW", "HARNESS_READ_ONLY"}
 
 
+def test_the_report_says_per_host_how_each_server_came_and_why_not_warm():
+    from harness.report import _started
+
+    plan = {"ranks": [{"label": "0", "start": "fork"}, {"label": "1", "start": "fork"},
+                      {"label": "2", "start": "fresh", "start_note": "its own interpreter"}]}
+    servers = [{"host": "a", "warm": True, "ready": True, "zygote": 7},
+               {"host": "b", "warm": False, "ready": True, "note": "warm servers are off"}]
+    assert _started(plan, servers) == {
+        "fresh": 1, "fork": 2, "fresh_because": {"2": "its own interpreter"},
+        "servers": {"a": "warm", "b": "fresh"},
+        "server_fresh_because": {"b": "warm servers are off"}}
+    assert "servers" not in _started(plan)    # start: fresh, or no forked rank
+
+
 def test_no_zygote_when_they_are_off_or_outside_the_main_thread(session, monkeypatch):
     monkeypatch.setenv("HARNESS_ZYGOTES", "0")
     assert warm_zygote(sys.executable, {}, False) == (None, "warm servers are off "
