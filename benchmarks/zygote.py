@@ -3,9 +3,10 @@
 Both sides are the same `harness run FILES --start fork -n WORKERS --report R.json`; one with
 `HARNESS_ZYGOTES=0` (every run's per-host fork server a fresh interpreter that imports torch:
 the start before the zygote), one with the default (each run's servers forked from a zygote
-that imported torch once per session). Sessions alternate (off, on, off, on...) so that the
-machine's load hits both alike. Per session it prints the per-case overhead (pytest's duration
-of a case minus its run's wall from the start line: interpreters, imports, namespaces, stacks,
+that imported torch once per session). Sessions alternate, off first in odd rounds and on
+first in even ones, so that the machine's load, and a load that rises or falls through the
+benchmark, hits both alike. Per session it prints the per-case overhead (pytest's duration of
+a case minus its run's wall from the start line: interpreters, imports, namespaces, stacks,
 cleanup), summed and as a median, the report's time ratio (session time over the scenarios'
 own waits divided by the workers) and the 1-minute load before it; then the ratios of the
 medians over the rounds.
@@ -62,7 +63,7 @@ def main() -> None:
     rows: List[Dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="harness-bench-zygote-") as tmp:
         for r in range(args.rounds):
-            for zygotes in (False, True):
+            for zygotes in ((False, True) if r % 2 == 0 else (True, False)):
                 row = session(args.files, args.n, zygotes, Path(tmp) / f"{r}-{zygotes}.json")
                 rows.append(row)
                 print(f"round {r + 1} zygotes {'on ' if zygotes else 'off'}: load "
