@@ -322,12 +322,17 @@ def test_runs_in_the_harness_namespaces_send_no_dns_query(tmp_path):
     assert all(r["netns"] for r in runs)
 
 
-def test_runs_of_a_user_without_root_send_no_dns_query(shared_tmp, nobody_python):
+@pytest.mark.parametrize("start", ["fresh", "fork"])
+def test_runs_of_a_user_without_root_send_no_dns_query(shared_tmp, nobody_python, start):
+    """fork: without root there is no host to enter (no namespaces of the harness's), so the
+    servers still come warm from the zygote; each enters its view in a user namespace."""
     cmd = nobody_python
     state = shared_tmp / "state"
     state.mkdir()
     shutil.chown(state, "nobody", "nogroup")
     cases = {k: MACHINE[k] for k in ("localhost_localdomain_tcp", "v6_loopback")}
+    if start == "fork":
+        cases = {k: WARM[k] for k in ("warm_first", "warm_again_tcp", "warm_unresolvable")}
     env = _environment(HARNESS_TMP=str(state))
     env.pop("TMPDIR", None)
     p = subprocess.run(cmd[:-1] + [f"HARNESS_TMP={state}", cmd[-1], "-m", "harness.resolver",
@@ -339,6 +344,8 @@ def test_runs_of_a_user_without_root_send_no_dns_query(shared_tmp, nobody_python
                             python=cmd[-1], env=env)
     check(runs, text, cases)
     assert unshares(text) == ["CLONE_NEWNS|CLONE_NEWUSER"]
+    if start == "fork":
+        assert all(r["warm"] == [True] for r in runs), runs
 
 
 def test_runs_with_a_dns_block_query_only_the_runs_own_name_server(tmp_path):
