@@ -64,6 +64,19 @@ def test_the_key_leaves_out_only_the_per_run_paths():
     assert PER_RUN_ENV == {"HARNESS_RESOLVER_VIEW", "HARNESS_READ_ONLY"}
 
 
+def test_host_entry_names_what_the_exec_prefix_enters():
+    topo = topology.Topology("zyg1", ["a", "b"])   # the constructor is pure: nothing made
+    topo._hostnames["a"] = "alpha"                 # as set_hostname leaves it
+    for host in ("a", "b"):
+        prefix, entry = topo.exec_prefix(host), topo.host_entry(host)
+        ns = prefix[prefix.index("exec") + 1]
+        assert entry["netns"] == ns and entry["net"] == f"/run/netns/{ns}"
+        assert entry["etc"] == f"/etc/netns/{ns}"
+        uts = [a.split("=", 1)[1] for a in prefix if a.startswith("--uts=")]
+        assert (uts[0] if uts else None) == entry["uts"]
+    assert topo.host_entry("a")["uts"] and topo.host_entry("b")["uts"] is None
+
+
 def test_the_report_says_per_host_how_each_server_came_and_why_not_warm():
     from harness.report import _started
 
