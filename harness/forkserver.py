@@ -918,9 +918,12 @@ def warm_zygote(python: str, env: Mapping[str, str], ddp: bool
     return z, ""
 
 
-def prune_zygotes() -> None:
-    """Close the zygotes that can serve nothing more (ended, or failed to import)."""
-    for key in [k for k, z in _POOL.items() if not z.usable()]:
+def prune_zygotes(failed: Optional[Zygote] = None) -> None:
+    """Close the zygotes that can serve nothing more (ended, or failed to import), and
+    ``failed`` (whose server could not serve) if it never said it was ready: stuck in its
+    import, it would keep later runs waiting as long."""
+    for key in [k for k, z in _POOL.items()
+                if not z.usable() or (z is failed and not z.info)]:
         _POOL.pop(key).close()
 
 

@@ -287,6 +287,31 @@ def test_a_zygote_whose_torch_import_fails_leaves_its_ranks_fresh_as_a_fresh_ser
 
 
 @pytest.mark.timeout(600)
+def test_a_zygote_not_ready_in_time_is_closed_and_the_run_goes_on(session, monkeypatch):
+    """HARNESS_READY_TIMEOUT 0.05 s: no interpreter imports torch that fast, so the warm server
+    is not ready in time; a fresh server replaces it (not ready in time either: the ranks
+    start fresh), and the zygote, still importing, is closed rather than kept for later runs
+    to wait on."""
+    monkeypatch.setenv("HARNESS_READY_TIMEOUT", "0.05")
+    run = run_scenario(scenario("""\
+        name: impatient
+        about: servers given 0.05 s to be ready
+        world_size: 2
+        timeout: 10
+        deadline: 60
+        isolate: never
+        start: fork
+        workload: [all_reduce]
+    """))
+    assert [v.outcome for v in classify_run(run)] == ["ok", "ok"]
+    (server,) = run.servers
+    assert server["warm"] is False and server["note"] == (
+        "the warm server could not serve: the fork server of host local was not ready in 0 s")
+    assert [r["start"] for r in run.plan["ranks"]] == ["fresh", "fresh"]
+    assert forkserver.zygotes() == []
+
+
+@pytest.mark.timeout(600)
 def test_a_zygote_killed_between_runs_is_replaced(session):
     text = """\
         name: killed_zygote

@@ -91,8 +91,8 @@ def start_direct(sup: Any) -> List[RankProcess]:
     for host, server in servers.items():
         group = [rp for rp in forked if rp.host == host]
         why = server.wait_ready(timeout)
-        if why is not None and server.warm:
-            prune_zygotes()   # a zygote that failed serves no later run either
+        if why is not None and server.warm:   # a zygote that failed serves no later run
+            prune_zygotes(getattr(server.proc, "zygote", None))
         if why is not None and server.warm and not server.fatal():
             server.close()
             sup.owned.remove(server)
