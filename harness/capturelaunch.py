@@ -104,7 +104,7 @@ def _assignments(argv: List[str]) -> Tuple[Dict[str, str], List[str]]:
     return env, argv[i:]
 
 
-def _torchrun_parser() -> Any:
+def _torchrun_parser(kind: str = "torchrun") -> Any:
     import warnings
 
     try:
@@ -114,16 +114,19 @@ def _torchrun_parser() -> Any:
     except Exception as e:   # noqa: BLE001 - torch missing or broken: said, not raised
         raise CaptureError(f"cannot read torchrun's flags: torch.distributed.run does not "
                            f"import here ({type(e).__name__}: {e})") from None
-    return get_args_parser()
+    parser = get_args_parser()
+    if kind == "launch":   # torch.distributed.launch.parse_args adds this one to torchrun's
+        parser.add_argument("--use-env", "--use_env", default=False, action="store_true")
+    return parser
 
 
-def _parse_torchrun(rest: List[str], env: Dict[str, str]) -> Any:
+def _parse_torchrun(rest: List[str], env: Dict[str, str], kind: str = "torchrun") -> Any:
     """torchrun's flags as torch itself parses them (PET_* of the command's environment too)."""
     import argparse
     import contextlib
     import io
 
-    parser = _torchrun_parser()
+    parser = _torchrun_parser(kind)
     parser.exit_on_error = False
     saved = dict(os.environ)
     err = io.StringIO()
@@ -185,6 +188,10 @@ def _launcher_from(parsed: Dict[str, Any], defaults: Dict[str, Any], kind: str
             launcher[dest] = int(value)
         elif dest == "monitor_interval":
             launcher[dest] = float(value)
+        elif dest == "rdzv_endpoint" and str(value).endswith(":0"):
+            # port 0: torchrun picks a free one; the scenario's endpoint without a port is the
+            # run's own leased port (a scenario's port is 1..65535)
+            launcher[dest] = str(value)[:-2]
         elif dest in FLAG_FIELDS:
             launcher[dest] = value
         elif isinstance(value, bool):   # another flag, verbatim as torchrun spells it
@@ -294,7 +301,7 @@ def scenario_of(command: List[str], out: Path, env: Optional[Dict[str, str]] = N
         stem = Path(program.get("script") or program.get("module", "program")).stem
         scn.update(world_size=ws)
     else:
-        parsed, defaults = _parse_torchrun(rest, env)
+        parsed, defaults = _parse_torchrun(rest, env, kind)
         launcher, ws = _launcher_from(parsed, defaults, kind)
         if world_size is not None and world_size != ws:
             raise CaptureError(f"--world-size {world_size} but the command starts {ws} workers "

@@ -118,15 +118,24 @@ def cmd_list(args: argparse.Namespace) -> int:
     files = find_scenarios(scenario_paths(args))
     rows: List[Dict[str, Any]] = []
     broken: List[str] = []
+    catalog = None
+    if getattr(args, "builtin", False):
+        from .catalog import require_builtin
+
+        catalog = require_builtin().resolve()
     for f in files:
         try:
             loaded = load_file(f)
         except ScenarioFileError as e:
             broken.append(e.short())
             continue
+        # the built-in catalog's cases are named as `harness run --builtin` names them,
+        # relative to the catalog (FILE.yaml::CASE), wherever the package is installed
+        named = f.resolve().relative_to(catalog).as_posix() \
+            if catalog is not None and catalog in f.resolve().parents else f.as_posix()
         for scn in loaded:
             rows.append({
-                "id": f"{f.as_posix()}::{item_name(scn)}", "file": f.as_posix(),
+                "id": f"{named}::{item_name(scn)}", "file": f.as_posix(),
                 "scenario": scn.name, "case": scn.case, "marks": list(scn.marks),
                 "faults": [x.kind for x in scn.faults], "backend": scn.backend,
                 "world_size": scn.world_size, "deadline": scn.deadline,
@@ -543,8 +552,17 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
     # --assert=plain: scenario items assert nothing, and pytest would otherwise rewrite every
     # module of every pytest11 plugin's distribution (~200 here, 1-2 s of CPU per process and
     # per xdist worker, each time where bytecode is not written)
-    pargs += ["-p", "no:cacheprovider", "--assert=plain", "--capture=sys",
-              "--harness-report", report_path]
+    # pytest's cache (what --lf, --ff and --sw read and every run writes) lives in the current
+    # folder's .pytest_cache, whatever pytest takes as its rootdir: never inside an installed
+    # package or beside scenario files of someone else's
+    pargs += ["-o", f"cache_dir={os.path.join(os.getcwd(), '.pytest_cache')}",
+              "--assert=plain", "--capture=sys", "--harness-report", report_path]
+    if getattr(args, "lf", False):
+        pargs += ["--lf"]
+    if getattr(args, "ff", False):
+        pargs += ["--ff"]
+    if getattr(args, "sw", False):
+        pargs += ["--sw"]
     if args.html:
         pargs += ["--harness-html", args.html]
     if getattr(args, "builtin", False):
@@ -571,6 +589,10 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
         pargs += ["--harness-start", args.start]
     if getattr(args, "python", None):
         pargs += ["--harness-python", args.python]
+    if getattr(args, "launcher", None):
+        pargs += ["--harness-launcher", args.launcher]
+    if getattr(args, "shared_dir", None):
+        pargs += ["--harness-shared-dir", args.shared_dir]
     pargs += list(getattr(args, "pytest_args", None) or [])
     con = _console()
     progress = _progress_plugin(enabled=not args.no_progress and not args.verbose)
@@ -588,6 +610,14 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
         rep = report_mod.read(report_path)
     except report_mod.ReportError:
         rep = None
+    stepped = rc == 2 and getattr(args, "sw", False) and rep is not None \
+        and interrupts.interrupted() is None and not rep.get("interrupted") \
+        and not (rep.get("summary") or {}).get("collect_errors") \
+        and (rep.get("summary") or {}).get("failed", 0) > 0
+    if stepped:
+        # pytest --sw ends with its "Interrupted" code 2 when it stops at a failing case: here
+        # that is a failed run, as -x is, and not an interruption
+        rc = 1
     if rep is None or rc in (2, 3, 4):
         # interrupted, internal error or a usage error: pytest's own words matter (but not the
         # report file in our temp folder, which is removed before we exit)
@@ -793,9 +823,9 @@ def doctor_facts() -> Dict[str, Any]:
 
     env = dict(probe())
     facts: Dict[str, Any] = {"torch": env, "root": os.geteuid() == 0, "euid": os.geteuid()}
-    from .launch import _py_spy
+    from .pyspy import executable as _py_spy
 
-    facts["tools"] = {t: shutil.which(t) for t in ("ip", "nft", "tc", "chromium")}
+    facts["tools"] = {t: shutil.which(t) for t in ("ip", "nft", "chromium")}
     facts["tools"]["py-spy"] = _py_spy()   # also the one beside this Python (a venv)
     try:
         from . import topology
@@ -866,7 +896,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                       "not the default (torch < 2.4 or USE_LIBUV=0)"))
     lines.append((ok if facts["root"] else warn, "root", "yes" if facts["root"] else
                   f"no (euid {facts['euid']}): network scenarios are skipped"))
-    for tool in ("ip", "nft", "tc"):
+    for tool in ("ip", "nft"):
         p = facts["tools"][tool]
         lines.append((ok if p else warn, tool, p or "not found: apt-get install "
                       + ("nftables" if tool == "nft" else "iproute2")))
@@ -990,12 +1020,24 @@ def build_parser() -> argparse.ArgumentParser:
                    ".harness/evidence under pytest's rootdir)")
     r.add_argument("-n", type=int, metavar="N", help="run N scenarios at a time (pytest-xdist)")
     r.add_argument("-x", action="store_true", help="stop at the first failing case")
+    r.add_argument("--lf", "--last-failed", dest="lf", action="store_true", help="run only "
+                   "the cases that failed last time (pytest --lf; the cache is ./.pytest_cache)")
+    r.add_argument("--ff", "--failed-first", dest="ff", action="store_true", help="run the "
+                   "cases that failed last time first, then the rest (pytest --ff)")
+    r.add_argument("--sw", "--stepwise", dest="sw", action="store_true", help="stop at the "
+                   "first failing case and start from it next time (pytest --sw; exit code 1 "
+                   "when it stopped there, as -x)")
     r.add_argument("--start", choices=("fresh", "fork"), help="how ranks start, overriding "
                    "the scenarios' start: (fork: from a per-host server that imported torch)")
     r.add_argument("--repeat", type=int, metavar="N", help="run every case N times: outcome "
                    "frequencies per rank, frequency bounds checked, flaky cases named")
     r.add_argument("--python", metavar="PATH", help="run the ranks (and torchrun agents, "
                    "spawning parents) with this interpreter: another venv's or image's python")
+    r.add_argument("--launcher", choices=("slurm",), help="slurm: inside a Slurm allocation, "
+                   "start every case's ranks with srun across its nodes (host i = node i); "
+                   "what needs root on the nodes is skipped with the reason")
+    r.add_argument("--shared-dir", metavar="DIR", help="with --launcher slurm: where run "
+                   "directories go, a folder every node of the allocation sees")
     r.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output "
                    "live (no progress bar)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar or lines")

@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from .classify import Verdict, mro_names, signal_name
 from .observe import RankObservation, RunObservation
 from .protocol import Label, parse_label
+from .pyspy import functions
 from .sockets import SocketRecord
 
 UNKNOWN = "unknown: no rule of harness.diagnose explains it (see the evidence below)"
@@ -201,6 +202,12 @@ def _unreachable_master(c: RankContext, label: str) -> str:
         return ""
     return (f"it was handed MASTER_ADDR={addr}:{port}, which on host {o.host} is {o.host} "
             f"itself, while the store is on {store.host} ({store.label}'s)")
+
+
+def _starved(c: RankContext, label: str) -> Optional[Any]:
+    """The step of the scenario's cpu_contention fault on the row ``label``, if it has one."""
+    return next((st for st in c.run.step_log if st.fault == "cpu_contention"
+                 and st.action == "do" and st.target == f"rank {label}"), None)
 
 
 # -- the rules ---------------------------------------------------------------------------------
@@ -406,6 +413,57 @@ def _ifname(c: RankContext, label: str) -> str:
     return "GLOO_SOCKET_IFNAME unset" if name is None else f"GLOO_SOCKET_IFNAME={name}"
 
 
+SPARE_STEP = re.compile(r"^add (\S+) \((up|down)\) on (\S+)$")
+
+
+def _second_cards(c: RankContext) -> Dict[str, Tuple[str, str]]:
+    """Address -> (host, interface) of every second card a fault gave a host (second_nic,
+    wrong_interface list_down): the step's own record of the address it got."""
+    out: Dict[str, Tuple[str, str]] = {}
+    for st in c.run.step_log:
+        m = SPARE_STEP.match(st.what or "")
+        addr = (st.info or {}).get("addr") if st.action == "do" else None
+        if m is not None and addr:
+            out[str(addr)] = (m.group(3), m.group(1))
+    return out
+
+
+def gloo_pair_to_a_second_card(c: RankContext) -> Optional[Cause]:
+    """A gloo pair dialled the address of a host's second card, on a network no other host is
+    on (GLOO_SOCKET_IFNAME named it: each rank advertised its own there): no route; the rank
+    on that card's host waits for the pair until gloo's connect timeout."""
+    v = c.verdict
+    if "connectFullMesh" not in (v.message or ""):
+        return None
+    cards = _second_cards(c)
+    if not cards:
+        return None
+    m = REMOTE.search(v.message or "")
+    if m is not None and m.group(1) in cards:
+        host, ifname = cards[m.group(1)]
+        who = [o.label for o in c.verdicts if o.host == host and o.label != v.label
+               and o.role == v.role]
+        said = re.search(r"SO_ERROR: ([^,]+)", v.message or "")
+        return Cause(f"its gloo pair dialled {m.group(1)}:{m.group(2)}, the address of host "
+                     f"{host}'s second card {ifname}, on a network no other host is on"
+                     + (f" ({said.group(1)})" if said else "") + ": "
+                     + (f"rank {who[0]} advertised it ({_ifname(c, who[0])})" if who
+                        else "its rank advertised it"),
+                     [_exc_line(v), f"{host} {ifname}: {m.group(1)}"])
+    mine = {a: hi for a, hi in cards.items() if hi[0] == v.host}
+    for o in c.verdicts:
+        om = REMOTE.search(o.message or "") if o.label != v.label else None
+        if om is not None and om.group(1) in mine:
+            host, ifname = mine[om.group(1)]
+            return Cause(f"gloo's full mesh never connected: rank {o.label} dialled "
+                         f"{om.group(1)}:{om.group(2)}, the address this rank advertised on "
+                         f"{host}'s second card {ifname} ({_ifname(c, v.label)}), on a network "
+                         f"no other host is on, and gave up at {o.duration:g} s; this rank "
+                         "waited for the pair until gloo's connect timeout",
+                         [_exc_line(v), _exc_line(o), f"{host} {ifname}: {om.group(1)}"])
+    return None
+
+
 def gloo_pair_to_no_host(c: RankContext) -> Optional[Cause]:
     """A gloo pair dialled an address no host of the run has (a peer advertised 127.0.0.1: on
     namespace hosts that is the dialler's own namespace): the dialler is refused, the peer
@@ -471,7 +529,19 @@ def name_unresolved(c: RankContext) -> Optional[Cause]:
             return Cause(f"MASTER_ADDR={addr} is an IPv6 address, and its lookup failed on "
                          f"this host: host {c.verdict.host} has IPv6 off ({said}): the resolver "
                          "gives no address of a family the host lacks", ev)
-    return Cause(f"a name did not resolve{f' (MASTER_ADDR={addr})' if addr else ''}", ev)
+    end = c.verdict.duration if c.verdict.duration is not None else float("inf")
+    server: List[str] = []
+    for st in c.run.step_log:   # what the scenario's name-server faults did by this rank's end
+        if st.action != "do" or not st.fault.startswith("dns") or st.t > end:
+            continue
+        healed = next((u.t for u in c.run.step_log if u.step == st.step and u.action == "undo"),
+                      None)
+        if healed is not None and healed <= end:
+            continue
+        server.append(f"{st.what.removeprefix('dns: ')} (the scenario's {st.fault} fault, from "
+                    f"{st.t:g} s)")
+    return Cause(f"a name did not resolve{f' (MASTER_ADDR={addr})' if addr else ''}"
+                 + (": the run's name server: " + "; ".join(server) if server else ""), ev)
 
 
 NO_PEER_NAME = re.compile(r"The hostname of the client socket cannot be retrieved\. err=-?\d+")
@@ -548,6 +618,10 @@ def waiting_for_ranks(c: RankContext) -> Optional[Cause]:
         elif other is not None and env.get("RANK") is not None and \
                 env.get("RANK") == mine.get("RANK"):
             why.append(f"rank {label} also claimed RANK={mine.get('RANK')}")
+        elif other is not None and other.outcome != "ok" and \
+                (starved := _starved(c, label)) is not None:
+            why.append(f"rank {label} never reached it: it was starved of CPU (the scenario's "
+                       f"cpu_contention fault: {starved.what})")
         elif other is not None and other.outcome != "ok":
             ctx = c.about(other)
             own = diagnose(ctx, [r for r in RULES if r is not waiting_for_ranks]) \
@@ -579,6 +653,42 @@ def store_host_failed(c: RankContext) -> Optional[Cause]:
                  [_exc_line(c.verdict), _exc_line(f)])
 
 
+def starved_in_init(c: RankContext) -> Optional[Cause]:
+    """A rank the scenario starved of CPU (cpu_contention) that failed or hung before it was
+    through init: it came to the store too late; what it met there follows."""
+    v = c.verdict
+    st = _starved(c, v.label)
+    if st is None or v.outcome not in ("timeout", "error", "hang") or v.phase != "init":
+        return None
+    then = diagnose(c, [r for r in RULES if r is not starved_in_init])
+    return Cause(f"starved of CPU by the scenario's cpu_contention fault ({st.what}), it was "
+                 "still in init when the others had given up"
+                 + (f": {then.text}" if then is not None and then.text != UNKNOWN else ""),
+                 [_exc_line(v) if v.exception else v.reason])
+
+
+def _name_unknown_here(c: RankContext, name: str) -> str:
+    """The rank dialled a host name that its own host's hosts file does not list while the run
+    has no name server (the harness's resolver view: files only): why, in words; "" else."""
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+        return ""
+    except ValueError:
+        pass
+    if c.run.plan.get("dns") or name in ("localhost",):
+        return ""
+    host = next((h for h in c.run.plan.get("hosts") or [] if h.get("name") == c.verdict.host),
+                None)
+    machine = (host or {}).get("machine") or {}
+    entries = machine.get("entries")
+    if host is None or not isinstance(entries, dict) or name in entries \
+            or name == machine.get("hostname"):
+        return ""
+    return (f"it dialled {name}, a name host {c.verdict.host}'s hosts file does not list (it "
+            f"knows {', '.join(sorted(entries)) or 'no name'}; the run has no name server): the "
+            "name did not resolve there")
+
+
 def no_store_there(c: RankContext) -> Optional[Cause]:
     """A client that timed out connecting to a port where no store listened: not the run's
     master port, or the store's host had already ended."""
@@ -586,6 +696,14 @@ def no_store_there(c: RankContext) -> Optional[Cause]:
     if m is None:
         return None
     port = int(m.group(2))
+    unknown_name = _name_unknown_here(c, m.group(1).strip())
+    if unknown_name:
+        return Cause(f"{unknown_name}; connects were retried until the client's timeout",
+                     [_exc_line(c.verdict)])
+    unreachable = _unreachable_master(c, c.verdict.label)
+    if unreachable:
+        return Cause(f"{unreachable}; connects were retried until the client's timeout",
+                     [_exc_line(c.verdict)])
     if c.master_port and port != c.master_port:
         return Cause(f"dialled port {port}, where no store listened (the store's port is "
                      f"{c.master_port}); connects were retried until the client's timeout",
@@ -713,6 +831,27 @@ def _ended_at(c: RankContext, v: Verdict) -> float:
     return end
 
 
+def joined_another_jobs_store(c: RankContext) -> Optional[Cause]:
+    """A rank of a second job on the same MASTER_PORT whose own rank 0 could not start a store
+    (EADDRINUSE): its init went to the first job's store there and returned, and it then waited
+    for peers that are not in its job."""
+    v = c.verdict
+    if v.outcome not in ("error", "timeout", "hang") or v.phase in ("init", "import", "start") \
+            or not _job(v.label):
+        return None
+    own0 = next((o for o in c.verdicts if o.label != v.label and _job(o.label) == _job(v.label)
+                 and c.env(o.label).get("RANK") == "0" and EADDRINUSE.search(o.message or "")),
+                None)
+    if own0 is None:
+        return None
+    port = c.env(v.label).get("MASTER_PORT", "")
+    return Cause(f"it joined another job's store: its own rank 0 ({own0.label}) could not start "
+                 f"one on port {port} (EADDRINUSE at {own0.duration:g} s), so this rank's init "
+                 "reached the store the first job's rank 0 hosts there and returned; it then "
+                 f"waited in {v.phase} for peers that are not in its job",
+                 [_exc_line(v) if v.exception else v.reason, _exc_line(own0)])
+
+
 def peer_died(c: RankContext) -> Optional[Cause]:
     """gloo's connection to a peer closed or reset: the one other rank that had ended before it
     (killed, or failed on its own)."""
@@ -800,6 +939,21 @@ def ddp_params_differ(c: RankContext) -> Optional[Cause]:
                      f"parameters, rank {n.group(3)} has {n.group(4)} (DDP's check at "
                      "construction)", [_exc_line(c.verdict)])
     return Cause(f"the model differs between ranks: {m.group(0)}", [_exc_line(c.verdict)])
+
+def ddp_unused_parameters(c: RankContext) -> Optional[Cause]:
+    """DDP's reducer found that the previous step's reduction never finished: some parameters
+    took no part in this rank's loss (a module skipped in forward) without
+    find_unused_parameters=True."""
+    msg = c.verdict.message or ""
+    if "Expected to have finished reduction in the prior iteration" not in msg:
+        return None
+    idx = re.search(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)", msg)
+    which = f" (parameters {idx.group(2).strip()} got no gradient on rank {idx.group(1)})" \
+        if idx else ""
+    return Cause("DDP's previous step never finished its reduction: some parameters took no "
+                 f"part in this rank's loss{which}, a module its forward skipped, and the model "
+                 "was wrapped without find_unused_parameters=True", [_exc_line(c.verdict)])
+
 
 OWN_CODE = "it was in the program's own code"
 
@@ -1179,6 +1333,30 @@ def rendezvous_store_lost(c: RankContext) -> Optional[Cause]:
     return None
 
 
+def rendezvous_already_closed(c: RankContext) -> Optional[Cause]:
+    """An agent's RendezvousClosedError: another agent of its job had finished its workers and
+    closed the rendezvous before this one joined (a late node of an elastic job)."""
+    v, o = c.verdict, c.obs
+    if v.role != "agent" or o is None or "RendezvousClosedError" not in (v.exception or ""):
+        return None
+    done = []
+    for a in c.run.ranks:
+        av = c.verdict_of(a.label)
+        if a.role != "agent" or a.label == v.label or _job(a.label) != _job(v.label) \
+                or av is None or av.outcome != "ok":
+            continue
+        ended = [w.ended_at for w in c.run.ranks if w.node == a.label and w.ended_at]
+        if ended and v.duration is not None and max(ended) <= v.duration:
+            done.append((a.label, max(ended)))
+    if len(done) != 1:
+        return None
+    label, t = done[0]
+    started = f" (this agent started at {o.released_at:g} s)" if o.released_at else ""
+    return Cause(f"the rendezvous was already closed: {label} had run its job to the end (its "
+                 f"workers ended by {t:g} s) and closed it before this agent joined{started}",
+                 [_exc_line(v)])
+
+
 def rendezvous_join_timeout(c: RankContext) -> Optional[Cause]:
     """An agent's RendezvousTimeoutError: the agents of its job that had not started by then."""
     v = c.verdict
@@ -1349,8 +1527,8 @@ def torch_refused_the_setup(c: RankContext) -> Optional[Cause]:
             text = f"torch refused the set-up: {which[0]}={n.group(1)!r} is not a number"
     elif g is not None:
         text = f"torch refused the set-up: gloo's check {g.group(1)} failed ({g.group(2)} vs " \
-            f"{g.group(3)}): RANK={env.get('RANK', '?')} is outside WORLD_SIZE=" \
-            f"{env.get('WORLD_SIZE', '?')}"
+            f"{g.group(3)}): RANK={env.get('RANK', g.group(2))} is outside WORLD_SIZE=" \
+            f"{env.get('WORLD_SIZE', g.group(3) if 'size' in g.group(1) else '?')}"
     return Cause(text, [_exc_line(v)])
 
 
@@ -1452,6 +1630,9 @@ def a_peer_missed_the_collective(c: RankContext) -> Optional[Cause]:
                 why.append(f"rank {label} was starved of CPU (the scenario's cpu_contention "
                            f"fault: {starved.what})")
     own = (c.plan_rank(v.label).get("variation") or {}).get("skip")
+    if not why and (starved := _starved(c, v.label)) is not None:
+        why.append(f"this rank was starved of CPU (the scenario's cpu_contention fault: "
+                   f"{starved.what})")
     if not why and own:
         why.append(f"this rank skipped its collective in {', '.join(own)} (the scenario's "
                    "skip_collective fault): its later collectives paired with the others' "
@@ -1462,6 +1643,44 @@ def a_peer_missed_the_collective(c: RankContext) -> Optional[Cause]:
     waited = f" after {int(m.group(1)) / 1000:g} s" if m else ""
     return Cause(f"its collective in {v.phase} timed out{waited}: " + "; ".join(why),
                  [_exc_line(v)])
+
+
+def _collective_ops(o: Optional[RankObservation]) -> Dict[int, str]:
+    """A program's collectives as the observer saw them: their number -> the call's name."""
+    out: Dict[int, str] = {}
+    for e in (o.events if o is not None else []):
+        m = re.fullmatch(r"collective (\d+)", str(e.data.get("phase") or "")) \
+            if e.ev == "phase" else None
+        if m and e.data.get("op"):
+            out[int(m.group(1))] = str(e.data["op"])
+    return out
+
+
+def collectives_out_of_step(c: RankContext) -> Optional[Cause]:
+    """A program whose ranks called different collectives at the same point (a rank-dependent
+    branch: ``if rank == 0: dist.barrier()``): gloo pairs them out of step, and the one left
+    waiting times out or hangs."""
+    v = c.verdict
+    m = re.fullmatch(r"collective (\d+)", v.phase or "")
+    if m is None or v.outcome not in ("timeout", "hang", "error"):
+        return None
+    n = int(m.group(1))
+    mine = _collective_ops(c.obs)
+    for k in range(1, n + 1):
+        calls = {}
+        for o in c.run.ranks:
+            if o.role in ("rank", "worker") and _job(o.label) == _job(v.label):
+                op = _collective_ops(o).get(k)
+                if op is not None:
+                    calls[o.label] = op
+        if len(set(calls.values())) > 1 and v.label in calls:
+            said = ", ".join(f"rank {lb} {op}" for lb, op in sorted(calls.items()))
+            return Cause(f"the ranks called different collectives at their collective {k} "
+                         f"({said}: a rank-dependent branch in the program): gloo paired them out "
+                         f"of step, and this rank's {mine.get(n, 'collective')} in collective "
+                         f"{n} {'hung' if v.outcome == 'hang' else 'never completed'}",
+                         [_exc_line(v) if v.exception else v.reason])
+    return None
 
 
 def interrupted_by_the_fault(c: RankContext) -> Optional[Cause]:
@@ -1847,9 +2066,9 @@ def teardown_gil_deadlock(c: RankContext) -> Optional[Cause]:
     ProcessGroupGloo (freeing a DDP Reducer, say) and joins its worker thread while holding the
     GIL; the worker thread waits for the GIL to free its last work."""
     v, o = c.verdict, c.obs
-    if v.outcome != "hang" or o is None or not o.native_stacks:
+    if v.outcome != "hang" or o is None or not o.native_threads:
         return None
-    threads = re.split(r"\n(?=Thread \d+)", o.native_stacks)
+    threads = [" | ".join(functions(t)) for t in o.native_threads]
     joining = [t for t in threads if "~ProcessGroupGloo" in t and "thread::join" in t]
     waiting = [t for t in threads if "gil_scoped_acquire" in t and "~AsyncWork" in t]
     if not joining or not waiting:
@@ -1940,16 +2159,19 @@ RULES: List[Rule] = [
     rendezvous_service_faulted,
     rendezvous_store_lost,
     rendezvous_join_timeout,
+    rendezvous_already_closed,
     elastic_round_deadlock,
     redundant_agent_left,
     restart_read_stale_keys,
     connected_to_a_non_store,
+    joined_another_jobs_store,
     peer_reinitialised,   # before peer_died: a peer that re-initialised closed it, then failed
     peer_died,
     reinit_on_the_old_store,
     nobody_claimed_rank_0,
     program_exited,
     ddp_params_differ,
+    ddp_unused_parameters,
     not_started_by_the_deadline,
     in_its_own_code,
     agent_waiting_for_workers,
@@ -1958,8 +2180,10 @@ RULES: List[Rule] = [
     reverse_lookup_stalled,
     gloo_interface_missing,
     gloo_mesh_blocked,
+    gloo_pair_to_a_second_card,
     gloo_pair_to_no_host,
     syn_unanswered,
+    starved_in_init,
     waiting_for_ranks,
     waiting_for_a_rank_key,
     a_peer_was_frozen,
@@ -1967,6 +2191,7 @@ RULES: List[Rule] = [
     no_store_there,
     refused_and_retried,
     a_peer_missed_the_collective,
+    collectives_out_of_step,
     file_store_paths_differ,
     out_of_descriptors,
     torch_refused_the_call,

@@ -9,14 +9,17 @@ the scenario file); a bare name (``python3.10``) is looked up on PATH.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
 from typing import Optional, Tuple
 
 PROBE_TIMEOUT = 120.0
-_PROBE = ("import sys, torch, torch.distributed as d; "
-          "print(torch.__version__, d.is_available(), sys.version.split()[0])")
+# one JSON line, last: whatever the interpreter's own start-up prints before it is not read
+_PROBE = ("import json, platform, torch, torch.distributed as d; "
+          "print(json.dumps({'torch': torch.__version__, 'distributed': d.is_available(), "
+          "'python': platform.python_version()}))")
 
 
 def resolve(spec: str) -> str:
@@ -51,7 +54,11 @@ def probe(path: str) -> Tuple[Optional[str], str]:
     if p.returncode != 0:
         lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
         return f"python {path}: cannot import torch: {lines[-1] if lines else p.returncode}", ""
-    version, dist, py = (p.stdout.split() + ["", "", ""])[:3]
-    if dist != "True":
+    try:
+        got = json.loads((p.stdout.strip().splitlines() or ["{}"])[-1])
+        version, dist, py = str(got["torch"]), got["distributed"], str(got["python"])
+    except (ValueError, KeyError, TypeError):
+        return f"python {path}: its answer was not understood: {p.stdout[-200:]!r}", ""
+    if dist is not True:
         return f"python {path}: torch {version} was built without torch.distributed", ""
     return None, f"torch {version} on Python {py}"

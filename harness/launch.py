@@ -31,7 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from . import cgroups, interrupts
+from . import cgroups, interrupts, pyspy
 from .capture import Capture
 from .errors import HarnessError
 from .launchers import Discovery, RankProcess, close_fds, process_env
@@ -154,31 +154,21 @@ def _raised(events: Sequence[Event]) -> bool:
     return any(e.ev == RESULT and e.data.get("status") == EXCEPTION for e in events)
 
 
-def _py_spy() -> Optional[str]:
-    return shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+def _remote(r: RankProcess) -> bool:
+    """The row's process runs on an allocation's node (harness.launchers.allocation): its pid
+    means nothing on this machine."""
+    return bool(getattr(r.proc, "remote", False))
 
 
 def native_stacks_available() -> bool:
-    return _py_spy() is not None
+    return pyspy.executable() is not None
 
 
-def native_stacks(pid: int) -> str:
-    """``py-spy dump --native``: the C++ frames (TCPStore::ping -> recv ...) of a stuck rank
-    (py-spy pauses it while reading). Empty when py-spy is not installed; its error when not
-    permitted (needs CAP_SYS_PTRACE)."""
-    exe = _py_spy()
-    if not exe:
-        return ""
-    argv = [exe, "dump", "--native", "--pid", str(pid)]
-    try:
-        p = subprocess.run(argv, capture_output=True,
-                           text=True, timeout=20, start_new_session=True)
-    except (subprocess.TimeoutExpired, OSError) as e:
-        return f"py-spy failed: {e}"
-    if p.returncode == 0:   # pybind11's template frames run to thousands of characters
-        return "\n".join(ln if len(ln) <= 200 else ln[:150] + " ... " + ln[ln.rfind("("):]
-                         for ln in p.stdout.splitlines()) + "\n"
-    return f"py-spy failed (rc {p.returncode}): {p.stderr[-500:]}"
+def native_stacks(pid: int) -> Tuple[List[Dict[str, Any]], str]:
+    """A stuck rank's C++ frames (TCPStore::ping -> recv ...) by ``py-spy dump --native
+    --json`` (harness.pyspy; py-spy pauses it while reading): (threads, their text). Empty
+    without py-spy; the text is py-spy's error when it is not permitted (CAP_SYS_PTRACE)."""
+    return pyspy.dump(pid)
 
 
 def port_owners(port: int) -> List[Dict[str, Any]]:
@@ -349,6 +339,10 @@ class Supervisor:
                 if not r.ready() and _broken_by_scenario(r.obs.events):
                     continue    # a verdict (error in phase import), not a failure to start
                 if not r.ready():   # died before it was ready: the harness could not start it
+                    detail = getattr(r.proc, "failure", lambda: "")()
+                    if detail:      # a task on an allocation's node: Slurm's words
+                        raise HarnessError(f"rank {r.label} was never ready on the "
+                                           f"allocation: {detail}")
                     err = ""
                     if r.err_path is not None:
                         self.capture.wait_eof([r.err_path], timeout=2.0)
@@ -375,9 +369,14 @@ class Supervisor:
 
         early = self._native or {}
         spied: List[RankProcess] = []
+        remote = [r for r in live if _remote(r)]
+        for r in remote:     # on an allocation's node: its task helper signals it there
+            r.proc.dump_stacks()
+        live_here = [r for r in live if not _remote(r)]
         for r in live:
             r.read_events()
             r.cutoff = len(r.obs.events)
+        for r in live_here:
             if r.label in early:
                 continue
             try:
@@ -391,7 +390,7 @@ class Supervisor:
                 spied.append(r)
         # the dump signal first: py-spy pauses a rank while it reads it, which would hold up
         # the rank's own dump
-        for r in live:
+        for r in live_here:
             try:
                 os.kill(r.proc.pid, STACK_SIGNAL)
                 os.kill(r.proc.pid, signal.SIGCONT)
@@ -404,7 +403,9 @@ class Supervisor:
         # to 3 s
         sizes: Dict[str, int] = {}
         stable: Dict[str, int] = {}
-        limit = time.monotonic() + 3.0
+        # a remote rank's dump goes through its helper (a command file, a poll) and a shared
+        # file system: more time
+        limit = time.monotonic() + (10.0 if remote else 3.0)
         while time.monotonic() < limit:
             done = True
             for r in live:
@@ -422,8 +423,9 @@ class Supervisor:
             taken = early.get(r.label) or late.get(r.label)
             if taken is not None:
                 future, at = taken
-                text = future.result()
+                threads, text = future.result()
                 r.obs.native_stacks = (f"(taken at {at:.2f} s)\n" + text) if text else text
+                r.obs.native_threads = threads
         pool.shutdown()
 
     def _start_native_stacks(self) -> None:
@@ -441,7 +443,7 @@ class Supervisor:
         alive = []
         quiet_since = time.monotonic() - min(STACK_LEAD, self.plan.deadline / 4)
         for r in self.ranks:
-            if r.ended or r.proc.poll() is not None:
+            if _remote(r) or r.ended or r.proc.poll() is not None:
                 continue
             r.read_events()
             if r.obs.events and r.obs.events[-1].t > quiet_since:
@@ -527,7 +529,8 @@ class Supervisor:
             self._take_sockets(live)
             for r in live:   # what the load added to its duration, before the stacks' pause
                 pid = r.obs.pid
-                r.obs.waited_at_deadline = runqueue_wait(int(pid)) if pid else None
+                r.obs.waited_at_deadline = runqueue_wait(int(pid)) \
+                    if pid and not _remote(r) else None
             self._capture_stacks(live)
             for r in live:
                 r.obs.killed_at_deadline = True
@@ -578,8 +581,11 @@ class Supervisor:
         from .sockets import children, snapshot
 
         names: Dict[int, str] = {}
+        rows = [r for r in rows if not _remote(r)]   # a node's /proc is not this machine's
         try:
             for r in self.ranks:
+                if _remote(r):
+                    continue
                 if r.proc.pid is not None and r.proc.poll() is None:
                     names[r.proc.pid] = r.label if r.label.startswith(f"{r.role}:") \
                         or f":{r.role}:" in r.label else f"{r.role} {r.label}"
@@ -618,6 +624,8 @@ class Supervisor:
         deadline before the kill, or when a rank first raises. Evidence only. The nft rules
         in force are read at the deadline too (a rule a trigger lifts later is still shown)."""
         if (self._store is not None and not again) or not self.plan.ranks:
+            return
+        if self.plan.allocation is not None:   # the store is on a node, not on this machine
             return
         from .storeprobe import StoreSnapshot, connect_and_ask
 
@@ -714,6 +722,8 @@ class Supervisor:
         psutil only sees the network namespace it runs in): asked now, in a child that the
         ranks' start does not wait for (:meth:`_port_owners_end` reads it before the start
         line; no rank binds a port before it)."""
+        if self.plan.allocation is not None:   # the master port is a node's, not ours
+            return []
         if self.topo is None:
             return port_owners(self.plan.master_port)
         code = ("import json,sys; from harness.launch import port_owners; "
@@ -782,7 +792,8 @@ class Supervisor:
 
 
 def run_scenario(scn: Scenario, keep: Optional[Path] = None,
-                 progress: Optional[Callable[[str], None]] = None) -> RunObservation:
+                 progress: Optional[Callable[[str], None]] = None,
+                 allocation: Any = None) -> RunObservation:
     """Plan and run one scenario case for real; leaves nothing behind, also when interrupted
     (Ctrl-C, SIGTERM: the cleanup runs shielded, then the interrupt goes on).
 
@@ -790,23 +801,33 @@ def run_scenario(scn: Scenario, keep: Optional[Path] = None,
     when the harness failed (a HarnessError), with the error in ``harness-error.txt``.
     ``progress``: called with one line when the start line is released, when each row ends
     and at the deadline (``pytest -v`` prints them live).
+    ``allocation`` (harness.allocation.Allocation): the ranks run across its nodes (the
+    scenario adapted by ``harness.allocation.adapt``); the run directory goes to its shared
+    folder, and no namespace is made.
     """
     from . import topology
 
-    can_netns = not topology.missing()
+    can_netns = not topology.missing() and allocation is None
     with interrupts.shield():
         sweep()
         cgroups.sweep()        # a killed run's cgroups (resource faults), after its processes
-        if can_netns:
+        if not topology.missing():
             topology.sweep()
-        rundir = RunDir()
+        base = None
+        if allocation is not None and allocation.shared_dir:
+            from .rundir import shared_base
+
+            base = shared_base(allocation.shared_dir)
+            sweep(base)
+        rundir = RunDir(base, shared=allocation is not None)
     sup: Optional[Supervisor] = None
     topo: Any = None
     lease: Optional[PortLease] = None
     failure: Optional[BaseException] = None
     try:
         lease = PortLease()
-        plan = make_plan(scn, str(rundir.path), lease.take, netns=can_netns, run_id=rundir.id)
+        plan = make_plan(scn, str(rundir.path), lease.take, netns=can_netns, run_id=rundir.id,
+                         allocation=allocation)
         if plan.netns and not can_netns:
             raise HarnessError("this scenario needs network namespaces: "
                                + "; ".join(topology.missing()))

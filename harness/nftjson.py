@@ -14,7 +14,7 @@ as its JSON (never dropped).
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 __all__ = [
     "Expr",
@@ -118,6 +118,16 @@ def rules_of(echoed: Mapping[str, Any]) -> List[Dict[str, Any]]:
         rule = (item.get("add") or item).get("rule") if isinstance(item, dict) else None
         if isinstance(rule, dict):
             out.append(rule)
+    return out
+
+
+def tables_of(listing: Mapping[str, Any]) -> List[Tuple[str, str]]:
+    """(family, name) of every table in a ``nft -j list tables`` answer."""
+    out = []
+    for item in listing.get("nftables", []):
+        table = item.get("table") if isinstance(item, dict) else None
+        if isinstance(table, dict):
+            out.append((str(table.get("family")), str(table.get("name"))))
     return out
 
 

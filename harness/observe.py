@@ -61,7 +61,9 @@ class RankObservation:
     stacks: str = ""                     # faulthandler's dump (all threads) of a hung rank
     stdout_tail: str = ""
     stderr_tail: str = ""
-    native_stacks: str = ""              # py-spy dump --native of a hung rank, where permitted
+    native_stacks: str = ""              # py-spy's native stacks of a hung rank, as text
+    native_threads: List[Dict[str, Any]] = field(default_factory=list)   # the same, as read
+    #                                      (harness.pyspy.trim of py-spy dump --native --json)
     released_at: Optional[float] = None  # seconds after the start line
     ended_at: Optional[float] = None     # seconds after the start line (as seen by the supervisor)
     notes: List[str] = field(default_factory=list)   # what steps found out about it (an OOM kill)
@@ -102,7 +104,9 @@ class RankObservation:
                 "killed_at_deadline": self.killed_at_deadline,
                 "signals": [s.to_dict() for s in self.signals], "stacks": self.stacks,
                 "stdout_tail": self.stdout_tail, "stderr_tail": self.stderr_tail,
-                "native_stacks": self.native_stacks, "released_at": self.released_at,
+                "native_stacks": self.native_stacks,
+                "native_threads": [dict(t) for t in self.native_threads],
+                "released_at": self.released_at,
                 "ended_at": self.ended_at, "notes": list(self.notes), "role": self.role,
                 "node": self.node, "attempt": self.attempt, "info": dict(self.info),
                 "sockets": [x.to_dict() for x in self.sockets],
@@ -120,6 +124,8 @@ class RankObservation:
                    stacks=d.get("stacks", ""), stdout_tail=d.get("stdout_tail", ""),
                    stderr_tail=d.get("stderr_tail", ""),
                    native_stacks=d.get("native_stacks", ""),
+                   native_threads=[dict(t) for t in d.get("native_threads") or []
+                                   if isinstance(t, dict)],
                    released_at=d.get("released_at"), ended_at=d.get("ended_at"),
                    notes=[str(n) for n in d.get("notes", [])],
                    role=str(d.get("role", "rank")), node=d.get("node"),

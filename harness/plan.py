@@ -173,6 +173,8 @@ class RunPlan:
     #                                  each got: RankPlan.start, start_note)
     dns: Any = None                  # harness.services.dns.DnsPlan (a dns: block), else None
     etcd: Any = None                 # harness.faults._etcd.EtcdPlan (an etcd: block), else None
+    allocation: Optional[Dict[str, Any]] = None   # the Slurm allocation whose nodes run the
+    #                                  ranks (harness.allocation: job, nodes), else None
 
     def service_hosts(self) -> List[str]:
         """Hosts of the run's services (no ranks): the name server's, then etcd's own."""
@@ -253,7 +255,9 @@ class RunPlan:
         return env
 
     def link_env(self, env: Dict[str, str], host: str) -> Dict[str, str]:
-        if self.link:   # as a careful user would: gloo/NCCL use the host's link
+        # as a careful user would: gloo/NCCL use the host's link (an allocation's node: the
+        # interface its environment names, if any; the harness knows none)
+        if self.link and self.host(host).ifname:
             ifname = self.host(host).ifname
             for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
                 env.setdefault(var, ifname)
@@ -288,7 +292,7 @@ class RunPlan:
                           init=init or InitSpec("env"))
 
     def add_process(self, rp: RankPlan) -> RankPlan:
-        if not rp.resolver_view:
+        if not rp.resolver_view and self.allocation is None:
             rp.resolver_view = resolver_view(self.run_dir, self.host(rp.host)) \
                 if self.hosts else ""
         self.ranks.append(rp)
@@ -431,20 +435,36 @@ def plan_hosts(scn: Scenario, run_id: str, netns: bool, link: bool) -> List[Host
             for h in topo.hosts.values()]
 
 
+def allocation_hosts(scn: Scenario, allocation: Any) -> List[HostPlan]:
+    """Hosts on an allocation's nodes: host i (the master host first) is node i; its address
+    is the node's name (what the ranks dial), its interface unknown to the harness."""
+    names = scn.host_names()
+    master = scn.master_host or names[0]
+    order = [master] + [n for n in names if n != master]
+    nodes = dict(zip(order, allocation.nodes))
+    return [HostPlan(n, nodes[n], "", machine=HostNames(hostname=nodes[n])) for n in names]
+
+
 def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
-              netns: bool = False, run_id: Optional[str] = None) -> RunPlan:
+              netns: bool = False, run_id: Optional[str] = None,
+              allocation: Any = None) -> RunPlan:
     """Build the RunPlan for one scenario case (pure). ``take_port`` hands out ports reserved
     for this run (the supervisor's port lease; tests pass a counter). ``netns``: the harness can
     make network namespaces (a multi-host scenario or a network fault needs them; a single-host
     one uses them when ``isolate`` allows). A PlanRefusal names where the scenario asks for
-    something that cannot be planned."""
+    something that cannot be planned. ``allocation`` (harness.allocation.Allocation): the ranks
+    run on its nodes: no namespaces, no resolver view (the nodes resolve as they do)."""
     faults = scn.faults
     run_id = run_id or Path(run_dir).name.replace("run-", "").replace("-", "_")
     multi = scn.hosts is not None and len(scn.hosts) > 1
     use_ns = scn.needs_namespaces() or (netns and scn.isolate == "auto")
     own_etcd = scn.etcd is not None and scn.etcd.own_host(scn.host_names())
     link = multi or scn.dns is not None or own_etcd or any(f.needs_link for f in faults)
-    hosts = plan_hosts(scn, run_id, use_ns, link)
+    if allocation is not None:
+        use_ns, link = False, multi
+        hosts = allocation_hosts(scn, allocation)
+    else:
+        hosts = plan_hosts(scn, run_id, use_ns, link)
     master = next(h for h in hosts if h.name == (scn.master_host or hosts[0].name))
     addr = master.addr if link else scn.master_addr
     if not link and scn.ip == "6" and "master_addr" not in scn.model_fields_set:
@@ -459,13 +479,14 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
         run_dir=run_dir, ranks=[], take_port=take_port, hosts=hosts, netns=use_ns,
         link=link, run_id=run_id, launcher=scn.launcher, program=scn.program_dict(),
         url_port=port2, ip=scn.ip, start=scn.start,
+        allocation=allocation.to_dict() if allocation is not None else None,
     )
     if scn.etcd is not None:   # the run's etcd, before the launcher, which points at it
         from .faults._etcd import plan_etcd
 
         plan_etcd(plan, scn)
     scn.launcher.plan(plan, scn)
-    if not use_ns:
+    if not use_ns and allocation is None:
         plan.add_step(RUN, WriteResolverView(path=resolver_view(run_dir, hosts[0]),
                                                     target="resolver view"))
     if scn.dns is not None:   # the run's name server, before any fault edits it
@@ -486,7 +507,7 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
         plan.steps.insert(0, plan.steps.pop())
         assert shape is plan.steps[0]
     for rp in plan.ranks:   # ranks a fault added too: no rank resolves outside a view
-        if not rp.resolver_view:
+        if not rp.resolver_view and allocation is None:
             host = next((h for h in hosts if h.name == rp.host), hosts[0])
             rp.resolver_view = resolver_view(run_dir, host)
     scn.launcher.assign_start(plan, scn)   # fresh or forked, each process, with the reason

@@ -323,58 +323,75 @@ def proc_state(pid: int) -> Optional[str]:
 
 
 # -- the collective, in a child ----------------------------------------------------------------
+# argv: stacks file, timeout, backend, result file. The result is a JSON file the child writes
+# (what it raised: class, MRO, message; or ok), so that nothing is read from its output, which
+# is torch's log and a traceback for people
 COLLECTIVE = r"""
-import faulthandler, os, signal, sys, time
+import faulthandler, json, os, signal, sys, time
 faulthandler.register(signal.SIGUSR1, file=open(sys.argv[1], "w"), all_threads=True)
-from datetime import timedelta
-import torch, torch.distributed as dist
+def say(**result):
+    with open(sys.argv[4] + ".tmp", "w") as f:
+        json.dump(result, f)
+    os.replace(sys.argv[4] + ".tmp", sys.argv[4])
 t0 = time.monotonic()
 nccl = sys.argv[3] == "nccl"
-if nccl:
-    torch.cuda.set_device(0)
-dist.init_process_group("cpu:gloo,cuda:nccl" if nccl else "gloo",
-                        timeout=timedelta(seconds=float(sys.argv[2])))
-t = torch.ones(1)
-dist.all_reduce(t)
-assert int(t.item()) == dist.get_world_size(), f"all_reduce gave {t.item()}"
-if nccl:
-    t = torch.ones(1, device="cuda")
+try:
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    t0 = time.monotonic()
+    if nccl:
+        torch.cuda.set_device(0)
+    dist.init_process_group("cpu:gloo,cuda:nccl" if nccl else "gloo",
+                            timeout=timedelta(seconds=float(sys.argv[2])))
+    t = torch.ones(1)
     dist.all_reduce(t)
-    torch.cuda.synchronize()
-    assert int(t.item()) == dist.get_world_size(), f"NCCL all_reduce gave {t.item()}"
-    print("PREFLIGHT-NCCL-OK", flush=True)
-dist.destroy_process_group()
-print(f"PREFLIGHT-OK {time.monotonic() - t0:.3f}", flush=True)
+    assert int(t.item()) == dist.get_world_size(), f"all_reduce gave {t.item()}"
+    if nccl:
+        t = torch.ones(1, device="cuda")
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+        assert int(t.item()) == dist.get_world_size(), f"NCCL all_reduce gave {t.item()}"
+    dist.destroy_process_group()
+except BaseException as e:
+    say(ok=False, exception=type(e).__name__, message=str(e),
+        mro=[f"{c.__module__}.{c.__qualname__}" for c in type(e).__mro__], nccl=None)
+    raise
+say(ok=True, s=round(time.monotonic() - t0, 3), nccl="ok" if nccl else None)
 """
 
 
-def classify_collective(rc: Optional[int], out: str, timed_out: bool) -> Tuple[str, str]:
-    """(verdict, reason) in the harness's words (pure)."""
+def classify_collective(rc: Optional[int], result: Optional[Dict[str, Any]],
+                        timed_out: bool) -> Tuple[str, str]:
+    """(verdict, reason) in the harness's words (pure), from the child's exit status and the
+    result it wrote: what it raised is a timeout or an error by the harness's own table
+    (``harness.classify.is_timeout``), as a rank's would be."""
+    from .classify import is_timeout
+
     if timed_out:
         return "hang", "the init or all_reduce outlived its timeout (stacks taken)"
-    if rc == 0 and "PREFLIGHT-OK" in out:
+    if rc == 0 and result and result.get("ok"):
         return "ok", "init_process_group + all_reduce"
-    last = [ln for ln in out.strip().splitlines() if ln.strip()]
-    line = next((ln for ln in reversed(last) if "Error" in ln or "error" in ln),
-                last[-1] if last else f"exit status {rc}")
-    low = line.lower()
-    if "timed out" in low or "timeout" in low:
-        return "timeout", line.strip()[:300]
+    if result and result.get("exception"):
+        line = f"{result['exception']}: {result.get('message', '')}".strip()[:300]
+        timeout = is_timeout(list(result.get("mro") or []), str(result.get("message", "")))
+        return ("timeout" if timeout else "error"), line
     if rc is not None and rc < 0:
         return "crash", f"killed by signal {-rc}"
-    return "error", line.strip()[:300]
+    return "error", f"exit status {rc} without a result (its output is kept)"
 
 
 def collective(d: Path, node: str, rank: int, world: int, master: str, port: int,
                timeout: float, grace: float, nccl_skipped: Optional[str] = "not asked"
                ) -> Dict[str, Any]:
     stacks = d / f"stacks-{node}.txt"
+    said = d / f"collective-{node}.json"
+    said.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
     env.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR=master, MASTER_PORT=str(port),
                LOCAL_RANK="0")
     t0 = time.monotonic()
     p = subprocess.Popen([sys.executable, "-c", COLLECTIVE, str(stacks), str(timeout),
-                          "gloo" if nccl_skipped else "nccl"], env=env,
+                          "gloo" if nccl_skipped else "nccl", str(said)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     timed_out = False
     state = None
@@ -390,14 +407,19 @@ def collective(d: Path, node: str, rank: int, world: int, master: str, port: int
             time.sleep(0.05)                # bounded poll for the dump, then it goes
         p.kill()
         out, _ = p.communicate()
-    verdict, reason = classify_collective(p.returncode, out, timed_out)
+    try:
+        result: Optional[Dict[str, Any]] = json.loads(said.read_text())
+    except (OSError, ValueError):
+        result = None
+    said.unlink(missing_ok=True)
+    verdict, reason = classify_collective(p.returncode, result, timed_out)
     if state == "T":
         reason += " (the process was stopped, state T: SIGSTOP or a debugger)"
     res = {"verdict": verdict, "reason": reason, "s": round(time.monotonic() - t0, 3),
            "returncode": p.returncode, "output": out[-2000:], "master": f"{master}:{port}",
            "stopped": state == "T",
            "nccl": f"skipped: {nccl_skipped}" if nccl_skipped else
-           ("ok" if "PREFLIGHT-NCCL-OK" in out else f"not ok: {verdict}")}
+           ("ok" if result and result.get("nccl") == "ok" else f"not ok: {verdict}")}
     if timed_out and stacks.exists():
         res["stacks"] = stacks.read_text()[-6000:]
     elif stacks.exists() and not stacks.stat().st_size:

@@ -39,6 +39,7 @@ from .probe import probe
 from .schema import Scenario
 
 _BROKEN_KEY = pytest.StashKey[int]()
+_ALLOC_KEY = pytest.StashKey[Any]()
 _STATE_KEY = pytest.StashKey["_SessionState"]()
 
 
@@ -82,6 +83,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run every rank, torchrun agent and spawning parent with this "
                     "interpreter (another image's python, or a venv folder; the scenario's own "
                     "python: entries still win); the report's environment describes it")
+    group.addoption("--harness-launcher", choices=("slurm",), default=None,
+                    help="slurm: inside a Slurm allocation (salloc, sbatch), start every case's "
+                    "ranks with srun across the allocation's nodes (scenario host i = node i; "
+                    "launcher: direct scenarios become one task per rank, launcher: slurm ones "
+                    "run their srun there); what needs root on the nodes is skipped with the "
+                    "reason")
+    group.addoption("--harness-shared-dir", metavar="DIR", default=None,
+                    help="with --harness-launcher slurm: where run directories go, a folder "
+                    "every node of the allocation sees (the home or a project file system); "
+                    "default: HARNESS_TMP, else the temp dir (checked: a node that cannot "
+                    "read it fails the case, named)")
     parser.addini("harness_scenarios", type="args", default=[],
                   help="extra globs of YAML files to collect as scenarios (relative to rootdir)")
 
@@ -93,6 +105,17 @@ def pytest_configure(config: pytest.Config) -> None:
             config.addinivalue_line("markers", f"{mark}: scenario mark (marks: in "
                                     f"{', '.join(files[:3])}{' ...' * (len(files) > 3)})")
     config.stash[_BROKEN_KEY] = 0
+    if config.getoption("harness_launcher", None) == "slurm":
+        from . import allocation
+
+        try:
+            config.stash[_ALLOC_KEY] = allocation.current(
+                config.getoption("harness_shared_dir", None) or "")
+        except allocation.NotInAllocation as e:
+            raise pytest.UsageError(str(e)) from None
+    elif config.getoption("harness_shared_dir", None):
+        raise pytest.UsageError("--harness-shared-dir is for --harness-launcher slurm (the "
+                                "run directories every node of an allocation must see)")
     state = _SessionState()
     config.stash[_STATE_KEY] = state
     worker = hasattr(config, "workerinput")
@@ -401,7 +424,14 @@ class ScenarioItem(pytest.Item):
 
         python = self.python()
         env = probe(python or None)
-        why = skip_reason(self.started(), env)
+        alloc = self.config.stash.get(_ALLOC_KEY, None)
+        if alloc is not None:
+            from . import allocation
+
+            why = allocation.unsupported(self.started(), alloc)
+            if why:
+                pytest.skip(f"on {allocation.describe(alloc)}: {why}")
+        why = skip_reason(self.started(), env, on_allocation=alloc is not None)
         if why:
             pytest.skip(why)
         self.expectation = self.scenario.expectation_for(env["torch"])
@@ -413,7 +443,8 @@ class ScenarioItem(pytest.Item):
         for i in range(1, n + 1):   # a repeated case keeps each run's evidence in run-<i>/
             where = self.evidence if n == 1 else self.evidence / f"run-{i}"
             say = self._progress(f"run {i} of {n}: " if n > 1 else "")
-            run = run_scenario(self.started(), keep=where, progress=say)
+            run = run_scenario(self.on_where(), keep=where, progress=say,
+                               allocation=self.config.stash.get(_ALLOC_KEY, None))
             verdicts = explain_run(run, classify_run(run))
             write_evidence(where, run, verdicts)
             self.runs.append((run, verdicts))
@@ -428,6 +459,17 @@ class ScenarioItem(pytest.Item):
             update["start"] = opt
         scn = self.scenario.model_copy(update=update) if update else self.scenario
         return with_interpreter(scn, self.python())
+
+    def on_where(self) -> Scenario:
+        """The scenario as it runs: on an allocation (--harness-launcher slurm), with the
+        allocation's launcher in place of its own."""
+        scn = self.started()
+        alloc = self.config.stash.get(_ALLOC_KEY, None)
+        if alloc is None:
+            return scn
+        from . import allocation
+
+        return allocation.adapt(scn, alloc)
 
     def python(self) -> str:
         """--harness-python, resolved ('' when not given)."""

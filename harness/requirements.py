@@ -23,7 +23,11 @@ from .machine import (  # noqa: F401 - the requirement types, for fault modules 
 from .schema import Scenario
 
 
-def skip_reason(scn: Scenario, env: Dict[str, Any]) -> Optional[str]:
+def skip_reason(scn: Scenario, env: Dict[str, Any], on_allocation: bool = False
+                ) -> Optional[str]:
+    """The first thing this machine lacks for the case (None: nothing). ``on_allocation``: the
+    ranks run on an allocation's nodes (harness.allocation says what cannot run there): no
+    namespace, resolver view, test cluster or service of this machine is needed."""
     if env.get("torch") in (None, "none"):
         return f"torch is not importable by {env.get('python', 'this Python')}: " \
                f"{env.get('error', '')} (install torch first)"
@@ -36,6 +40,12 @@ def skip_reason(scn: Scenario, env: Dict[str, Any]) -> Optional[str]:
                     "(backend_available: false), and this one has it")
     elif why:
         return why
+    if on_allocation:
+        for py in scn.interpreters():
+            why, _ = interpreters.probe(interpreters.resolve(py))
+            if why:
+                return why
+        return None
     if scn.needs_namespaces():
         why = NAMESPACES.missing()
         if why:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import tempfile
@@ -78,13 +79,23 @@ def base_dir() -> Path:
     return private_dir(tmp_root() / f"{STATE_PREFIX}{os.geteuid()}")
 
 
+def shared_base(folder: str) -> Path:
+    """This user's state folder inside ``folder`` (a shared file system every node of an
+    allocation sees: ``--harness-shared-dir``)."""
+    return private_dir(Path(folder).absolute() / f"{STATE_PREFIX}{os.geteuid()}")
+
+
 # the kinds of owned folders the sweep looks at: a run's, and a session's zygote's
 # (harness.forkserver: it outlives runs, not its supervisor)
 KINDS = ("run", "zygote")
 
 
 class RunDir:
-    def __init__(self, base: Optional[Path] = None, kind: str = "run"):
+    def __init__(self, base: Optional[Path] = None, shared: bool = False, kind: str = "run"):
+        """``shared``: the run's directory lies where other machines see it too (an
+        allocation's run): its owner says its machine, and a sweep on another machine leaves
+        it alone (it cannot tell whether that owner lives). ``kind``: ``run``, or ``zygote``
+        for a session's zygote's folder (owner and pid record, the same shape)."""
         if kind not in KINDS:
             raise ValueError(f"not a kind of state folder: {kind!r}")
         self.base = base or base_dir()
@@ -93,9 +104,12 @@ class RunDir:
         # made under a name the sweep ignores, owned, then renamed: a concurrent sweep never
         # sees a run-* directory without its owner
         tmp = self.base / f".new-{self.id}"
+        owner = dict(identity(os.getpid()))
+        if shared:
+            owner["host"] = socket.gethostname()
         try:
             tmp.mkdir(mode=0o755)
-            (tmp / "owner.json").write_text(json.dumps(identity(os.getpid())))
+            (tmp / "owner.json").write_text(json.dumps(owner))
             os.rename(tmp, self.path)
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -138,11 +152,35 @@ def kill_recorded(run: Path) -> List[int]:
 
 
 def _owner_alive(run: Path) -> bool:
+    """The run's owner lives, or lives on another machine (a shared folder's run, owned
+    elsewhere: not this machine's to judge)."""
     try:
         owner = json.loads((run / "owner.json").read_text())
     except (OSError, ValueError):
         return False
+    if isinstance(owner, dict) and owner.get("host") not in (None, socket.gethostname()):
+        return True
     return isinstance(owner, dict) and alive(owner)
+
+
+def cancel_steps(run: Path) -> List[str]:
+    """A dead allocation run's Slurm steps (``alloc/steps``, as its tasks reported them):
+    ``scancel JOB.STEP`` each, never a whole job; returns the steps asked to end."""
+    try:
+        steps = (run / "alloc" / "steps").read_text().split()
+    except OSError:
+        return []
+    out = []
+    for step in steps:
+        job, _, num = step.partition(".")
+        if job.isdigit() and num.isdigit() and shutil.which("scancel"):
+            try:
+                subprocess.run(["scancel", "--quiet", step], capture_output=True, timeout=30,
+                               start_new_session=True)
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            out.append(step)
+    return out
 
 
 def sweep(base: Optional[Path] = None) -> List[str]:
@@ -153,8 +191,10 @@ def sweep(base: Optional[Path] = None) -> List[str]:
         if _owner_alive(run):
             continue
         pids = kill_recorded(run)
+        steps = cancel_steps(run)
         _rmtree(run)
-        removed.append(f"{run.name}" + (f" (killed {pids})" if pids else ""))
+        removed.append(f"{run.name}" + (f" (killed {pids})" if pids else "")
+                       + (f" (cancelled Slurm steps {', '.join(steps)})" if steps else ""))
     return removed
 
 

@@ -4,13 +4,18 @@ This module owns everything a run does to the network: it makes one network name
 scenario host, links them, applies network changes (filter rules, cuts, random drops,
 rate limits, each host's resolver view in ``/etc/netns``) and always removes all of it.
 It never configures anything in the root network namespace: no interface, no bridge, no
-nftables table there. Links and addresses are made over netlink (pyroute2's ``IPRoute``, in a
-thread that entered the namespace); namespaces are pinned and removed with ``ip netns``,
-commands run in a host with ``ip netns exec`` (which also mounts its resolver view), qdiscs
-with ``tc``. It needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); see :func:`missing`. nftables is
-driven through its JSON interface only (``nft -j``, :mod:`harness.nftjson`): rules go in as JSON
-and their handles come back as JSON; :meth:`Topology.rules` renders ``nft -j list table`` back
-to the text ``nft -a list table`` prints, for reports and the diagnosis.
+nftables table there. Namespaces, links, addresses and qdiscs are made over netlink with
+pyroute2, from a short-lived thread that entered the namespace (or unshared a new one: no fork
+of the supervisor); namespaces are pinned under ``/run/netns`` as ``ip netns add`` pins them
+(pyroute2's ``netns.attach``/``netns.remove``), so that commands run in a host with ``ip netns
+exec`` (which also mounts its resolver view from ``/etc/netns``). Kernel files that show the
+opener's namespace (``/proc/sys/net``, ``/proc/thread-self/net/snmp``) are read and written
+from such a thread too. It needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); see :func:`missing`.
+nftables is driven through its JSON interface only (``nft -j``, :mod:`harness.nftjson`): rules
+go in as JSON and their handles come back as JSON, and whether a table or rule is still there
+is asked (``nft -j list``), never read from an error's words; :meth:`Topology.rules` renders
+``nft -j list table`` back to the text ``nft -a list table`` prints, for reports and the
+diagnosis. No program's human-readable output is parsed here.
 
 Layout
 ------
@@ -76,6 +81,7 @@ link's MTU, :meth:`counters` reads its kernel's TCP counters.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -110,6 +116,8 @@ from typing import (
 )
 
 from pyroute2 import IPRoute, NetlinkError
+from pyroute2 import netns as pyroute2_netns
+from pyroute2.netlink.rtnl import TC_H_ROOT
 
 from . import nftjson, resolver
 from .procs import alive, identity
@@ -144,15 +152,7 @@ _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,7}-$")
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9_]{1,24}$")
 _HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,15}$")
 _HOSTNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")
-_TC_VALUE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?[A-Za-z]*$")
-# What ip/nft/tc print when the thing to delete is already gone.
-_GONE_MARKERS = (
-    "No such file or directory",
-    "Cannot find device",
-    "does not exist",
-    "Cannot open network namespace",
-    "Cannot delete qdisc with handle of zero",
-)
+_TC_VALUE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)$")
 _SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
 _CAP_NET_ADMIN = 12
 _CAP_SYS_ADMIN = 21
@@ -220,17 +220,9 @@ def _argv(argv: Sequence[str]) -> List[str]:
     return [first, *argv[1:]]
 
 
-def _gone(stderr: str) -> bool:
-    return any(marker in stderr for marker in _GONE_MARKERS)
-
-
-def _run(
-    argv: Sequence[str], *, stdin: Optional[str] = None, ok_if_gone: bool = False
-) -> subprocess.CompletedProcess[str]:
-    """Run a command with check semantics; the error names the command and its stderr.
-
-    With ``ok_if_gone``, a failure whose stderr says the object does not exist is not an error.
-    """
+def _run(argv: Sequence[str], *, stdin: Optional[str] = None) -> subprocess.CompletedProcess[str]:
+    """Run a command with check semantics; the error names the command and its stderr (quoted
+    for a person: nothing is read from it)."""
     full = _argv(argv)
     try:
         proc = subprocess.run(
@@ -251,7 +243,7 @@ def _run(
         raise TopologyError(
             f"`{shlex.join(argv)}` did not finish within {COMMAND_TIMEOUT_S:.0f} s", argv=full
         ) from exc
-    if proc.returncode != 0 and not (ok_if_gone and _gone(proc.stderr)):
+    if proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip() or "(no output)"
         where = f"\ninput:\n{stdin.rstrip()}" if stdin else ""
         raise TopologyError(
@@ -291,7 +283,7 @@ def _netns_pids(netns: str) -> List[int]:
 
 
 # --------------------------------------------------------------------------------------------
-# links and addresses: netlink (pyroute2)
+# namespaces, links, addresses, qdiscs: netlink (pyroute2), from a thread in the namespace
 
 _T = TypeVar("_T")
 _CLONE_NEWNET = 0x40000000
@@ -301,41 +293,67 @@ _IFA_F_NODAD = 0x02
 _GONE_ERRNOS = (errno.ENODEV, errno.ENOENT)
 
 
-def _in_netns(netns: str, what: str, call: Callable[[Any], _T], *,
-              ok_if_gone: bool = False) -> Optional[_T]:
-    """``call(ipr)`` with a netlink socket (pyroute2 ``IPRoute``) made inside ``netns``, in a
-    short-lived thread that enters it (setns affects that thread only). Not pyroute2's own
-    ``NetNS``: that forks the calling process, and a fork of the supervisor runs its signal
-    handlers and test session in the child. Errors become TopologyError naming the namespace
-    and ``what``; with ``ok_if_gone``, "no such device/namespace" is no error."""
+def _in_thread(netns: Optional[str], call: Callable[[], _T]) -> _T:
+    """``call()`` in a short-lived thread that entered the named namespace (setns affects that
+    thread only), or, with ``netns`` None, a new network namespace of its own (unshare). What
+    it opens there stays there: a netlink socket, ``/proc/sys/net``, ``/proc/thread-self/net``
+    (``/proc/self/net`` is the process's, not the thread's). Not pyroute2's own ``NetNS`` or
+    ``netns.create``: those fork the calling process, and a fork of the supervisor runs its
+    signal handlers and test session in the child. What ``call`` raises is raised here."""
     out: List[Any] = []
 
     def run() -> None:
         try:
             libc = ctypes.CDLL(None, use_errno=True)
-            fd = os.open(NETNS_RUN_DIR / netns, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if libc.setns(fd, _CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), f"setns {NETNS_RUN_DIR / netns}")
-            finally:
-                os.close(fd)
-            with IPRoute() as ipr:
-                out.append(call(ipr))
+            if netns is None:
+                if libc.unshare(_CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
+            else:
+                fd = os.open(NETNS_RUN_DIR / netns, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    if libc.setns(fd, _CLONE_NEWNET) != 0:
+                        raise OSError(ctypes.get_errno(), f"setns {NETNS_RUN_DIR / netns}")
+                finally:
+                    os.close(fd)
+            out.append(call())
         except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
             out.append(exc)
 
-    t = threading.Thread(target=run, name=f"netlink-{netns}")
+    t = threading.Thread(target=run, name=f"netns-{netns or 'new'}")
     t.start()
     t.join()
-    got = out[0] if out else RuntimeError("the netlink thread ended without an answer")
+    got = out[0] if out else RuntimeError("the namespace thread ended without an answer")
     if isinstance(got, BaseException):
-        code = got.code if isinstance(got, NetlinkError) else getattr(got, "errno", None)
-        if ok_if_gone and code in _GONE_ERRNOS:
-            return None
-        if isinstance(got, (NetlinkError, OSError)):
-            raise TopologyError(f"{what} in {netns} failed: {got}") from got
         raise got
     return got  # type: ignore[no-any-return]
+
+
+def _in_netns(netns: str, what: str, call: Callable[[Any], _T], *,
+              ok_if_gone: bool = False) -> Optional[_T]:
+    """``call(ipr)`` with a netlink socket (pyroute2 ``IPRoute``) made inside ``netns``
+    (:func:`_in_thread`). Errors become TopologyError naming the namespace and ``what``; with
+    ``ok_if_gone``, "no such device/namespace" (by errno) is no error."""
+    def with_socket() -> _T:
+        with IPRoute() as ipr:
+            return call(ipr)
+
+    try:
+        return _in_thread(netns, with_socket)
+    except (NetlinkError, OSError) as exc:
+        code = exc.code if isinstance(exc, NetlinkError) else exc.errno
+        if ok_if_gone and code in _GONE_ERRNOS:
+            return None
+        raise TopologyError(f"{what} in {netns} failed: {exc}") from exc
+
+
+def _in_netns_files(netns: str, what: str, call: Callable[[], _T]) -> _T:
+    """``call()`` in a thread inside ``netns`` (:func:`_in_thread`), for files that show the
+    opener's namespace (``/proc/sys/net``, ``/proc/thread-self/net``); OSError becomes
+    TopologyError."""
+    try:
+        return _in_thread(netns, call)
+    except OSError as exc:
+        raise TopologyError(f"{what} in {netns} failed: {exc}") from exc
 
 
 def _index(ipr: Any, ifname: str) -> int:
@@ -349,6 +367,55 @@ def _delete_link(netns: str, ifname: str) -> None:
     """Remove an interface (no error if it or its namespace is gone)."""
     _in_netns(netns, f"deleting link {ifname}",
               lambda ipr: ipr.link("del", index=_index(ipr, ifname)), ok_if_gone=True)
+
+
+def _add_netns(netns: str) -> None:
+    """A new named network namespace, pinned at ``/run/netns/<netns>`` as ``ip netns add``
+    pins it (pyroute2's ``netns.attach``: the same shared mount of /run/netns and bind mount
+    that iproute2 makes, so ``ip netns exec`` and the sweep see it), made by a thread that
+    unshared its network namespace (no fork)."""
+    path = NETNS_RUN_DIR / netns
+    try:
+        _in_thread(None, lambda: pyroute2_netns.attach(str(path), "thread-self"))
+    except OSError as exc:
+        if exc.errno != errno.EEXIST:   # a failed mount leaves the empty mount point behind
+            with contextlib.suppress(OSError):
+                if not os.path.ismount(path):
+                    path.unlink()
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise TopologyError(f"making the network namespace {netns} failed: {path}: {why}") \
+            from exc
+
+
+def _remove_netns(netns: str) -> None:
+    """Unpin a named namespace as ``ip netns delete`` does (pyroute2's ``netns.remove``: a lazy
+    unmount, then the file); no error if it is gone already."""
+    try:
+        pyroute2_netns.remove(str(NETNS_RUN_DIR / netns))
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise TopologyError(f"removing the network namespace {netns} failed: {exc}") from exc
+
+
+def _root_qdisc(ipr: Any, index: int) -> Optional[Any]:
+    """The qdisc the harness set at the root of a link, if any (a default one the kernel
+    attached by itself has handle 0 and is nothing to remove)."""
+    for msg in ipr.get_qdiscs(index=index):
+        if msg["index"] == index and msg["parent"] == TC_H_ROOT and msg["handle"]:
+            return msg
+    return None
+
+
+def _clear_root_qdisc(netns: str, dev: str) -> None:
+    """Remove the root qdisc of a link (none there, or the link or namespace gone: no error)."""
+    def clear(ipr: Any) -> None:
+        index = _index(ipr, dev)
+        q = _root_qdisc(ipr, index)
+        if q is not None:   # no kind given: pyroute2 would encode that kind's options
+            ipr.tc("del", index=index, handle=q["handle"], parent=TC_H_ROOT)
+
+    _in_netns(netns, f"removing the qdisc of {dev}", clear, ok_if_gone=True)
 
 
 def _kill_netns_processes(netns: str) -> List[int]:
@@ -367,7 +434,7 @@ def _kill_netns_processes(netns: str) -> List[int]:
 
 def _delete_netns(netns: str) -> None:
     _kill_netns_processes(netns)
-    _run(["ip", "netns", "delete", netns], ok_if_gone=True)
+    _remove_netns(netns)
     shutil.rmtree(NETNS_ETC_DIR / netns, ignore_errors=True)
     _unpin(UTS_DIR / netns)
 
@@ -463,10 +530,38 @@ def _port_match(proto: str, ports: Ports) -> Tuple[nftjson.Expr, bool]:
     return nftjson.match(dport, _ports_value(_port_list(list(ports)))), False
 
 
-def _check_tc_value(what: str, value: str) -> str:
-    if not isinstance(value, str) or not _TC_VALUE_RE.match(value):
-        raise ValueError(f"{what} must look like '1mbit', '32kb' or '400ms', got {value!r}")
-    return value
+# tc's units (tc(8), "UNITS"), read as tc reads them (case-insensitive): the harness gives the
+# kernel numbers, so the words of a scenario must mean what they meant to tc
+_RATE_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12, "bps": 8,
+              "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}
+_SIZE_BYTES = {"b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2, "g": 1024**3,
+               "gb": 1024**3, "kbit": 1024 / 8, "mbit": 1024**2 / 8, "gbit": 1024**3 / 8}
+_TIME_US = {"s": 1e6, "sec": 1e6, "secs": 1e6, "ms": 1e3, "msec": 1e3, "msecs": 1e3,
+            "us": 1, "usec": 1, "usecs": 1}
+
+
+def _tc_value(what: str, value: str, units: Mapping[str, float], default: str) -> float:
+    m = _TC_VALUE_RE.match(value) if isinstance(value, str) else None
+    unit = (m.group(2) or default).lower() if m else ""
+    if not m or unit not in units:
+        raise ValueError(f"{what} must be a number and one of tc's units "
+                         f"({', '.join(units)}), got {value!r}")
+    return float(m.group(1)) * units[unit]
+
+
+def tc_rate(rate: str) -> int:
+    """tc's rate words (``1mbit``, ``100kbps``; a bare number is bits) in bytes per second."""
+    return max(1, int(_tc_value("rate", rate, _RATE_BITS, "bit") / 8))
+
+
+def tc_size(size: str) -> int:
+    """tc's size words (``16kb``: 16384 bytes; a bare number is bytes) in bytes."""
+    return int(_tc_value("size", size, _SIZE_BYTES, "b"))
+
+
+def tc_time(time_: str) -> int:
+    """tc's time words (``400ms``; a bare number is microseconds) in microseconds."""
+    return int(_tc_value("time", time_, _TIME_US, "us"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -665,7 +760,7 @@ class Topology:
 
     def _build(self) -> None:
         for netns in self.namespaces:
-            _run(["ip", "netns", "add", netns])
+            _add_netns(netns)
             self._made.append(netns)
         for netns in self.namespaces:
             _in_netns(netns, "setting lo up",
@@ -742,8 +837,7 @@ class Topology:
         for host in self._hosts.values():
             if host.netns in made:
                 try:
-                    self._nft(host.netns, [nftjson.delete_table("inet", self.table)],
-                              ok_if_gone=True)
+                    self._delete_table(host.netns)
                 except TopologyError as exc:
                     problems.append(str(exc))
                 if self.link:
@@ -779,16 +873,37 @@ class Topology:
 
     # ---- nftables -------------------------------------------------------------------------
 
-    def _nft(self, netns: str, commands: Sequence[nftjson.Expr], *,
-             ok_if_gone: bool = False) -> Dict[str, Any]:
+    def _nft(self, netns: str, commands: Sequence[nftjson.Expr]) -> Dict[str, Any]:
         """One batch of JSON commands (``nft -j --echo --handle -f -``: all or nothing); what
         nft echoed back (the added objects with their handles), as JSON."""
         out = _run(["ip", "netns", "exec", netns, "nft", "-j", "--echo", "--handle", "-f", "-"],
-                   stdin=nftjson.script(commands), ok_if_gone=ok_if_gone).stdout
+                   stdin=nftjson.script(commands)).stdout
         try:
             return dict(json.loads(out)) if out.strip() else {}
         except ValueError as exc:
             raise TopologyError(f"nft in {netns} echoed no JSON ({exc}): {out[:300]}") from exc
+
+    def _nft_list(self, netns: str, *what: str) -> Dict[str, Any]:
+        """``nft -j list WHAT`` in the namespace, as JSON."""
+        out = _run(["ip", "netns", "exec", netns, "nft", "-j", "list", *what]).stdout
+        try:
+            return dict(json.loads(out))
+        except ValueError as exc:
+            raise TopologyError(f"nft -j list {' '.join(what)} in {netns} gave no JSON ({exc}): "
+                                f"{out[:300]}") from exc
+
+    def _has_table(self, netns: str) -> bool:
+        """Whether the namespace still exists and holds the run's table (asked, not guessed
+        from an error's words)."""
+        if not (NETNS_RUN_DIR / netns).exists():
+            return False
+        return ("inet", self.table) in nftjson.tables_of(self._nft_list(netns, "tables"))
+
+    def _delete_table(self, netns: str) -> None:
+        """Remove the run's table from a namespace (no error when it or the namespace is
+        gone)."""
+        if self._has_table(netns):
+            self._nft(netns, [nftjson.delete_table("inet", self.table)])
 
     def _add_rules(self, kind: str,
                    rules: Mapping[str, Sequence[Tuple[str, Sequence[nftjson.Expr]]]]) -> str:
@@ -820,21 +935,27 @@ class Topology:
         return handle
 
     def _delete_rules(self, rules: Sequence[_Rule]) -> None:
+        """Remove rules by their handles: per host, those the table still holds (listed first,
+        so that a rule already gone never fails the batch that removes the others)."""
+        by_host: Dict[str, List[_Rule]] = {}
         for rule in rules:
-            # one batch per rule: a rule already gone must not keep the others
-            self._nft(self.host(rule.host).netns,
-                      [nftjson.delete_rule("inet", self.table, rule.chain, rule.nft_handle)],
-                      ok_if_gone=True)
+            by_host.setdefault(rule.host, []).append(rule)
+        for host, host_rules in by_host.items():
+            netns = self.host(host).netns
+            if not self._has_table(netns):
+                continue
+            there = {(str(r.get("chain")), r.get("handle"))
+                     for r in nftjson.rules_of(self._nft_list(netns, "table", "inet",
+                                                              self.table))}
+            gone = [nftjson.delete_rule("inet", self.table, r.chain, r.nft_handle)
+                    for r in host_rules if (r.chain, r.nft_handle) in there]
+            if gone:
+                self._nft(netns, gone)
 
     def rules_json(self, host: str) -> Dict[str, Any]:
         """The host's nftables table as ``nft -j list table`` gives it."""
         self._require_up()
-        out = _run(["ip", "netns", "exec", self.host(host).netns, "nft", "-j", "list", "table",
-                    "inet", self.table]).stdout
-        try:
-            return dict(json.loads(out))
-        except ValueError as exc:
-            raise TopologyError(f"nft -j list table gave no JSON ({exc}): {out[:300]}") from exc
+        return self._nft_list(self.host(host).netns, "table", "inet", self.table)
 
     def rules(self, host: str) -> str:
         """The host's nftables table in nft's own text (what ``nft -a list table`` prints),
@@ -1052,70 +1173,57 @@ class Topology:
         queue_bound: str = "400ms",
         direction: LossDirection = "out",
     ) -> None:
-        """Limit the host's link with a ``tbf`` qdisc (``tc qdisc replace``).
+        """Limit the host's link with a ``tbf`` qdisc (replacing the root qdisc, over netlink).
 
         ``out`` shapes what the host sends (its ``eth0``), ``in`` what it receives (the
         bridge-side end of its veth, in the switch namespace). ``queue_bound`` (tbf's own
         keyword for it is "latency") bounds queueing; it adds no delay. ``burst`` defaults to
-        16kb, or 80kb on loopback, whose 64 KiB packets tbf would otherwise drop.
+        16kb, or 80kb on loopback, whose 64 KiB packets tbf would otherwise drop. Values are
+        written in tc's units (:func:`tc_rate`, :func:`tc_size`, :func:`tc_time`); the kernel
+        gets the numbers ``tc qdisc replace ... tbf rate R burst B latency L`` would give it.
         """
         self._require_up()
-        _check_tc_value("rate", rate)
-        _check_tc_value("queue_bound", queue_bound)
         if burst is None:
             burst = "16kb" if self.link else "80kb"
-        _check_tc_value("burst", burst)
+        params = {"rate": tc_rate(rate), "burst": tc_size(burst),
+                  "latency": tc_time(queue_bound)}
+        def tbf(ipr: Any, dev: str) -> None:
+            ipr.tc("replace", "tbf", _index(ipr, dev), **params)
+
         for netns, dev in self._shaped_links(host, direction):
-            _run(
-                [
-                    "tc",
-                    "-n",
-                    netns,
-                    "qdisc",
-                    "replace",
-                    "dev",
-                    dev,
-                    "root",
-                    "tbf",
-                    "rate",
-                    rate,
-                    "burst",
-                    burst,
-                    "latency",   # tbf's keyword for its queue bound
-                    queue_bound,
-                ]
-            )
+            _in_netns(netns, f"limiting {dev} to {rate}", functools.partial(tbf, dev=dev))
 
     def clear_rate_limit(self, host: str, direction: LossDirection = "both") -> None:
         """Remove a limit set by :meth:`rate_limit` (no error if there is none)."""
         self._require_up()
         for netns, dev in self._shaped_links(host, direction):
-            _run(["tc", "-n", netns, "qdisc", "delete", "dev", dev, "root"], ok_if_gone=True)
+            _clear_root_qdisc(netns, dev)
 
     def add_delay(self, host: str, delay_ms: float, jitter_ms: float = 0.0) -> None:
         """Delay what the host sends on its link with a ``netem`` qdisc (where the kernel has
         one: :func:`qdisc_missing`)."""
         self._require_up()
         net = self.host(host)
-        argv = ["tc", "-n", net.netns, "qdisc", "replace", "dev", net.ifname, "root", "netem",
-                "delay", f"{delay_ms}ms"] + ([f"{jitter_ms}ms"] if jitter_ms else [])
-        _run(argv)
+        params = {"delay": round(delay_ms * 1000), "jitter": round(jitter_ms * 1000)}  # µs
+        _in_netns(net.netns, f"delaying {net.ifname} by {delay_ms:g} ms",
+                  lambda ipr: ipr.tc("replace", "netem", _index(ipr, net.ifname), **params))
 
     def clear_delay(self, host: str) -> None:
         """Remove a delay set by :meth:`add_delay` (no error if there is none)."""
         self._require_up()
         net = self.host(host)
-        _run(["tc", "-n", net.netns, "qdisc", "delete", "dev", net.ifname, "root"],
-             ok_if_gone=True)
+        _clear_root_qdisc(net.netns, net.ifname)
 
     # ---- extra interfaces ------------------------------------------------------------------
 
     def add_spare_link(self, host: str, ifname: str, up: bool = False) -> str:
         """A second interface on the host with an address of its own subnet (the harness's
-        pool, routed by no link of the run), left down unless ``up``: a NIC that is configured
-        but has no carrier. It is one end of a veth
-        pair whose other end (``<ifname>p``) stays down in the same namespace (this kernel may
-        lack the dummy link type); both go with the namespace. Returns its address."""
+        pool, routed by no link of the run: every host's is in the same subnet, and nothing
+        joins them), left down unless ``up``: a NIC that is configured but has no carrier. It
+        is one end of a veth pair whose other end (``<ifname>p``) stays in the same namespace
+        (this kernel may lack the dummy link type), down, or with ``up`` up too (the card has
+        carrier on a network where no other host is: ARP for a peer's address there is never
+        answered); both go with the namespace. Returns its address."""
         self._require_up()
         net = self.host(host)
         index = list(self._hosts).index(host)
@@ -1125,6 +1233,7 @@ class Topology:
             index = _index(ipr, ifname)
             ipr.addr("add", index=index, address=addr, prefixlen=self.spare_network.prefixlen)
             if up:
+                ipr.link("set", index=_index(ipr, f"{ifname}p"), state="up")
                 ipr.link("set", index=index, state="up")
 
         _in_netns(net.netns, f"adding the spare link {ifname}", make)
@@ -1245,23 +1354,30 @@ class Topology:
         why = sysctl_problem(key, value)
         if why:
             raise ValueError(why)
-        path = "/proc/sys/" + key.replace(".", "/")
-        # /proc/sys/net shows the namespace of the process that opens it: written from inside
-        _run(["ip", "netns", "exec", self.host(host).netns, "sh", "-c",
-              'printf "%s\\n" "$1" > "$2"', "sysctl", str(value), path])
+        path = Path("/proc/sys", *key.split("."))
+        text = f"{value}\n"
+
+        def write() -> None:
+            with open(path, "w") as f:
+                f.write(text)
+
+        # /proc/sys/net shows the namespace of the thread that opens it: written from inside
+        _in_netns_files(self.host(host).netns, f"setting {key}", write)
 
     def sysctl(self, host: str, key: str) -> str:
         """A kernel setting as the host's namespace has it."""
-        path = "/proc/sys/" + key.replace(".", "/")
-        return _run(["ip", "netns", "exec", self.host(host).netns, "cat", path]).stdout.strip()
+        path = Path("/proc/sys", *key.split("."))
+        return _in_netns_files(self.host(host).netns, f"reading {key}",
+                               lambda: path.read_text().strip())
 
     def counters(self, host: str) -> Dict[str, int]:
         """The host's kernel TCP counters that say what happened on its network: listen queue
         overflows and drops, SYN retransmits, resets, failed connects (its namespace is new
-        with the run: the counts are the run's). Only the non-zero ones."""
+        with the run: the counts are the run's). Only the non-zero ones. Read from
+        ``/proc/thread-self/net`` by a thread inside the namespace."""
         h = self.host(host)
-        text = _run(["ip", "netns", "exec", h.netns, "cat", "/proc/net/snmp",
-                     "/proc/net/netstat"]).stdout
+        text = _in_netns_files(h.netns, "reading the TCP counters", lambda: "".join(
+            Path("/proc/thread-self/net", name).read_text() for name in ("snmp", "netstat")))
         return parse_counters(text)
 
     def set_mtu(self, host: str, mtu: int) -> None:
@@ -1413,24 +1529,37 @@ def sweep(prefix: str = PREFIX) -> List[str]:
     return removed
 
 
+# what a qdisc is tried with (the options its kind cannot do without)
+_PROBE_PARAMS: Dict[str, Dict[str, int]] = {
+    "netem": {"delay": 1000},                                      # 1 ms, in µs
+    "tbf": {"rate": 125_000, "burst": 16_384, "latency": 400_000},  # 1mbit, 16kb, 400ms
+}
+
+
 def qdisc_missing(kind: str) -> Optional[str]:
-    """Whether this kernel has the ``kind`` qdisc (tried in a scratch namespace); None if it
-    does, else what tc said."""
+    """Whether this kernel has the ``kind`` qdisc (tried on ``lo`` of a scratch namespace, over
+    netlink); None if it does, else what the kernel answered."""
     if missing():
         return "; ".join(missing())
     netns = f"{PREFIX}probe{os.getpid()}"
     try:
-        _run(["ip", "netns", "add", netns])
+        _add_netns(netns)
     except TopologyError as exc:
         return f"could not make a scratch namespace to try it: {exc}"
+    params = _PROBE_PARAMS.get(kind, {})
     try:
-        proc = subprocess.run(_argv(["tc", "-n", netns, "qdisc", "add", "dev", "lo", "root",
-                                     kind] + (["delay", "1ms"] if kind == "netem" else [])),
-                              capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
-                              start_new_session=True)
-        if proc.returncode != 0:
-            return f"the {kind} qdisc is missing (tc said: {proc.stderr.strip()[:120]})"
+        _in_netns(netns, f"adding a {kind} qdisc",
+                  lambda ipr: ipr.tc("add", kind, _index(ipr, "lo"), **params))
         return None
+    except TopologyError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, NetlinkError):   # ENOENT: no such qdisc kind in this kernel
+            said = f"{errno.errorcode.get(cause.code, cause.code)}: {os.strerror(cause.code)}"
+        else:
+            said = str(cause if cause is not None else exc)
+        return f"the {kind} qdisc is missing (the kernel answered {said})"
+    except (KeyError, ValueError, TypeError) as exc:   # a kind pyroute2 cannot encode
+        return f"the {kind} qdisc cannot be asked for here: {exc!r}"
     finally:
         _delete_netns(netns)
 
@@ -1454,7 +1583,6 @@ def capabilities() -> Dict[str, Any]:
         "cap_sys_admin": bool(caps >> _CAP_SYS_ADMIN & 1),
         "ip": _tool("ip"),
         "nft": _tool("nft"),
-        "tc": _tool("tc"),
     }
 
 
@@ -1471,13 +1599,11 @@ def missing() -> List[str]:
         )
     if not caps["cap_sys_admin"]:
         problems.append(
-            "no CAP_SYS_ADMIN in the effective capabilities: `ip netns add` cannot "
-            "mount namespaces (a container needs --cap-add SYS_ADMIN)"
+            "no CAP_SYS_ADMIN in the effective capabilities: network namespaces cannot "
+            "be pinned (mounted) (a container needs --cap-add SYS_ADMIN)"
         )
     if caps["ip"] is None:
         problems.append("ip not found: apt-get install iproute2")
     if caps["nft"] is None:
         problems.append("nft not found: apt-get install nftables")
-    if caps["tc"] is None:
-        problems.append("tc not found: apt-get install iproute2")
     return problems

@@ -120,3 +120,42 @@ def test_environment_allow_list_and_secret_names(tmp_path):
     with pytest.raises(cl.CaptureError, match="looks like a secret"):
         cl.scenario_of(["python", "t.py"], tmp_path / "o.yaml", env=env, cwd=tmp_path,
                        keep_env=("MY_API_KEY",))
+
+
+@pytest.mark.parametrize("command, launcher, program", [
+    (["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
+      "t.py", "--x", "1"], {"kind": "torchrun", "max_restarts": 1},
+     {"script": "t.py", "args": ["--x", "1"]}),
+    (["python", "-m", "torch.distributed.launch", "--nproc-per-node", "2", "--use-env", "t.py"],
+     {"kind": "launch", "use_env": True}, {"script": "t.py"}),
+    (["python", "-m", "torch.distributed.launch", "--nproc-per-node", "2", "--use_env", "t.py"],
+     {"kind": "launch", "use_env": True}, {"script": "t.py"}),
+    (["python", "-m", "torch.distributed.launch", "--nproc-per-node", "2", "t.py"],
+     {"kind": "launch"}, {"script": "t.py"}),
+    (["torchrun", "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+      "--rdzv-endpoint", "localhost:0", "--monitor-interval", "1", "t.py"],
+     {"kind": "torchrun", "nnodes": 1, "rdzv_backend": "c10d", "rdzv_endpoint": "localhost",
+      "monitor_interval": 1.0}, {"script": "t.py"}),
+    (["torchrun", "--standalone", "--nproc-per-node", "2", "--rdzv-conf",
+      "join_timeout=5,is_host=true", "--redirects", "3", "t.py"],
+     {"kind": "torchrun", "standalone": True, "rdzv_conf": {"join_timeout": 5, "is_host": True},
+      "args": ["--redirects", "3"]}, {"script": "t.py"}),
+    (["env", "OMP_NUM_THREADS=2", "WORLD_SIZE=2", "python", "-u", "-m", "json.tool"],
+     None, {"module": "json.tool"}),
+])
+def test_every_understood_form_writes_a_scenario_that_loads(tmp_path, command, launcher,
+                                                            program):
+    """Each command form capture claims (torchrun, python -m torch.distributed.run, the legacy
+    launch with and without --use-env, env NAME=VALUE python -m MODULE): the scenario it
+    writes, with an expectation, is one the loader takes, with that launcher."""
+    from harness.loader import load_text
+
+    (tmp_path / "t.py").write_text("pass\n")
+    env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    command = [sys.executable if w == "python" else w for w in command]
+    scn, _ = cl.scenario_of(command, tmp_path / "o.yaml", env=env, cwd=tmp_path)
+    assert scn.get("launcher") == launcher and scn["program"] == program
+    assert scn["world_size"] == 2 and "python" not in scn    # the harness's own interpreter
+    scn.update(about="x", expect={"job": "ok"})
+    (loaded,) = load_text(yaml.safe_dump(scn), str(tmp_path / "o.yaml"))
+    assert loaded.launcher.kind == (launcher or {"kind": "direct"})["kind"]

@@ -558,18 +558,19 @@ def test_ranks_making_groups_in_another_order_are_said_to_deadlock(obs):
     assert v1.cause.startswith("this rank makes its steps in another order")
 
 
-TEARDOWN = """Thread 17395 (idle): "MainThread"
-    std::thread::join (libstdc++.so.6.0.30)
-    c10d::ProcessGroupGloo::~ProcessGroupGloo (libtorch_cpu.so)
-    c10d::ProcessGroup::~ProcessGroup (libtorch_cpu.so)
-    c10d::Reducer::~Reducer (libtorch_cpu.so)
-    run_rank (harness/worker.py:313)
-Thread 17519 (idle)
-    pthread_cond_timedwait (libc.so.6)
-    pybind11::gil_scoped_acquire::gil_scoped_acquire (libtorch_python.so)
-    c10d::ProcessGroupGloo::AsyncWork::~AsyncWork (libtorch_cpu.so)
-    c10d::ProcessGroupGloo::runLoop (libtorch_cpu.so)
-"""
+def _frames(*names):
+    return [{"function": n, "file": "libtorch_cpu.so", "line": 0} for n in names]
+
+
+# what harness.pyspy keeps of `py-spy dump --native --json`
+TEARDOWN = [
+    {"thread": 17395, "name": "MainThread", "state": "idle", "frames": _frames(
+        "std::thread::join", "c10d::ProcessGroupGloo::~ProcessGroupGloo",
+        "c10d::ProcessGroup::~ProcessGroup", "c10d::Reducer::~Reducer", "run_rank")},
+    {"thread": 17519, "name": None, "state": "idle", "frames": _frames(
+        "pthread_cond_timedwait", "pybind11::gil_scoped_acquire::gil_scoped_acquire",
+        "c10d::ProcessGroupGloo::AsyncWork::~AsyncWork", "c10d::ProcessGroupGloo::runLoop")},
+]
 
 
 def test_a_gil_deadlock_in_torchs_teardown_is_read_from_the_native_stacks(obs):
@@ -577,14 +578,45 @@ def test_a_gil_deadlock_in_torchs_teardown_is_read_from_the_native_stacks(obs):
     r1 = obs.rank("1", reached="destroy", killed_at_deadline=True, end=60.0,
                   stacks=obs.hung_stacks)
     run = obs.run(r1)
-    run.ranks[0].native_stacks = TEARDOWN
+    run.ranks[0].native_threads = TEARDOWN
     run.plan.update({"master_port": 29500, "ranks": [{"label": "1", "env": {}}]})
     (v,) = explain_run(run, classify_run(run))
     assert v.cause.startswith("deadlocked in torch's teardown (destroy): the main thread, "
                               "freeing a DDP Reducer, joins ProcessGroupGloo's worker thread")
-    run.ranks[0].native_stacks = TEARDOWN.split("Thread 17519")[0]   # one side: no deadlock
+    run.ranks[0].native_threads = TEARDOWN[:1]          # one side: no deadlock
     (v,) = explain_run(run, classify_run(run))
     assert not v.cause.startswith("deadlocked")
+    # the words alone (the text a person reads) prove nothing: the rule reads the threads
+    from harness.pyspy import render
+
+    run.ranks[0].native_threads, run.ranks[0].native_stacks = [], render(TEARDOWN)
+    (v,) = explain_run(run, classify_run(run))
+    assert not v.cause.startswith("deadlocked")
+
+
+def test_py_spy_json_is_trimmed_and_shown_in_py_spys_own_layout():
+    from harness.pyspy import render, trim
+
+    raw = [{"pid": 7, "thread_id": 140, "thread_name": "MainThread", "os_thread_id": 7,
+            "active": False, "owns_gil": False, "frames": [
+                {"name": "clock_nanosleep", "filename": "/usr/lib/libc.so.6",
+                 "short_filename": "libc.so.6", "line": 0, "locals": None},
+                {"name": "<module>", "filename": "/x/<string>", "short_filename": "<string>",
+                 "line": 1}]},
+           {"pid": 7, "thread_id": 141, "thread_name": None, "os_thread_id": 9,
+            "active": True, "owns_gil": True, "frames": [
+                {"name": "pybind11::" + "x" * 5000, "short_filename": "libtorch_python.so",
+                 "line": 0}]},
+           "not a thread"]
+    threads = trim(raw)
+    assert [t["thread"] for t in threads] == [7, 9]
+    text = render(threads)
+    assert text.splitlines()[:3] == ['Thread 7 (idle): "MainThread"',
+                                     "    clock_nanosleep (libc.so.6)",
+                                     "    <module> (<string>:1)"]
+    assert text.splitlines()[3] == "Thread 9 (active+gil)"
+    assert len(text.splitlines()[4]) < 200 and text.splitlines()[4].endswith(
+        " ... (libtorch_python.so)")
 
 
 # ranks a launcher started itself (srun's tasks: role "worker", not in the plan)
@@ -818,3 +850,141 @@ def test_a_rank_hung_in_a_collective_after_its_one_failed_peer_died(obs):
     assert v0.cause.startswith("waited in workload step 2 for rank 2, which had ended (crash) "
                                "at 0.025 s")
     assert "TORCH_GLOO_LAZY_INIT=1" in v0.cause
+
+
+def test_a_rank_starved_of_cpu_before_it_reached_the_store_is_named_by_both(obs):
+    from harness.observe import StepRecord
+
+    r0 = obs.rank("0", reached="init", end=6.0, exc=obs.exc("DistStoreError", JOINED))
+    r1 = obs.rank("1", reached="init", end=15.4, exc=obs.exc("DistNetworkError", CLIENT))
+    run, _ = _run(obs, r0, r1)
+    run.step_log = [StepRecord("cpu_contention#1", "cpu_contention", "do",
+                               "pin rank 1 to the busy processes' CPU", "rank 1", 0.0)]
+    v0, v1 = explain_run(run, classify_run(run))
+    assert v0.cause == ("waited for 1 of 2 clients: rank 1 never reached it: it was starved of "
+                        "CPU (the scenario's cpu_contention fault: pin rank 1 to the busy "
+                        "processes' CPU)")
+    assert v1.cause.startswith("starved of CPU by the scenario's cpu_contention fault (pin rank "
+                               "1 to the busy processes' CPU), it was still in init when the "
+                               "others had given up: the store's host, rank 0, had ended")
+
+
+def test_a_late_agent_meeting_a_closed_rendezvous_names_the_agent_that_closed_it(obs):
+    a0 = obs.rank("agent:node0", reached="init", end=11.7, role="agent", host="node0")
+    a1 = obs.rank("agent:node1", reached="init", end=8.3, role="agent", host="node1",
+                  exc=obs.exc("RuntimeError", "The rendezvous 'x' is closed"))
+    a1.released_at = 8.0
+    w0 = obs.rank("0", end=8.1, role="worker", host="node0", node="agent:node0")
+    run = obs.run(a0, a1, w0)
+    run.plan.update({"ranks": []})
+    vs = classify_run(run)
+    for v in vs:   # the exception class a real agent raises
+        if v.label == "agent:node1":
+            v.exception = "RendezvousClosedError"
+    a1v = next(v for v in explain_run(run, vs) if v.label == "agent:node1")
+    assert a1v.cause.startswith("the rendezvous was already closed: agent:node0 had run its "
+                                "job to the end (its workers ended by 8.14 s)")
+
+
+def test_an_unresolved_name_says_what_the_runs_name_server_was_made_to_answer(obs):
+    from harness.observe import StepRecord
+
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    r1.stderr_tail = "(gai error: -2 - Name or service not known)\n"
+    run, _ = _run(obs, r1)
+    run.step_log = [StepRecord("dns_name#1", "dns_name", "do", "dns: master.cluster.test -> "
+                               "SERVFAIL", "dns", 0.0)]
+    v = explain_run(run, classify_run(run))[0]
+    assert v.cause == ("a name did not resolve (MASTER_ADDR=127.0.0.1): the run's name server: "
+                       "master.cluster.test -> SERVFAIL (the scenario's dns_name fault, from 0 s)")
+    run.step_log.append(StepRecord("dns_name#1", "dns_name", "undo", "", "dns", 3.0))
+    assert explain_run(run, classify_run(run))[0].cause == \
+        "a name did not resolve (MASTER_ADDR=127.0.0.1)"   # healed before this rank gave up
+
+
+def test_ranks_that_called_different_collectives_are_named_with_their_calls(obs):
+    msg = "[unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete"
+    runs = []
+    for label, op in (("0", "barrier"), ("1", "all_reduce")):
+        d = obs.rank_dict(label, reached="init", end=5.7, exc=obs.exc("RuntimeError", msg))
+        for e in d["events"]:
+            if e.get("ev") == "result":
+                e["phase"] = "collective 1"
+        d["events"].insert(-1, {"ev": "phase", "t": obs.t0 + 0.5, "phase": "collective 1",
+                                "op": op})
+        from harness.observe import RankObservation
+        runs.append(RankObservation.from_dict(d))
+    _, (v0, v1) = _run(obs, *runs)
+    assert v0.phase == "collective 1"
+    assert v0.cause.startswith("the ranks called different collectives at their collective 1 "
+                               "(rank 0 barrier, rank 1 all_reduce: a rank-dependent branch")
+    runs[1].events[-2].data["op"] = "barrier"   # the same call on both: not said
+    _, (v0, _) = _run(obs, *runs)
+    assert "different collectives" not in v0.cause
+
+
+def test_ddp_parameters_that_got_no_gradient_are_named(obs):
+    msg = ("Expected to have finished reduction in the prior iteration before starting a new "
+           "one. ...\nParameter indices which did not receive grad for rank 1: 2 3\n In addition")
+    v = _told(obs, obs.exc("RuntimeError", msg), {}, reached="workload step 1")
+    assert v.cause.startswith("DDP's previous step never finished its reduction: some "
+                              "parameters took no part in this rank's loss (parameters 2 3 got "
+                              "no gradient on rank 1)")
+
+
+NO_ROUTE = ("Gloo connectFullMesh failed with [.../pair.cc:152] timed out connecting: SO_ERROR: "
+            "No route to host, remote=[10.9.0.1]:41383$1")
+
+
+def test_a_gloo_pair_dialling_a_second_cards_address_names_the_card_on_both_sides(obs):
+    from harness.observe import StepRecord
+
+    r0 = obs.rank("0", reached="init", end=29.0, exc=obs.exc("RuntimeError", WAITED),
+                  host="node0", addr="10.0.0.1")
+    r1 = obs.rank("1", reached="init", end=10.0, exc=obs.exc("RuntimeError", NO_ROUTE),
+                  host="node1", addr="10.0.0.2")
+    run = obs.run(r0, r1)
+    run.plan.update({"master_port": 29500, "hosts": [{"name": "node0", "addr": "10.0.0.1"},
+                                                     {"name": "node1", "addr": "10.0.0.2"}],
+                     "ranks": [{"label": r, "env": {"RANK": r, "GLOO_SOCKET_IFNAME": "eth1"}}
+                               for r in ("0", "1")]})
+    run.step_log = [StepRecord(f"second_nic#{i}", "second_nic", "do", f"add eth1 (up) on {h}",
+                               f"host {h}", 0.0, info={"addr": a})
+                    for i, (h, a) in enumerate((("node0", "10.9.0.1"), ("node1", "10.9.0.2")))]
+    v0, v1 = explain_run(run, classify_run(run))
+    assert v1.cause == ("its gloo pair dialled 10.9.0.1:41383, the address of host node0's "
+                        "second card eth1, on a network no other host is on (No route to "
+                        "host): rank 0 advertised it (GLOO_SOCKET_IFNAME=eth1)")
+    assert v0.cause.startswith("gloo's full mesh never connected: rank 1 dialled "
+                               "10.9.0.1:41383, the address this rank advertised on node0's "
+                               "second card eth1 (GLOO_SOCKET_IFNAME=eth1)")
+    assert "node0 eth1: 10.9.0.1" in v1.cause_evidence
+
+
+def test_a_name_the_ranks_own_hosts_file_does_not_list_is_said_unresolved_there(obs):
+    msg = "The client socket has timed out after 10000ms while trying to connect to (node0, 42889)."
+    r1 = obs.rank("1", reached="init", end=12.9, host="node1",
+                  exc=obs.exc("DistNetworkError", msg))
+    run, _ = _run(obs, r1)
+    run.plan["master_port"] = 20512
+    run.plan["hosts"] = [{"name": "node0", "machine": {"hostname": "node0", "entries": {
+        "node0": ["10.0.0.1"], "node1": ["10.0.0.2"]}}},
+        {"name": "node1", "machine": {"hostname": "node1", "entries": {"node1": ["10.0.0.2"]}}}]
+    v = explain_run(run, classify_run(run))[0]
+    assert v.cause.startswith("it dialled node0, a name host node1's hosts file does not list "
+                              "(it knows node1; the run has no name server)")
+
+
+def test_a_second_jobs_rank_that_joined_the_first_jobs_store_is_said_so(obs):
+    msg = "[unbound_buffer.cc:78] Timed out waiting 2000ms for recv operation to complete"
+    a0 = obs.rank("0", end=3.5)
+    a1 = obs.rank("1", end=3.5)
+    b0 = obs.rank("job2:0", reached="init", end=1.04, exc=obs.exc("DistNetworkError", IN_USE))
+    b1 = obs.rank("job2:1", reached="workload step 1", end=3.03,
+                  exc=obs.exc("RuntimeError", msg))
+    run, _ = _run(obs, a0, a1, b0, b1)
+    run.plan["ranks"][2]["env"]["RANK"] = "0"
+    run.plan["ranks"][3]["env"]["RANK"] = "1"
+    v = explain_run(run, classify_run(run))[3]
+    assert v.cause.startswith("it joined another job's store: its own rank 0 (job2:0) could not "
+                              "start one on port 29500 (EADDRINUSE at 1.04 s)")

@@ -247,6 +247,26 @@ def test_hung_ranks_have_faulthandler_stacks_of_the_worker(stopped):
         assert "harness/worker.py" in vs[label].stacks, vs[label].stacks
 
 
+def test_hung_ranks_native_stacks_are_read_from_py_spys_json(stopped):
+    """Rank 0 waits in the barrier: py-spy's JSON threads are kept (its main thread in the
+    worker's Python and torch's C++ below), and the text shown is rendered from them; rank 1
+    is stopped, which py-spy cannot attach to, and says so."""
+    from harness.launch import native_stacks_available
+
+    if not native_stacks_available():
+        pytest.skip("py-spy is not installed")
+    o, _ = stopped
+    r0, r1 = (next(r for r in o["ranks"] if r["label"] == k) for k in ("0", "1"))
+    main = next(t for t in r0["native_threads"] if t["name"] == "MainThread")
+    files = [f["file"] for f in main["frames"]]
+    assert "harness/worker.py" in files, files
+    assert any(f["line"] == 0 and "torch" in f["file"] for f in main["frames"]), files
+    assert r0["native_stacks"].startswith("(taken at ")
+    assert f'Thread {main["thread"]} ({main["state"]}): "MainThread"' in r0["native_stacks"]
+    assert r1["native_threads"] == [] and r1["native_stacks"].startswith(
+        "(no native stacks: the rank is stopped")
+
+
 def test_hung_run_ends_after_the_deadline(stopped):
     o, _ = stopped
     assert o["wall"] >= 4.0

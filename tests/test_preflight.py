@@ -40,16 +40,25 @@ def test_gloo_interface_follows_the_host_name_or_the_variable(monkeypatch):
     assert "no interface 'eth9'" in pf.gloo_interface("n1", [], ifs)["problem"]
 
 
+def _raised(cls, message, mro=("builtins.RuntimeError", "builtins.Exception")):
+    return {"ok": False, "exception": cls, "message": message, "mro": [cls, *mro]}
+
+
 def test_the_collective_is_classified_in_the_harness_words():
-    assert pf.classify_collective(0, "PREFLIGHT-OK 0.4\n", False)[0] == "ok"
-    assert pf.classify_collective(None, "", True)[0] == "hang"
-    v, why = pf.classify_collective(1, "Traceback\ntorch.distributed.DistStoreError: Timed out "
-                                       "after 6 seconds waiting for clients. 1/2 clients "
-                                       "joined.\n", False)
+    assert pf.classify_collective(0, {"ok": True, "s": 0.4}, False)[0] == "ok"
+    assert pf.classify_collective(None, None, True)[0] == "hang"
+    v, why = pf.classify_collective(1, _raised(
+        "torch.distributed.DistStoreError", "Timed out after 6 seconds waiting for clients. "
+        "1/2 clients joined."), False)
     assert v == "timeout" and "1/2 clients joined" in why
-    assert pf.classify_collective(1, "RuntimeError: Connection refused\n", False)[0] == "error"
-    assert pf.classify_collective(-9, "", False)[0] == "crash"
-    assert pf.classify_collective(0, "", False)[0] == "error"     # exit 0 without the result
+    # the harness's table, not the words: gloo's refused connect says "timed out" too
+    assert pf.classify_collective(1, _raised(
+        "RuntimeError", "Gloo connectFullMesh failed ... timed out connecting: SO_ERROR: "
+        "Connection refused"), False)[0] == "error"
+    assert pf.classify_collective(1, _raised("ValueError", "a timeout of -1",
+                                             ("builtins.Exception",)), False)[0] == "error"
+    assert pf.classify_collective(-9, None, False)[0] == "crash"
+    assert pf.classify_collective(0, None, False)[0] == "error"     # exit 0 without the result
 
 
 def _facts(node, torch="2.13.0", own=("10.0.0.1",), names=None, ports=(29500, 40000)):

@@ -96,3 +96,53 @@ def test_quiet_runs_print_no_progress_lines(conv):
     result = conv.runpytest_subprocess("-k", "first", "-p", "no:cacheprovider")
     assert "start line:" not in result.stdout.str()
     result.assert_outcomes(passed=1, deselected=2)
+
+
+# -- the same through `harness run` --------------------------------------------------------------
+
+def _harness_run(cwd, *argv):
+    """`harness run` in a child process (its cache must outlive it); the report's cases in
+    the order they ran, as {case: status}."""
+    import json
+    import subprocess
+    import sys
+
+    report = cwd / "r.json"
+    report.unlink(missing_ok=True)
+    p = subprocess.run([sys.executable, "-m", "harness", "run", *argv, "--report", str(report),
+                        "--no-progress"], cwd=cwd, capture_output=True, text=True, timeout=300)
+    cases = json.loads(report.read_text())["cases"]
+    ran = {c["id"].split("[")[-1].rstrip("]"): c["status"] for c in cases}
+    assert p.returncode == (1 if "failed" in ran.values() else 0), \
+        p.stdout[-3000:] + p.stderr[-2000:]
+    assert "Interrupted" not in p.stdout        # --sw's stop is a failed run, not an interrupt
+    return ran
+
+
+@pytest.fixture
+def elsewhere(tmp_path):
+    """The scenarios in a project of their own (its pytest.ini makes it pytest's rootdir),
+    run from another folder: the cache must be the current folder's, not the project's."""
+    project = tmp_path / "project"
+    (project / "scenarios").mkdir(parents=True)
+    (project / "scenarios" / "conv.yaml").write_text(CASES)
+    (project / "pytest.ini").write_text("[pytest]\n")
+    here = tmp_path / "here"
+    here.mkdir()
+    return here, str(project / "scenarios")
+
+
+def test_harness_run_last_failed_and_failed_first_use_the_current_folders_cache(elsewhere):
+    here, folder = elsewhere
+    assert _harness_run(here, folder) == {"first": "passed", "bad": "failed", "last": "passed"}
+    assert (here / ".pytest_cache" / "v" / "cache" / "lastfailed").is_file()
+    assert not (here.parent / "project" / ".pytest_cache").exists()
+    assert _harness_run(here, folder, "--lf") == {"bad": "failed"}
+    ran = _harness_run(here, folder, "--ff")
+    assert list(ran) == ["bad", "first", "last"] and ran["bad"] == "failed"
+
+
+def test_harness_run_stepwise_stops_at_the_failure_and_resumes_there(elsewhere):
+    here, folder = elsewhere
+    assert _harness_run(here, folder, "--sw") == {"first": "passed", "bad": "failed"}
+    assert _harness_run(here, folder, "--sw") == {"bad": "failed"}

@@ -166,14 +166,37 @@ def test_srun_lines_give_each_tasks_exit_status():
     assert tasks["1"] == {"node": "node1", "how": "Exited with exit code 7"}
     assert {t: slurm_job.task_code(v["how"]) for t, v in tasks.items()} == \
         {"0": -15, "1": 7, "2": 1, "3": 1}
-    job = slurm_job.parse_job("JobId=1 JobName=harness JobState=FAILED Reason=NonZeroExitCode "
-                              "Dependency=(null) ExitCode=7:0 NodeList=node[0-1]")
+    # squeue --json as Slurm 22.05.8 gave it for this job (trimmed): exit_code is the raw
+    # wait status, as scontrol showed it then: "ExitCode=7:0"
+    job = slurm_job.job_of({"meta": {}, "errors": [], "jobs": [
+        {"job_id": 1, "job_state": "FAILED", "state_reason": "NonZeroExitCode",
+         "exit_code": 1792, "derived_exit_code": 1792, "nodes": "node[0-1]"}]})
     assert job == {"JobId": "1", "JobState": "FAILED", "Reason": "NonZeroExitCode",
                    "ExitCode": "7:0", "NodeList": "node[0-1]"}
     text = slurm_job.summary(7, job, tasks, lines)
     assert text.startswith("srun exited with status 7; job 1 FAILED (NonZeroExitCode) "
                            "ExitCode=7:0; task 0 on node0: Terminated; task 1 on node1: ")
     assert text.endswith("tasks 2-3: Exited with exit code 1")
+
+
+def test_slurms_json_is_read_for_jobs_and_nodes():
+    from harness.services.slurm import states_of
+
+    newest = slurm_job.job_of({"jobs": [
+        {"job_id": 1, "job_state": "COMPLETED", "exit_code": 0, "nodes": "node0"},
+        {"job_id": 2, "job_state": "NODE_FAIL", "state_reason": "NodeDown", "exit_code": 15,
+         "nodes": "node[0-1]"}]})
+    assert newest == {"JobId": "2", "JobState": "NODE_FAIL", "Reason": "NodeDown",
+                      "ExitCode": "0:15", "NodeList": "node[0-1]"}    # killed by SIGTERM
+    later = slurm_job.job_of({"jobs": [{"job_id": 3, "job_state": ["FAILED"], "exit_code": {
+        "status": ["EXITED"], "return_code": {"number": 2}, "signal": {"id": {"number": 0}}}}]})
+    assert (later["JobState"], later["ExitCode"], later["Reason"]) == ("FAILED", "2:0", "None")
+    assert slurm_job.job_of({"jobs": []}) == {} and slurm_job.job_of("nonsense") == {}
+    assert states_of({"nodes": [{"name": "node0", "state": "idle", "state_flags": []},
+                                {"name": "node1", "state": "down",
+                                 "state_flags": ["NOT_RESPONDING"]},
+                                {"name": "node2", "state": ["IDLE", "DRAIN"]}]}) == \
+        {"node0": "idle", "node1": "down+not_responding", "node2": "idle+drain"}
 
 
 def test_the_launcher_is_registered_and_its_tools_are_in_doctor():

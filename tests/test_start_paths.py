@@ -219,6 +219,25 @@ def test_interface_list_with_a_down_nic_first(counter_ports):
     assert all(s.trigger.is_setup for s in links)
 
 
+def test_a_second_card_is_added_up_on_the_hosts_without_touching_the_ranks(counter_ports):
+    p = plan(counter_ports, **HOSTS, env={"GLOO_SOCKET_IFNAME": "eth1"},
+             faults=[{"kind": "second_nic", "hosts": ["b"]}])
+    (link,) = [s for s in p.steps if isinstance(s, SpareLink)]
+    assert (link.host, link.ifname, link.up, link.trigger.is_setup) == ("b", "eth1", True, True)
+    assert {p.rank(r).env["GLOO_SOCKET_IFNAME"] for r in ("0", "1")} == {"eth1"}
+    p = plan(counter_ports, **HOSTS, faults=[{"kind": "second_nic", "up": False}])
+    assert sorted((s.host, s.up) for s in p.steps if isinstance(s, SpareLink)) == \
+        [("a", False), ("b", False)]
+
+
+@pytest.mark.parametrize("fault,why", [
+    ({"kind": "second_nic", "hosts": ["c"]}, "faults[0].hosts[0]: no host 'c' (hosts: a, b)"),
+    ({"kind": "second_nic", "name": "eth0"}, "faults[0].name: eth0 is the host's own link"),
+])
+def test_a_second_card_on_no_host_or_named_as_the_link_is_refused(fault, why):
+    assert why in refused({**HOSTS, "faults": [fault]})
+
+
 def test_first_outside_the_list_modes_is_refused():
     msg = refused({**HOSTS, "faults": [{"kind": "wrong_interface", "mode": "missing",
                                         "first": True}]})

@@ -48,6 +48,9 @@ Problem = Tuple[Tuple[Any, ...], str]   # (location inside the fault, message)
 OUTSIDE = "a rank number outside the world"
 COLLISION = "a rank number that another process has"
 ENTRY_POINT_GROUP = "torchdist_harness.faults"
+UNSAID = "<unsaid>"     # Fault.ON_ALLOCATION's default: the kind did not say
+NEEDS_ROOT = ("needs root on the allocation's nodes (the harness's own network namespaces, "
+              "nftables and tc); a real allocation gives neither")
 
 
 
@@ -65,6 +68,12 @@ class Fault(BaseModel):
     REQUIRES: ClassVar[Sequence[Requirement]] = ()   # everything this kind may need
     needs_netns: ClassVar[bool] = False   # the run must have network namespaces
     needs_link: ClassVar[bool] = False    # ... and hosts joined by a real link (not only lo)
+    # across a real allocation's nodes (harness.allocation): None = it works there (what it
+    # does reaches the ranks through their environment, their worker spec, their release or a
+    # signal the node's task helper sends); a text = why it is skipped there. Left at UNSAID, a
+    # kind that needs network namespaces is skipped as needing root, any other kind as one
+    # that never said it works there: never a silent pass
+    ON_ALLOCATION: ClassVar[Optional[str]] = UNSAID
 
     def check(self, scn: Any) -> List[Problem]:
         """Problems the schema cannot see (ranks outside the world, wrong init method...)."""
@@ -90,6 +99,16 @@ class Fault(BaseModel):
 
     def apply(self, plan: Any, scn: Any) -> None:
         raise NotImplementedError
+
+    def allocation_problem(self, scn: Any) -> Optional[str]:
+        """Why this fault cannot act across a real allocation's nodes (None: it can)."""
+        said = type(self).ON_ALLOCATION
+        if said is not UNSAID:
+            return said
+        if self.needs_netns or self.needs_link:
+            return NEEDS_ROOT
+        return (f"the fault kind {self.kind} does not say that it works on a real allocation's "
+                "nodes (its class's ON_ALLOCATION)")
 
     def extra_labels(self, scn: Any) -> List[str]:
         """Labels of ranks this fault adds (beyond the scenario's own 0..world_size-1)."""

@@ -131,6 +131,10 @@ class ProxyFault(Fault, When):
 
     TOXIC: ClassVar[str] = ""              # the proxy's toxic type
     REQUIRES: ClassVar[Sequence[Requirement]] = (NAMESPACES, NFT)
+    ON_ALLOCATION = (
+        "the fault proxy is a service of the harness beside the ranks (in front of their ports,"
+        " redirected by nftables in a namespace of the harness's): not built for an "
+        "allocation's nodes")
     host: Optional[str] = Field(None, max_length=MAX_NAME,
                                 description="the host whose traffic (default: the master host)")
     traffic: Union[Literal["store", "data", "all"], List[Port]] = Field(

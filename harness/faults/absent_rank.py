@@ -10,6 +10,7 @@ from . import Fault
 
 class AbsentRank(Fault):
     kind: Literal["absent_rank"] = "absent_rank"
+    ON_ALLOCATION = None   # works on an allocation's nodes
     summary = "chosen ranks are never started (the world counts them; their verdict is absent)"
     HINTS = ("a rank that never came up",)
     ranks: List[int] = Field(default_factory=lambda: [1], min_length=1, max_length=MAX_WORLD,

@@ -44,6 +44,9 @@ class HoldPort(Step):
 
 class BusyPort(Fault):
     kind: Literal["busy_port"] = "busy_port"
+    ON_ALLOCATION = (
+        "its port holder is a process the harness starts on its own machine (or in its "
+        "namespaces) before the ranks: not built for an allocation's nodes")
     summary = "MASTER_PORT is held by another process (bound, listening, or accepting silently)"
     mode: Literal["bound", "listening", "accepting"] = Field(
         "listening", description="bound: bind() only; listening: listen() and never accept(); "

@@ -12,6 +12,9 @@ from . import Fault
 
 class ConcurrentJob(Fault):
     kind: Literal["concurrent_job"] = "concurrent_job"
+    ON_ALLOCATION = (
+        "a second job on the same port would be a second srun step beside the case's one: not "
+        "built for an allocation")
     summary = "a second job on the same MASTER_PORT (two jobs on one machine, default port)"
     delay: Seconds = Field(0.0, description="the second job starts this long after the first")
     world_size: Optional[int] = Field(None, ge=1, le=MAX_WORLD, description="default: the "

@@ -117,6 +117,9 @@ class Starve(RankLimit):
 
 class CpuContention(Fault):
     kind: Literal["cpu_contention"] = "cpu_contention"
+    ON_ALLOCATION = (
+        "a CPU quota (a cgroup) or busy processes pinned beside the rank are set from the "
+        "harness's own machine by the rank's pid: not built for an allocation's nodes")
     summary = "a rank starved of CPU from the start line: a CPU quota (cgroup), or busy " \
         "processes pinned to its CPU with it"
     REQUIRES: ClassVar = (CGROUP_CPU,)

@@ -15,6 +15,7 @@ def _one() -> List[Target]:
 
 class DelayedRank(Fault):
     kind: Literal["delayed_rank"] = "delayed_rank"
+    ON_ALLOCATION = None   # works on an allocation's nodes
     summary = "chosen ranks are released this many seconds after the start line"
     ranks: List[Target] = Field(
         default_factory=_one, max_length=MAX_WORLD,

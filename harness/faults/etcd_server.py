@@ -28,6 +28,9 @@ from ._etcd import EtcdAbsent, EtcdDrop, EtcdFreeze, EtcdKill, EtcdSlow
 
 class EtcdServer(Fault, When):
     kind: Literal["etcd_server"] = "etcd_server"
+    ON_ALLOCATION = (
+        "it acts on the run's own etcd, a service on the harness's machine or in its "
+        "namespaces: not built for an allocation's nodes")
     summary = "the run's etcd (torchrun's etcd rendezvous): never started, killed, frozen, " \
         "unreachable, wiped, slow"
     HINTS = ("a rendezvous service that is down", "etcd killed", "etcd frozen")

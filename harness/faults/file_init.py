@@ -87,6 +87,9 @@ class ReadOnlyDir(Step):
 
 class FileInit(Fault):
     kind: Literal["file_init"] = "file_init"
+    ON_ALLOCATION = (
+        "it shapes the FileStore's directory on the harness's own machine (init: file): not "
+        "supported on an allocation")
     summary = "file:// init with a path per rank, a stale file, an unwritable directory, a " \
         "directory that does not exist, or a read-only mount"
     REQUIRES = (CHATTR,)

@@ -31,6 +31,7 @@ def garbage(var: str, seed: int) -> str:
 
 class MalformedEnv(Fault):
     kind: Literal["malformed_env"] = "malformed_env"
+    ON_ALLOCATION = None   # works on an allocation's nodes
     summary = "garbage values in MASTER_PORT, RANK, WORLD_SIZE... (faker, seeded)"
     ranks: Optional[List[int]] = Field(None, max_length=MAX_WORLD,
                                        description="default: every rank")

@@ -72,6 +72,9 @@ class LimitMemory(RankLimit):
 
 class MemoryLimit(Fault):
     kind: Literal["memory_limit"] = "memory_limit"
+    ON_ALLOCATION = (
+        "the limit (a cgroup, or RLIMIT_AS by prlimit) is set from the harness's own machine by"
+        " the rank's pid: not built for an allocation's nodes")
     summary = "a memory limit on a rank from the start line (cgroup memory.max / " \
         "memory.limit_in_bytes, else RLIMIT_AS): too small for the model, the rank is " \
         "OOM-killed or its allocation fails"

@@ -10,6 +10,7 @@ from . import Fault
 
 class MissingEnv(Fault):
     kind: Literal["missing_env"] = "missing_env"
+    ON_ALLOCATION = None   # works on an allocation's nodes
     summary = "variables such as WORLD_SIZE or MASTER_ADDR are unset"
     ranks: Optional[List[int]] = Field(None, max_length=MAX_WORLD,
                                        description="default: every rank")

@@ -9,6 +9,7 @@ from . import Fault
 
 class ModelMismatch(Fault):
     kind: Literal["model_mismatch"] = "model_mismatch"
+    ON_ALLOCATION = None   # works on an allocation's nodes
     summary = "a rank's model has another shape than the others' (one layer more, or wider)"
     rank: int = Field(1, description="the rank whose model differs")
     change: Literal["extra_layer", "wider"] = Field(

@@ -36,6 +36,9 @@ class LimitOpenFiles(RankLimit):
 
 class OpenFilesLimit(Fault):
     kind: Literal["open_files_limit"] = "open_files_limit"
+    ON_ALLOCATION = (
+        "the limit is set by prlimit from the harness's own machine on the rank's pid: not "
+        "built for an allocation's nodes")
     summary = "a low open-files limit (ulimit -n) on a rank from the start line"
     rank: int = Field(1, description="the limited rank")
     limit: int = Field(ge=3, le=1 << 20, description="RLIMIT_NOFILE, soft and hard (the rank "

@@ -14,6 +14,7 @@ _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\Z", re.ASCII)
 
 class RaiseException(Fault):
     kind: Literal["raise_exception"] = "raise_exception"
+    ON_ALLOCATION = None   # works on an allocation's nodes
     summary = "a rank raises an exception as it enters a phase (init, ddp, 'train step K'...)"
     rank: int = Field(1, description="the rank that raises")
     phase: str = Field(description="the phase it raises in (init, 'workload step N', model, "

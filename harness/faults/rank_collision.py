@@ -9,6 +9,7 @@ from . import COLLISION, OUTSIDE, REGISTRY, Fault
 
 class RankCollision(Fault):
     kind: Literal["rank_collision"] = "rank_collision"
+    ON_ALLOCATION = None   # works on an allocation's nodes
     HINTS = (COLLISION,)
     summary = "a process claims the rank of another"
     rank: int = Field(1, description="the process that is told the wrong number")

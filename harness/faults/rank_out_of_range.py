@@ -9,6 +9,7 @@ from . import COLLISION, OUTSIDE, REGISTRY, Fault
 
 class RankOutOfRange(Fault):
     kind: Literal["rank_out_of_range"] = "rank_out_of_range"
+    ON_ALLOCATION = None   # works on an allocation's nodes
     HINTS = (OUTSIDE,)
     summary = "a process is told a rank >= world_size (or negative)"
     rank: int = Field(1, description="the process that is told the bad number")

@@ -13,6 +13,7 @@ from . import Fault
 
 class RankWorkload(Fault):
     kind: Literal["rank_workload"] = "rank_workload"
+    ON_ALLOCATION = None   # works on an allocation's nodes
     summary = "a rank runs other workload steps than the others (a rank-dependent branch)"
     rank: int = Field(1, description="the rank")
     steps: List[str] = Field(max_length=MAX_STEPS, description="its steps after init, in the "

@@ -76,6 +76,7 @@ def signal_name(text: str) -> str:
 
 class _SignalRank(Fault, When):
     WHEN_REQUIRED = True
+    ON_ALLOCATION = None   # works on an allocation's nodes
     rank: Target = Field(
         1, description="the process that gets the signal (and whose phase counts): a rank "
         "number, or a label such as 'agent:node1' (a torchrun agent), '1@1' (rank 1's first "

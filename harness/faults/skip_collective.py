@@ -16,6 +16,7 @@ from . import Fault
 
 class SkipCollective(Fault):
     kind: Literal["skip_collective"] = "skip_collective"
+    ON_ALLOCATION = None   # works on an allocation's nodes
     summary = "a rank skips the collective of one phase ('workload step N' or a training " \
         "step's gradient all-reduce) that the others enter"
     rank: int = Field(1, description="the rank that skips it")

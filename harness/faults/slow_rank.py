@@ -11,6 +11,7 @@ from . import Fault
 
 class SlowRank(Fault):
     kind: Literal["slow_rank"] = "slow_rank"
+    ON_ALLOCATION = None   # works on an allocation's nodes
     summary = "a rank sleeps this long as it enters a phase (or every phase after init): a " \
         "straggler the others wait for in their next collective"
     rank: int = Field(1, description="the slow rank")

@@ -45,6 +45,9 @@ class NodeState(Step):
 
 class SlurmNodeDown(Fault, When):
     kind: Literal["slurm_node_down"] = "slurm_node_down"
+    ON_ALLOCATION = (
+        "it sets a node DOWN with scontrol update, a Slurm administrator's command: never on a "
+        "real allocation")
     summary = "the Slurm controller sets a node DOWN while the job runs (launcher: slurm)"
     needs_netns = True
     WHEN_REQUIRED = True

@@ -15,6 +15,9 @@ from . import Fault
 
 class UnresolvableHost(Fault):
     kind: Literal["unresolvable_host"] = "unresolvable_host"
+    ON_ALLOCATION = (
+        "the name must fail inside the harness's resolver view, so that no DNS query leaves; on"
+        " an allocation's nodes that view needs a mount namespace (root)")
     summary = "MASTER_ADDR is a host name that does not resolve (looked up without DNS)"
     HINTS = ("a name that does not resolve",)
     ranks: Optional[List[int]] = Field(None, max_length=MAX_WORLD,

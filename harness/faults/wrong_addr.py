@@ -12,6 +12,7 @@ from . import REGISTRY, Fault
 
 class WrongAddr(Fault):
     kind: Literal["wrong_addr"] = "wrong_addr"
+    ON_ALLOCATION = None   # works on an allocation's nodes
     HINTS = ("another master address",)
     summary = "chosen ranks get another MASTER_ADDR"
     ranks: List[int] = Field(default_factory=lambda: [1], max_length=MAX_WORLD)

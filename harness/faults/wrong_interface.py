@@ -17,20 +17,21 @@ SPARE_IFNAME = "eth1"
 
 @dataclass
 class SpareLink(NetStep):
-    """A second interface on a host, with an address of the run's subnet, left down; it goes
-    with the host's namespace."""
+    """A second interface on a host, with an address of a subnet of the run's that no link
+    joins, left down (or ``up``, with carrier); it goes with the host's namespace."""
 
     host: str = ""
     ifname: str = SPARE_IFNAME
+    up: bool = False
 
     def do(self, rt):
-        rt.net.add_spare_link(self.host, self.ifname, up=False)
+        return {"addr": rt.net.add_spare_link(self.host, self.ifname, up=self.up)}
 
     def undo(self, rt):
         rt.net.remove_spare_link(self.host, self.ifname)
 
     def describe(self):
-        return f"add {self.ifname} (down) on {self.host}"
+        return f"add {self.ifname} ({'up' if self.up else 'down'}) on {self.host}"
 
 
 class WrongInterface(Fault):

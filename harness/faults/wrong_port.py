@@ -11,6 +11,7 @@ from . import Fault
 
 class WrongPort(Fault):
     kind: Literal["wrong_port"] = "wrong_port"
+    ON_ALLOCATION = None   # works on an allocation's nodes
     summary = "chosen ranks dial another MASTER_PORT than the master listens on"
     ranks: List[int] = Field(default_factory=lambda: [1], max_length=MAX_WORLD,
                              description="ranks that get the port")

@@ -31,6 +31,7 @@ import os
 import signal as _signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
 
@@ -175,7 +176,17 @@ class RankProcess:
 
     # -- the supervisor's side -----------------------------------------------------------------
     def read_events(self) -> None:
-        self.obs.events.extend(self.reader.read())
+        # a process on another machine (an allocation's node): its events' monotonic times are
+        # placed on this machine's clock, once its helper said how (until then: not read yet)
+        offset = getattr(self.proc, "clock_offset", 0.0)
+        if offset is None:
+            return
+        new = self.reader.read()
+        if offset:
+            new = [P.Event(e.ev, e.t + offset, e.data) for e in new]
+        self.obs.events.extend(new)
+        if self.obs.pid is None and self.proc.pid is not None:
+            self.obs.pid = self.proc.pid
 
     def ready(self) -> bool:
         return self.obs.ready()
@@ -207,6 +218,9 @@ class RankProcess:
         self.read_events()
         self.obs.returncode = self.proc.returncode
         self.obs.ended_at = round(now, 3)
+        end = getattr(self.proc, "end_time", None)   # when it ended on its node, if said
+        if end is not None:
+            self.obs.ended_at = round(max(0.0, now - max(0.0, time.monotonic() - end)), 3)
         return True
 
     def close_go(self) -> None:

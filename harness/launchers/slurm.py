@@ -156,12 +156,20 @@ class Slurm(LauncherSpec):
                 out.append((("args",), "an argument holds a NUL byte or is too long"))
         return out
 
-    def srun_argv(self, scn: Any) -> List[str]:
-        """srun and its options (pure), before the task's command."""
-        argv = ["srun", f"-N{len(self._hosts(scn))}",
+    def srun_argv(self, scn: Any, nodes: Optional[List[str]] = None) -> List[str]:
+        """srun and its options (pure), before the task's command. ``nodes``: the Slurm node
+        of each host (master first; default: the test cluster's, the hosts' own names)."""
+        nodes = nodes or [_node_name(scn, h) for h in self._hosts(scn)]
+        argv = ["srun", f"-N{len(nodes)}",
                 f"--ntasks-per-node={self._per_node(scn)}",
-                f"--nodelist={','.join(_node_name(scn, h) for h in self._hosts(scn))}",
+                f"--nodelist={','.join(nodes)}",
                 "--job-name=harness", "--unbuffered"]
+        argv += self.srun_options()
+        return argv
+
+    def srun_options(self) -> List[str]:
+        """The scenario's own srun options (pure)."""
+        argv: List[str] = []
         if self.kill_on_bad_exit is not None:
             argv.append(f"--kill-on-bad-exit={int(self.kill_on_bad_exit)}")
         if self.export is not None:
@@ -402,7 +410,7 @@ def _await_nodes(cfg: Any, nodes: List[Any], prefix: Any, limit: float = 30.0) -
     while waiting:
         states = node_states(cfg, prefix)
         for name in [x for x in waiting
-                     if states.get(x, "").rstrip("*") in ("idle", "mixed", "allocated")]:
+                     if states.get(x, "").split("+")[0] in ("idle", "mixed", "allocated")]:
             del waiting[name]
         for name, svc in waiting.items():
             if not svc.running:

@@ -28,6 +28,7 @@ What this module owns (the launcher ``harness.launchers.slurm`` plans it, its se
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shlex
@@ -219,7 +220,7 @@ class MungeAnswers:
                                capture_output=True, timeout=CLIENT_TIMEOUT, check=False)
         except (OSError, subprocess.TimeoutExpired):
             return False
-        return p.returncode == 0 and p.stdout.startswith(b"MUNGE:")
+        return p.returncode == 0      # munge exits 0 only with a credential made
 
     def describe(self) -> str:
         return f"a credential made on {self.cfg.munge_socket}"
@@ -227,7 +228,8 @@ class MungeAnswers:
 
 @dataclass(frozen=True)
 class ControllerUp:
-    """``scontrol ping`` (from the controller's host) says the controller is UP."""
+    """``scontrol ping`` (from the controller's host) exits 0: it does only when a controller
+    answered (its "... is UP" line is for people and is not read)."""
 
     cfg: ClusterConfig
     prefix: tuple = ()
@@ -237,23 +239,35 @@ class ControllerUp:
             p = _client(self.cfg, ["scontrol", "ping"], self.prefix)
         except (OSError, subprocess.TimeoutExpired):
             return False
-        return p.returncode == 0 and "UP" in p.stdout
+        return p.returncode == 0
 
     def describe(self) -> str:
         return "scontrol ping saying UP"
 
 
 def node_states(cfg: ClusterConfig, prefix: Sequence[str] = ()) -> Dict[str, str]:
-    """Node name -> state as sinfo says it (evidence; {} when it cannot be asked)."""
+    """Node name -> state as ``sinfo --json`` gives it, lower case, with its flags after a
+    ``+`` (``idle``, ``down+not_responding``); {} when it cannot be asked."""
     try:
-        p = _client(cfg, ["sinfo", "-h", "-N", "-o", "%N %T"], prefix)
-    except (OSError, subprocess.TimeoutExpired):
+        p = _client(cfg, ["sinfo", "--json"], prefix)
+        listing = json.loads(p.stdout) if p.returncode == 0 else {}
+    except (OSError, subprocess.TimeoutExpired, ValueError):
         return {}
-    out = {}
-    for line in p.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 2:
-            out[parts[0]] = parts[1]
+    return states_of(listing)
+
+
+def states_of(listing: Any) -> Dict[str, str]:
+    """``sinfo --json`` -> node name -> state (pure). Slurm 22.05 gives ``state`` as a word and
+    ``state_flags`` as a list; later releases give ``state`` as a list: both are read."""
+    out: Dict[str, str] = {}
+    nodes = listing.get("nodes") if isinstance(listing, dict) else None
+    for node in nodes if isinstance(nodes, list) else []:
+        if not isinstance(node, dict) or not node.get("name"):
+            continue
+        state = node.get("state")
+        words = [str(w) for w in state] if isinstance(state, list) else [str(state or "")]
+        words += [str(f) for f in node.get("state_flags") or []]
+        out[str(node["name"])] = "+".join(w.lower() for w in words if w)
     return out
 
 
