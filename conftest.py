@@ -26,5 +26,11 @@ def _harness_children():
 @pytest.fixture(autouse=True, scope="session")
 def _no_leaked_processes():
     yield
+    # start: fork's zygotes live as long as the session (the plugin ends them at
+    # pytest_sessionfinish, which comes after this teardown): ended here the same way, so that
+    # whatever is still alive below is a leak, a zygote that would not go included
+    from harness.forkserver import close_zygotes
+
+    close_zygotes()
     left = _harness_children()
     assert not left, f"harness processes outlived their runs: {left}"

@@ -479,9 +479,13 @@ def print_summary(rep: Dict[str, Any], con: Any, show_failures: bool = True) -> 
     if started:
         forked = sum(int(st.get("fork", 0)) for st in started)
         fresh = sum(len(st.get("fresh_because", {})) for st in started)
+        servers = [w for st in started for w in (st.get("servers") or {}).values()]
+        warm = sum(1 for w in servers if w == "warm")
         con.print(_text(f"start: fork in {len(started)} case{'s' * (len(started) != 1)}: "
                         f"{forked} ranks forked, {fresh} fresh with the reason in the report "
-                        "(started.fresh_because)", "dim"))
+                        f"(started.fresh_because); fork servers: {warm} of {len(servers)} warm "
+                        "(forked from the session's zygote; why not: "
+                        "started.server_fresh_because)", "dim"))
     mem = [c["harness_memory"] for c in rep.get("cases", []) if c.get("harness_memory")]
     if mem:
         top = max(mem, key=lambda m: m.get("supervisor_mb", 0) + m.get("servers_mb", 0))

@@ -309,6 +309,10 @@ class Supervisor:
     def prefix(self, host: str) -> List[str]:
         return self.topo.exec_prefix(host) if self.topo is not None else []
 
+    def host_entry(self, host: str) -> Optional[Dict[str, Optional[str]]]:
+        """What :meth:`prefix` enters, as paths (None: the machine's own namespaces)."""
+        return self.topo.host_entry(host) if self.topo is not None else None
+
     def addr_of(self, host: str) -> str:
         if self.plan.hosts and any(h.name == host for h in self.plan.hosts):
             return self.plan.host(host).addr
@@ -567,7 +571,8 @@ class Supervisor:
                               run_dir=str(self.dir), t0=self.t0,
                               step_log=list(self.scheduler.log), port_owners=owners,
                               rules=rules, counters=counters, harness_memory=memory,
-                              store=store, stores=stores)
+                              store=store, stores=stores,
+                              servers=[o.record() for o in self.owned if hasattr(o, "record")])
 
     def _take_sockets(self, rows: Sequence[RankProcess]) -> None:
         """The TCP sockets of ``rows``, read from /proc (harness.sockets: no process is

@@ -156,6 +156,9 @@ class RunObservation:
     # the other stores of the run, asked at the same moments: the stores torchrun's workers
     # host themselves (share_store: false), apart from the agents' rendezvous store above
     stores: List[Dict[str, Any]] = field(default_factory=list)
+    # start: fork: the run's fork servers, one per host with forked ranks: host, warm (forked
+    # from the session's zygote) or not, and a fresh one's note (why not warm)
+    servers: List[Dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"plan": self.plan, "torch_version": self.torch_version,
@@ -165,7 +168,7 @@ class RunObservation:
                 "port_owners": self.port_owners, "rules": self.rules,
                 "counters": self.counters,
                 "harness_memory": self.harness_memory, "store": self.store,
-                "stores": self.stores}
+                "stores": self.stores, "servers": self.servers}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> RunObservation:
@@ -179,4 +182,5 @@ class RunObservation:
                              for h, c in (d.get("counters") or {}).items()},
                    harness_memory=dict(d.get("harness_memory", {})),
                    store=dict(d.get("store") or {}),
-                   stores=[dict(x) for x in d.get("stores") or []])
+                   stores=[dict(x) for x in d.get("stores") or []],
+                   servers=[dict(x) for x in d.get("servers") or []])

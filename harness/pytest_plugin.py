@@ -222,7 +222,12 @@ def _forward_to_workers(state: _SessionState, sig: int) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """(xdist worker) tell the controller what an interrupt made this worker clean up."""
+    """The session's zygotes (``start: fork``'s warm parents, harness.forkserver) end with it;
+    (xdist worker) tell the controller what an interrupt made this worker clean up."""
+    from .forkserver import close_zygotes
+
+    with interrupts.shield():
+        close_zygotes()
     config = session.config
     if hasattr(config, "workeroutput") and interrupts.interrupted() is not None:
         config.workeroutput["harness_interrupt"] = {  # type: ignore[attr-defined]

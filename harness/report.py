@@ -239,15 +239,22 @@ def _jsonable(x: Any) -> Any:
     return json.loads(json.dumps(x, default=str))
 
 
-def _started(plan: Dict[str, Any]) -> Dict[str, Any]:
+def _started(plan: Dict[str, Any], servers: Sequence[Dict[str, Any]] = ()) -> Dict[str, Any]:
     """How the run's processes started: counts of fresh and forked, and each fresh one's
-    reason where the run asked for fork."""
+    reason where the run asked for fork; its fork servers per host, ``warm`` (forked from the
+    session's zygote) or ``fresh``, and a fresh server's reason."""
     ranks = plan.get("ranks", []) or []
     out: Dict[str, Any] = {"fresh": sum(1 for r in ranks if r.get("start", "fresh") == "fresh"),
                            "fork": sum(1 for r in ranks if r.get("start") == "fork")}
     notes = {r["label"]: r["start_note"] for r in ranks if r.get("start_note")}
     if notes:
         out["fresh_because"] = notes
+    if servers:
+        out["servers"] = {str(s.get("host")): "warm" if s.get("warm") else "fresh"
+                          for s in servers}
+        why = {str(s.get("host")): str(s["note"]) for s in servers if s.get("note")}
+        if why:
+            out["server_fresh_because"] = why
     return out
 
 
@@ -275,7 +282,7 @@ def case_record(*, nodeid: str, file: str, name: str, scenario: Any = None,
         "world_size": getattr(scenario, "world_size", None),
         "notes": list(plan.get("notes", [])),
         "start": plan.get("start", getattr(scenario, "start", None)),
-        "started": _started(plan),
+        "started": _started(plan, run.servers if run is not None else ()),
         "harness_memory": run.harness_memory if run is not None else {},
         "status": None, "reason": "", "failure": "",
         "mismatches": [m if isinstance(m, dict) else

@@ -7,7 +7,9 @@ not a directory, or belongs to another user is refused with one line (a HarnessE
 used. Port locks are the one thing shared across users (``harness.ports``).
 
 Each run has ``run-<id>/`` holding ``owner.json`` (the supervisor's pid and start time) and
-``pids.jsonl`` (every process it started: ranks, port holders, helpers). A run that ends tidies
+``pids.jsonl`` (every process it started: ranks, port holders, helpers). A session's zygote
+(``harness.forkserver``: the warm parent of ``start: fork`` servers, which outlives runs) has a
+folder of the same shape, ``zygote-<id>/``, owned by its supervisor. A run that ends tidies
 up after itself; a run that was killed cannot, so every new run first sweeps: a run directory
 whose owner is gone has its recorded processes killed (only if pid and start time still match)
 and is removed. Runs of live owners (concurrent pytest-xdist workers) are left alone.
@@ -83,14 +85,22 @@ def shared_base(folder: str) -> Path:
     return private_dir(Path(folder).absolute() / f"{STATE_PREFIX}{os.geteuid()}")
 
 
+# the kinds of owned folders the sweep looks at: a run's, and a session's zygote's
+# (harness.forkserver: it outlives runs, not its supervisor)
+KINDS = ("run", "zygote")
+
+
 class RunDir:
-    def __init__(self, base: Optional[Path] = None, shared: bool = False):
+    def __init__(self, base: Optional[Path] = None, shared: bool = False, kind: str = "run"):
         """``shared``: the run's directory lies where other machines see it too (an
         allocation's run): its owner says its machine, and a sweep on another machine leaves
-        it alone (it cannot tell whether that owner lives)."""
+        it alone (it cannot tell whether that owner lives). ``kind``: ``run``, or ``zygote``
+        for a session's zygote's folder (owner and pid record, the same shape)."""
+        if kind not in KINDS:
+            raise ValueError(f"not a kind of state folder: {kind!r}")
         self.base = base or base_dir()
         self.id = uuid.uuid4().hex[:8]
-        self.path = self.base / f"run-{self.id}"
+        self.path = self.base / f"{kind}-{self.id}"
         # made under a name the sweep ignores, owned, then renamed: a concurrent sweep never
         # sees a run-* directory without its owner
         tmp = self.base / f".new-{self.id}"
@@ -177,7 +187,7 @@ def sweep(base: Optional[Path] = None) -> List[str]:
     """Remove leftovers of dead runs; returns what was removed (for `harness doctor`)."""
     removed = []
     base = base or base_dir()
-    for run in sorted(base.glob("run-*")):
+    for run in sorted(p for kind in KINDS for p in base.glob(f"{kind}-*")):
         if _owner_alive(run):
             continue
         pids = kill_recorded(run)
@@ -199,7 +209,7 @@ def leftovers(base: Optional[Path] = None) -> List[str]:
     """Run dirs of dead owners and harness processes without a live run (read-only)."""
     out = []
     base = base or base_dir()
-    for run in sorted(base.glob("run-*")):
+    for run in sorted(p for kind in KINDS for p in base.glob(f"{kind}-*")):
         if not _owner_alive(run):
             out.append(str(run))
     return out

@@ -701,6 +701,16 @@ class Topology:
             return [_tool("nsenter") or "nsenter", f"--uts={self.uts_file(host)}", *ns]
         return ns
 
+    def host_entry(self, host: str) -> Dict[str, Optional[str]]:
+        """What :meth:`exec_prefix` enters, for a process that enters it by itself (a warm fork
+        server forked outside every host, ``harness.forkserver.enter_host``): the network
+        namespace's name (``netns``), its pinned file (``net``), its /etc folder (``etc``), the
+        pinned UTS namespace where the host has a name of its own (``uts``, else None). Keep
+        the two in step."""
+        ns = self.host(host).netns
+        return {"netns": ns, "net": str(NETNS_RUN_DIR / ns), "etc": str(NETNS_ETC_DIR / ns),
+                "uts": str(self.uts_file(host)) if host in self._hostnames else None}
+
     # ---- life cycle -----------------------------------------------------------------------
 
     def __enter__(self) -> Topology:

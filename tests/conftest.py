@@ -127,7 +127,7 @@ def run_obs(*ranks: Dict[str, Any]) -> Dict[str, Any]:
             "run_dir": "/tmp/torchdist-harness/run-built", "t0": T0, "step_log": [],
             "port_owners": [], "rules": {}, "counters": {}, "store": {}, "stores": [],
             "harness_memory": {"supervisor_mb": 40.0, "servers_mb": 0.0, "ranks": 2,
-                               "per_rank_mb": 20.0}}
+                               "per_rank_mb": 20.0}, "servers": []}
 
 
 def typed_rank(*args: Any, **kw: Any) -> RankObservation:

@@ -53,7 +53,8 @@ DRIVER = textwrap.dedent("""\
             out.append({"id": scn.test_id, "job": job_outcome(verdicts),
                         "ranks": [v.outcome for v in verdicts],
                         "port": obs["plan"]["master_port"], "netns": obs["plan"]["netns"],
-                        "dns": str(obs["plan"].get("dns") or "")})
+                        "dns": str(obs["plan"].get("dns") or ""),
+                        "warm": [s["warm"] for s in obs["servers"]]})
     print(json.dumps(out))
     """)
 
@@ -125,6 +126,27 @@ WITH_DNS = {
         "dns_late_record", "nodes: 2", DNS_BLOCK,
         "faults: [{kind: dns_name, name: master, answer: nxdomain, heal_after: 2}]",
         OK).replace("timeout: 5", "timeout: 10"),
+}
+
+
+# start: fork, the servers forked from the driver's zygotes (one process: the second run of a
+# kind reuses the first's). A zygote imported torch in the machine's namespaces, outside any
+# view; DDP's zygote's import even asked NSS (getpwuid, with the machine's nsswitch.conf,
+# whose hosts line says dns) before its servers entered their views
+DDP = 'workload: [barrier, "ddp 1MB"]'
+WARM = {
+    "warm_first": scenario("warm_first", "master_addr: localhost", "start: fork", OK),
+    "warm_again_tcp": scenario("warm_again_tcp", "init: tcp", "start: fork",
+                               "master_addr: localhost.localdomain", OK),
+    "warm_unresolvable": scenario("warm_unresolvable", "faults: [{kind: unresolvable_host}]",
+                                  "start: fork", "expect: {job: timeout}")
+    .replace("timeout: 5", "timeout: 2"),
+    "warm_ddp_unresolvable": scenario("warm_ddp_unresolvable",
+                                      "faults: [{kind: unresolvable_host}]", "start: fork",
+                                      "expect: {job: timeout}")
+    .replace("timeout: 5", "timeout: 2").replace("workload: [barrier, all_reduce]", DDP),
+    "warm_ddp": scenario("warm_ddp", "master_addr: localhost", "start: fork", OK)
+    .replace("workload: [barrier, all_reduce]", DDP),
 }
 
 
@@ -274,6 +296,14 @@ def test_runs_in_the_machines_namespace_send_no_dns_query(tmp_path, cases):
     assert want in unshares(text)
 
 
+def test_runs_forked_from_warm_zygotes_send_no_dns_query(tmp_path):
+    env = _environment()
+    _skip_without_view(env)
+    runs, text = run_traced(tmp_path, WARM, env=env)
+    check(runs, text, WARM)
+    assert all(r["warm"] and all(r["warm"]) for r in runs), runs
+
+
 def test_runs_in_a_user_namespace_send_no_dns_query(tmp_path):
     """The path a user without root takes (forced here with HARNESS_RESOLVER_USERNS=1)."""
     env = _environment(**{resolver.ENV_USERNS: "1"})
@@ -292,12 +322,17 @@ def test_runs_in_the_harness_namespaces_send_no_dns_query(tmp_path):
     assert all(r["netns"] for r in runs)
 
 
-def test_runs_of_a_user_without_root_send_no_dns_query(shared_tmp, nobody_python):
+@pytest.mark.parametrize("start", ["fresh", "fork"])
+def test_runs_of_a_user_without_root_send_no_dns_query(shared_tmp, nobody_python, start):
+    """fork: without root there is no host to enter (no namespaces of the harness's), so the
+    servers still come warm from the zygote; each enters its view in a user namespace."""
     cmd = nobody_python
     state = shared_tmp / "state"
     state.mkdir()
     shutil.chown(state, "nobody", "nogroup")
     cases = {k: MACHINE[k] for k in ("localhost_localdomain_tcp", "v6_loopback")}
+    if start == "fork":
+        cases = {k: WARM[k] for k in ("warm_first", "warm_again_tcp", "warm_unresolvable")}
     env = _environment(HARNESS_TMP=str(state))
     env.pop("TMPDIR", None)
     p = subprocess.run(cmd[:-1] + [f"HARNESS_TMP={state}", cmd[-1], "-m", "harness.resolver",
@@ -309,6 +344,8 @@ def test_runs_of_a_user_without_root_send_no_dns_query(shared_tmp, nobody_python
                             python=cmd[-1], env=env)
     check(runs, text, cases)
     assert unshares(text) == ["CLONE_NEWNS|CLONE_NEWUSER"]
+    if start == "fork":
+        assert all(r["warm"] == [True] for r in runs), runs
 
 
 def test_runs_with_a_dns_block_query_only_the_runs_own_name_server(tmp_path):

@@ -207,7 +207,9 @@ workload: [sleep 100]
 
 
 @pytest.mark.timeout(180)
-def test_killed_supervisor_takes_the_fork_server_and_its_ranks_along(tmp_path):
+def test_killed_supervisor_takes_the_fork_server_and_its_ranks_along(tmp_path, monkeypatch):
+    # a fresh server (no zygote): tests/test_zygote.py kills a supervisor with a warm one
+    monkeypatch.setenv("HARNESS_ZYGOTES", "0")
     sup = supervisor(SCENARIO, tmp_path)
     base = state_dir(tmp_path)
     pids = []

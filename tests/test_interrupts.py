@@ -150,9 +150,13 @@ def _hanging_runs(root: Path, n: int):
 
 
 def _what_runs_made(runs):
-    """Processes (pid, start time) and namespaces each run recorded, read while it runs."""
+    """Processes (pid, start time) and namespaces each run recorded, read while it runs; and
+    the session's zygotes (start: fork), recorded beside the runs."""
     procs, namespaces = [], []
-    for run in runs:
+    for run in [*runs, *(runs[0].parent.glob("zygote-*") if runs else [])]:
+        if run.name.startswith("zygote-"):
+            procs += [json.loads(ln) for ln in (run / "pids.jsonl").read_text().splitlines()]
+            continue
         for line in (run / "pids.jsonl").read_text().splitlines():
             rec = json.loads(line)
             procs.append(rec)
@@ -212,6 +216,7 @@ def assert_nothing_left(root: Path, made):
     assert [p["pid"] for p in procs if _alive(p)] == []
     assert sorted(set(namespaces) & _netns()) == []
     assert list(_state(root).glob("run-*")) == []
+    assert list(_state(root).glob("zygote-*")) == []
     assert list((root / "tmp").glob("harness-run-*")) == []
 
 
@@ -250,6 +255,45 @@ def test_two_quick_ctrl_c_to_pytest_clean_up_like_one(session_dir, xdist):
                               [signal.SIGINT, signal.SIGINT], runs=n, to_group=True)
     assert rc == pytest.ExitCode.INTERRUPTED, out
     assert last_line(out).startswith(f"harness: interrupted by SIGINT: cleaned up {n} run"), out
+    assert_nothing_left(session_dir, made)
+
+
+FORK = ["--harness-start", "fork"]
+
+
+def test_sigterm_to_a_forked_pytest_n2_ends_its_zygotes_too(session_dir):
+    """start: fork: each worker's runs have warm servers from the worker's zygote; a SIGTERM
+    leaves no run, server, rank or zygote."""
+    _scenarios(session_dir, 2)
+    rc, out, made = interrupt(session_dir, PYTEST + ["-n", "2"] + FORK, [signal.SIGTERM],
+                              runs=2, to_group=False)
+    assert rc == -signal.SIGTERM, out
+    names = [p["name"] for p in made[0]]
+    assert names.count("zygote") == 2 and names.count("fork server local (warm)") == 2, names
+    assert_nothing_left(session_dir, made)
+
+
+def test_sigkill_to_a_forked_pytest_leaves_nothing_after_the_next_sweep(session_dir):
+    """SIGKILL: nothing of the session can clean up. Its processes die with it (death signals:
+    zygote against pytest, server against zygote, ranks against server; the port holder
+    against pytest); the next run's sweep removes the run's folder, the zygote's and the
+    run's namespace."""
+    _scenarios(session_dir, 1)
+    rc, out, made = interrupt(session_dir, PYTEST + FORK, [signal.SIGKILL], runs=1,
+                              to_group=False)
+    assert rc == -signal.SIGKILL, out
+    assert [p["name"] for p in made[0]].count("zygote") == 1
+    end = time.monotonic() + 30
+    while any(_alive(p) for p in made[0]) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert [p["name"] for p in made[0] if _alive(p)] == []
+    assert list(_state(session_dir).glob("zygote-*"))   # left for the sweep
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HARNESS_"))}
+    sweep = py("""
+        from harness import rundir, topology
+        print(rundir.sweep(), topology.sweep() if not topology.missing() else [])
+    """, env=dict(env, HARNESS_TMP=str(session_dir / "state")))
+    assert sweep.returncode == 0, sweep.stderr
     assert_nothing_left(session_dir, made)
 
 

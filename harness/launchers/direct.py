@@ -71,22 +71,34 @@ class Direct(LauncherSpec):
 def start_direct(sup: Any) -> List[RankProcess]:
     """Start the plan's ranks: the fork servers first (one per host with forked ranks), then
     the fresh ranks (they import torch while the servers do), then the forked ones. A server
-    that cannot fork (it failed to start, or torch left threads behind at import) is not a
-    failure: its ranks start fresh, and their ``start_note`` says why."""
-    from ..forkserver import ForkServer
+    comes warm from the session's zygote (harness.forkserver) where it can, else fresh; a
+    warm one that cannot serve the run is replaced by a fresh one, its reason kept. A server
+    that cannot fork at all (it failed to start, or torch left threads behind at import) is
+    not a failure: its ranks start fresh, and their ``start_note`` says why."""
+    from ..forkserver import ForkServer, prune_zygotes
 
     ranks = sup.plan.launched_ranks()
     forked = [rp for rp in ranks if rp.start == "fork"]
     servers = {}
+    ddps = {}
     for rp in forked:
         if rp.host not in servers:
-            ddp = any(any(s.startswith("ddp") for s in sup.plan.worker_spec(r).steps)
-                      for r in forked if r.host == rp.host)
-            servers[rp.host] = _start_server(sup, rp, ddp, ForkServer)
+            ddps[rp.host] = any(any(s.startswith("ddp") for s in sup.plan.worker_spec(r).steps)
+                                for r in forked if r.host == rp.host)
+            servers[rp.host] = _start_server(sup, rp, ddps[rp.host], ForkServer)
     out = [start_process(sup, rp) for rp in ranks if rp.start != "fork"]
+    timeout = float(os.environ.get("HARNESS_READY_TIMEOUT", "180"))
     for host, server in servers.items():
         group = [rp for rp in forked if rp.host == host]
-        why = server.wait_ready(float(os.environ.get("HARNESS_READY_TIMEOUT", "180")))
+        why = server.wait_ready(timeout)
+        if why is not None and server.warm:   # a zygote that failed serves no later run
+            prune_zygotes(getattr(server.proc, "zygote", None))
+        if why is not None and server.warm and not server.fatal():
+            server.close()
+            sup.owned.remove(server)
+            server = _start_server(sup, group[0], ddps[host], ForkServer,
+                                   fresh_because=f"the warm server could not serve: {why}")
+            why = server.wait_ready(timeout)
         if why is not None:
             server.close()
             for rp in group:
@@ -99,15 +111,25 @@ def start_direct(sup: Any) -> List[RankProcess]:
     return out
 
 
-def _start_server(sup: Any, rp: Any, ddp: bool, cls: Any) -> Any:
-    """The fork server of ``rp``'s host: in the host's namespace, with the environment the
-    host's forked ranks share up to ``import torch`` (the runtime variables left out)."""
+def _start_server(sup: Any, rp: Any, ddp: bool, cls: Any, fresh_because: str = "") -> Any:
+    """The fork server of ``rp``'s host, with the environment the host's forked ranks share up
+    to ``import torch`` (the runtime variables left out): forked from the session's zygote of
+    that environment, which enters the host's namespaces itself (``Supervisor.host_entry``),
+    or, where none can serve (``fresh_because``, or the zygote's reason), a fresh
+    interpreter started in the host's namespaces by its exec prefix."""
+    from ..forkserver import warm_zygote
     from . import RUNTIME_ENV
 
     env = {k: v for k, v in process_env(rp).items() if k not in RUNTIME_ENV}
     log = sup.dir / f"forkserver-{_tag(rp.host)}.log"
+    entry = sup.host_entry(rp.host)
+    zygote, why = None, fresh_because
+    if not why and entry is not None and os.geteuid() != 0:
+        why = "entering a host's namespaces (setns) needs root"
+    if not why:
+        zygote, why = warm_zygote(sys.executable, env, ddp)
 
-    def spawn(argv: List[str], fd: int) -> ManagedProcess:
+    def fresh(argv: List[str], fd: int) -> Any:
         out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             with interrupts.shield():
@@ -118,7 +140,25 @@ def _start_server(sup: Any, rp: Any, ddp: bool, cls: Any) -> Any:
         finally:
             os.close(out)
 
-    server = cls(spawn, sys.executable, ddp, rp.host)
+    def warm(argv: List[str], fd: int) -> Any:
+        assert zygote is not None
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            with interrupts.shield():
+                return zygote.request(fd, out, env, entry, str(sup.rundir.pids.path), rp.host)
+        finally:
+            os.close(out)
+
+    server = None
+    if zygote is not None:
+        try:
+            server = cls(warm, sys.executable, ddp, rp.host)
+            server.warm = True
+        except OSError as e:   # the zygote went away: this run's server starts fresh
+            why = f"the zygote could not be asked: {e}"
+    if server is None:
+        server = cls(fresh, sys.executable, ddp, rp.host)
+        server.note = why
     sup.owned.append(server)   # closed with the run, after its ranks were killed
     return server
 
