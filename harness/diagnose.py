@@ -1794,6 +1794,17 @@ def reinit_on_the_old_store(c: RankContext) -> Optional[Cause]:
                      "addresses from the store the program kept across the destroy "
                      "(keep_store): it dialled pairs nobody listens on any more",
                      [_exc_line(v)])
+    peers_reinit = any(_last_step(o)[1].startswith("reinit") for o in c.run.ranks
+                       if o.label != v.label)
+    if peers_reinit and re.search(r"connect ?timeout|connection refused|connectFullMesh",
+                                  v.message or "", re.I):
+        # no store kept, every rank re-initialising: the new client still reached the old store
+        # (rank 0's destroy had not yet closed it), whose keys under the reset group prefix
+        # are the old group's (a rank that re-initialises alone is out of step instead)
+        return Cause(f"in its re-init ({phase}) its client reached the old store on "
+                     f"MASTER_PORT {port} before rank 0's destroy closed it, and the new group "
+                     "read the old group's gloo addresses there: it dialled pairs nobody "
+                     "listens on any more", [_exc_line(v)])
     if v.outcome == "error" and CLOSED.search(v.message or ""):
         return Cause(f"in its re-init ({phase}) it dialled MASTER_PORT {port} again while the "
                      "old store on that port was going away (rank 0's destroy of the old "
@@ -1976,8 +1987,15 @@ def store_host_gone(c: RankContext) -> Optional[Cause]:
         return None
     if v.phase != "init" and "DistNetworkError" not in mro_names(v.exception_mro):
         return None   # after init only the store client's own error: gloo's pairs say the same
-    host = next((o for o in c.verdicts if o.label != v.label and o.role == "rank"
-                 and c.env(o.label).get("RANK", o.label) == "0"), None)
+    # torchrun's workers host their own store (rank 0 of their attempt) only with
+    # share_store: false; else the agents' rendezvous store serves them (rendezvous_store_lost)
+    launcher = c.run.plan.get("launcher") or {}
+    roles = ("rank", "worker") if launcher.get("kind") == "torchrun" and \
+        launcher.get("share_store") is False else ("rank",)
+    host = next((o for o in c.verdicts if o.label != v.label and o.role in roles
+                 and c.env(o.label).get("RANK", o.label.split("@")[0]) == "0"
+                 and not _other_attempt(o.label, "0" if "@" not in v.label
+                                        else "0@" + v.label.split("@", 1)[1])), None)
     if host is None or host.outcome == "ok" and host.duration is None or host.duration is None \
             or v.duration is None or host.duration > v.duration:
         return None

@@ -92,8 +92,9 @@ def rank_obs(label: str = "0", *, reached: str = "exit", exc: Optional[Dict[str,
     for i, ph in enumerate(PHASES[2:upto + 1]):
         t = T0 + 0.02 + end * i / 10
         if ph.startswith("workload step"):
-            if not any(e["ev"] == "joined" for e in events):
-                events.append({"ev": "joined", "t": t, "rank": int(label.split(":")[-1]),
+            rank = label.split(":")[-1].split("@")[0]
+            if rank.isdigit() and not any(e["ev"] == "joined" for e in events):
+                events.append({"ev": "joined", "t": t, "rank": int(rank),
                                "world_size": 2})
             n = int(ph.rsplit(" ", 1)[1])
             events.append({"ev": "phase", "t": t, "phase": ph, "step": steps[n - 1]})

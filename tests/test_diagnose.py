@@ -712,6 +712,34 @@ def test_a_reinit_on_the_same_port_that_met_the_old_store_going_away(obs):
     assert "re-init" not in v1.cause
 
 
+GLOO_CONNECT_TIMEOUT = ("Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/"
+                        "tcp/pair.h:311] Connect timeout [none]")
+
+
+def test_a_reinit_that_joined_the_old_store_and_read_its_gloo_keys(obs):
+    # catalog run of 2026-11-26 (-n 4): rank 1's new client reached rank 0's old store before
+    # the destroy closed it, read the old pair addresses and waited out gloo's connect timeout;
+    # rank 0's new store on the same port waited for it in vain
+    r0 = _in_step(obs, "0", "reinit", end=6.4, exc=obs.exc("DistStoreError", JOINED))
+    r1 = _in_step(obs, "1", "reinit", end=25.4, exc=obs.exc("RuntimeError", GLOO_CONNECT_TIMEOUT))
+    _, (v0, v1) = _run(obs, r0, r1)
+    assert v1.cause.startswith("in its re-init (workload step 2) its client reached the old "
+                               "store on MASTER_PORT 29500 before rank 0's destroy closed it")
+    assert v0.cause.startswith("waited for 1 of 2 clients: rank 1 never reached it: in its "
+                               "re-init (workload step 2) its client reached the old store")
+    # a rank that re-initialises alone (its peer went on with the old group) is out of step
+    r0 = _in_step(obs, "0", "all_reduce", end=1.0, exc=obs.exc("RuntimeError", "Connection "
+                                                                   "closed by peer"))
+    r1 = _in_step(obs, "1", "reinit", end=25.4, exc=obs.exc("RuntimeError", GLOO_CONNECT_TIMEOUT))
+    _, (_, v1) = _run(obs, r0, r1)
+    assert "reached the old store" not in v1.cause
+    # the same message outside a re-init is not this cause
+    r1 = obs.rank("1", reached="init", end=25.4,
+                  exc=obs.exc("RuntimeError", GLOO_CONNECT_TIMEOUT))
+    _, (v1,) = _run(obs, r1)
+    assert "re-init" not in v1.cause
+
+
 def test_a_peer_that_reinitialised_closed_this_ranks_pair(obs):
     r0 = obs.rank("0", reached="workload step 2", end=1.0,
                   exc=obs.exc("RuntimeError", "[pair.cc:553] Connection closed by peer "
@@ -762,6 +790,29 @@ def test_a_restarted_worker_that_read_the_last_attempts_keys_and_its_agent(obs):
                                       "address the previous attempt published")
     assert vs["agent:local"].cause.startswith("its worker rank 0 failed first: a worker of "
                                               "restart 1")
+
+
+def _own_store_run(obs, share_store):
+    """torchrun_restart_phases killed_in_init_own_store as watched (catalog run of 2026-11-26):
+    worker 0 SIGKILLed in init; worker 1, a client of the store worker 0 hosted, lost it."""
+    w0 = obs.rank("0", reached="init", end=0.89, role="worker", node="agent:local",
+                  returncode=-9, result=False)
+    w1 = obs.rank("1", reached="init", end=0.948, role="worker", node="agent:local",
+                  exc=obs.exc("DistNetworkError", FAILED_RECV))
+    w01 = obs.rank("0@1", end=4.7, role="worker", node="agent:local", attempt=1)
+    w11 = obs.rank("1@1", end=4.7, role="worker", node="agent:local", attempt=1)
+    agent = obs.rank("agent:local", end=5.7, role="agent")
+    run = obs.run(agent, w0, w1, w01, w11)
+    run.plan["launcher"] = {"kind": "torchrun", "max_restarts": 1, "share_store": share_store}
+    return {v.label: v for v in explain_run(run, classify_run(run))}
+
+
+def test_a_worker_that_lost_the_store_its_own_rank_0_hosted(obs):
+    vs = _own_store_run(obs, share_store=False)
+    assert vs["1"].cause.startswith("the store's host, rank 0, had ended (crash) at 0.9")
+    # with the agents' shared store, worker 0 hosted no store: not this cause
+    vs = _own_store_run(obs, share_store=True)
+    assert not vs["1"].cause.startswith("the store's host")
 
 
 CLOSED_BY = ("Gloo connectFullMesh failed with [pair.cc:553] Connection closed by peer "
