@@ -1303,10 +1303,22 @@ def rendezvous_store_lost(c: RankContext) -> Optional[Cause]:
             return Cause(f"nothing listened at {ip}:{port} when this agent started "
                          f"({o.released_at:g} s): {h.label}, the agent on that address, had "
                          f"ended ({how}) at {hv.duration:g} s", ev + [hv.reason])
-        if _listens(h, port) and hv.duration is not None and v.duration is not None \
+        # its host: a listener in its sockets, or, when it ended before any were taken, a
+        # rendezvous it completed on that endpoint (an agent on the endpoint's address hosts it)
+        hosted = _listens(h, port)
+        if hosted is None:
+            hosted = any(e.ev == "rendezvous_done" for e in h.events)
+        if hosted and hv.duration is not None and v.duration is not None \
                 and hv.duration <= v.duration:
+            dialled = next((c.t(e) for e in o.events if e.ev == "phase"
+                            and e.data.get("phase") == "rendezvous"), None)
+            ending = next((c.t(e) for e in h.events if e.ev == "phase"
+                           and e.data.get("phase") == "exit"), None)
+            when = f" (it was in exit from {ending:g} s, when this agent dialled at " \
+                f"{dialled:g} s)" if dialled is not None and ending is not None \
+                and ending <= dialled < hv.duration else ""
             return Cause(f"lost the rendezvous store at {ip}:{port}: its host, {h.label}, had "
-                         f"ended ({how}) at {hv.duration:g} s", ev + [hv.reason])
+                         f"ended ({how}) at {hv.duration:g} s{when}", ev + [hv.reason])
         return None
     if not CLOSED.search(inner) or len(hosts) != 1:
         return None

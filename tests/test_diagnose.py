@@ -1039,3 +1039,29 @@ def test_a_second_jobs_rank_that_joined_the_first_jobs_store_is_said_so(obs):
     v = explain_run(run, classify_run(run))[3]
     assert v.cause.startswith("it joined another job's store: its own rank 0 (job2:0) could not "
                               "start one on port 29500 (EADDRINUSE at 1.04 s)")
+
+
+def test_an_agent_that_dialled_the_rendezvous_store_as_its_host_ended():
+    """torchrun_rendezvous scale_up_own_store as watched in a catalog run (2026-11-26, -n 4):
+    agent:node1 (8 s late) dialled node0's rendezvous store 0.1 s after agent:node0 had
+    finished its job and entered exit; agent:node0 ended before any socket snapshot, so its
+    completed rendezvous on that endpoint shows it hosted the store. The observation is the
+    real one, kept from that run."""
+    import json
+    from pathlib import Path
+
+    from harness.observe import RunObservation
+
+    path = Path(__file__).parent / "data" / "observations" / \
+        "scale_up_own_store_node1_after_node0_ended.json"
+    run = RunObservation.from_dict(json.loads(path.read_text()))
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert vs["agent:node1"].cause.startswith(
+        "lost the rendezvous store at 10.213.53.1:27143: its host, agent:node0, had ended (ok) "
+        "at 8.311 s (it was in exit from 7.92 s, when this agent dialled at 8.03 s)")
+    # without the host's completed rendezvous nothing shows it hosted the store: no guess
+    for o in run.ranks:
+        if o.label == "agent:node0":
+            o.events = [e for e in o.events if e.ev != "rendezvous_done"]
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert not vs["agent:node1"].cause.startswith("lost the rendezvous store")
