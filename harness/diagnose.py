@@ -1252,6 +1252,24 @@ def agent_child_failed(c: RankContext) -> Optional[Cause]:
     fv = c.verdict_of(failed.label)
     why = _cause_of(c, failed.label, [agent_child_failed, stopped_by_agent]) or \
         (_exc_line(fv) if fv is not None and fv.exception else (fv.reason if fv else ""))
+    # torchrun names the failure it observed first; two workers reaped in one monitor pass
+    # tie, and it names the lower rank. When that worker's own cause is another worker of
+    # this agent's that had ended before it and closed its pair, that one failed first.
+    m = re.match(r"its gloo connection to rank (\S+) .*?was closed: rank \S+ had (?:died|ended "
+                 r"\((?:error|crash|timeout)\))", why)
+    peer = next((w for w in c.run.ranks if m is not None and w.label == m.group(1)
+                 and w.role == "worker" and w.node == v.label and w.attempt == failed.attempt),
+                None)
+    pv = c.verdict_of(peer.label) if peer is not None else None
+    if peer is not None and pv is not None and pv.duration is not None and fv is not None \
+            and fv.duration is not None and pv.duration <= fv.duration:
+        pwhy = _cause_of(c, peer.label, [agent_child_failed, stopped_by_agent]) or \
+            (_exc_line(pv) if pv.exception else pv.reason)
+        return Cause(f"its worker rank {peer.info.get('rank', peer.label)} failed first"
+                     + (f": {pwhy}" if pwhy else "") + f" (torchrun's report names rank "
+                     f"{v.root_cause}, which failed {fv.duration - pv.duration:.3f} s later "
+                     f"when that end closed its gloo pair)",
+                     [v.reason] + ([_exc_line(pv)] if pv.exception else [pv.reason]))
     return Cause(f"its worker rank {v.root_cause} failed first" + (f": {why}" if why else ""),
                  [v.reason] + ([_exc_line(fv)] if fv is not None and fv.exception else []))
 

@@ -1065,3 +1065,22 @@ def test_an_agent_that_dialled_the_rendezvous_store_as_its_host_ended():
             o.events = [e for e in o.events if e.ev != "rendezvous_done"]
     vs = {v.label: v for v in explain_run(run, classify_run(run))}
     assert not vs["agent:node1"].cause.startswith("lost the rendezvous store")
+
+
+def test_an_agents_first_failed_worker_when_torchrun_names_the_one_it_took_down():
+    """program_ddp crash_in_step_3_torchrun as watched (catalog run of 2026-11-26, -n 4): rank 1
+    exited with status 3, rank 0's gloo pair closed 0.011 s later; torchrun reaped both in one
+    monitor pass and named rank 0 as its root cause. The observation is the real one."""
+    import json
+    from pathlib import Path
+
+    from harness.observe import RunObservation
+
+    path = Path(__file__).parent / "data" / "observations" / \
+        "crash_in_step_3_torchrun_root_cause_rank_0.json"
+    run = RunObservation.from_dict(json.loads(path.read_text()))
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert vs["agent:local"].root_cause == 0
+    assert vs["agent:local"].cause.startswith(
+        "its worker rank 1 failed first: the program itself exited with status 3 in train step 3")
+    assert "torchrun's report names rank 0, which failed 0.011 s later" in vs["agent:local"].cause
