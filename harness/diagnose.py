@@ -1626,6 +1626,7 @@ def file_store_paths_differ(c: RankContext) -> Optional[Cause]:
 
 
 COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (recv|send) operation|"
+                                r"Application timeout caused pair closure|"
                                 r"failed to pass monitoredBarrier|received errors while waiting "
                                 r"for send/recv from rank", re.I)
 
@@ -1671,6 +1672,10 @@ def a_peer_missed_the_collective(c: RankContext) -> Optional[Cause]:
         return None
     m = re.search(r"(\d+)ms", v.message or "")
     waited = f" after {int(m.group(1)) / 1000:g} s" if m else ""
+    if not m and re.search(r"Application timeout caused pair closure", v.message or "") and \
+            c.run.plan.get("timeout"):
+        # gloo's other wording of the same wait: the pair's own timeout, the group's
+        waited = f" after {float(c.run.plan['timeout']):g} s"
     return Cause(f"its collective in {v.phase} timed out{waited}: " + "; ".join(why),
                  [_exc_line(v)])
 

@@ -458,6 +458,21 @@ def test_a_collective_timeout_names_the_peer_the_fault_slowed(obs):
                         "in workload step 2 (the scenario's slow_rank fault)")
 
 
+def test_glooss_other_wording_of_a_collective_timeout_names_the_skipped_collective(obs):
+    # ddp_training skip_allreduce in a catalog run of 2026-11-26: gloo said the 5 s wait as
+    # "Application timeout caused pair closure" (no ms in it): the group's timeout is the wait
+    msg = "Application timeout caused pair closure"
+    r0 = obs.rank("0", reached="workload step 2", end=6.7, exc=obs.exc("RuntimeError", msg))
+    r1 = obs.rank("1", reached="exit", end=6.8)
+    run = obs.run(r0, r1)
+    run.plan.update({"master_port": 29500, "timeout": 5, "ranks": [
+        {"label": "0", "env": {}, "variation": {}},
+        {"label": "1", "env": {}, "variation": {"skip": ["workload step 1"]}}]})
+    v0 = explain_run(run, classify_run(run))[0]
+    assert v0.cause.startswith("its collective in workload step 2 timed out after 5 s: rank 1 "
+                               "skipped its collective in workload step 1")
+
+
 def test_a_keyboard_interrupt_from_the_faults_sigint_is_said_so(obs):
     v = _told(obs, obs.exc("KeyboardInterrupt", ""), {},
               signals=[{"signal": "INT", "t": 1.0, "why": ""}])
