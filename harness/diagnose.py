@@ -1789,15 +1789,24 @@ def mesh_peer_failed(c: RankContext) -> Optional[Cause]:
     if "connectFullMesh" not in (v.message or "") or not re.search(r"Connect timeout|timed out",
                                                                    v.message or "", re.I):
         return None
-    failed = [o for o in c.verdicts if o.label != v.label and o.role == v.role
-              and _job(o.label) == _job(v.label) and o.outcome in ("error", "crash")
-              and o.phase == "init" and o.duration is not None and v.duration is not None
-              and o.duration < v.duration]
+    ended = [o for o in c.verdicts if o.label != v.label and o.role == v.role
+             and _job(o.label) == _job(v.label) and o.outcome in ("error", "crash", "timeout")
+             and o.phase == "init" and o.duration is not None and v.duration is not None
+             and o.duration < v.duration]
+    # a peer that failed first; else one that gave up in init waiting in the store for this
+    # rank's own key (this rank came late to it: the peer left, its pair never came up), when
+    # no fault step of the scenario acted on the run (a proxy's delay, say: its rule speaks)
+    failed = [o for o in ended if o.outcome != "timeout"]
+    if not failed and not any(st.fault for st in c.run.step_log):
+        failed = [o for o in ended
+                  if re.match(rf"waited [\d.]+ s for rank {re.escape(v.label)}'s key",
+                              _cause_of(c, o.label, [mesh_peer_failed]))]
     if not failed:
         return None
     f = failed[0]
     why = _cause_of(c, f.label, [mesh_peer_failed]) or _exc_line(f)
-    return Cause(f"gloo's full mesh never connected: rank {f.label} failed in init at "
+    how = "gave up (timeout)" if f.outcome == "timeout" else "failed"
+    return Cause(f"gloo's full mesh never connected: rank {f.label} {how} in init at "
                  f"{f.duration:g} s ({why}); this rank waited for the pair until gloo's connect "
                  "timeout", [_exc_line(v), _exc_line(f)])
 

@@ -1099,3 +1099,27 @@ def test_an_agents_first_failed_worker_when_torchrun_names_the_one_it_took_down(
     assert vs["agent:local"].cause.startswith(
         "its worker rank 1 failed first: the program itself exited with status 3 in train step 3")
     assert "torchrun's report names rank 0, which failed 0.011 s later" in vs["agent:local"].cause
+
+
+def test_a_mesh_that_waited_for_a_peer_which_gave_up_waiting_for_this_ranks_key():
+    """net_gloo_connect_timeout late_by_the_timeout_three_hosts as watched (fresh-clone catalog,
+    2026-11-26): rank 1 gave up in the store waiting for rank 0's key (2 s), rank 0 then waited
+    for its pair with rank 1 until gloo's Connect timeout (12 s). No fault acted on the run.
+    The observation is the real one."""
+    import json
+    from pathlib import Path
+
+    from harness.observe import RunObservation
+
+    path = Path(__file__).parent / "data" / "observations" / \
+        "late_by_the_timeout_rank_2_through_init.json"
+    run = RunObservation.from_dict(json.loads(path.read_text()))
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert vs["0"].cause.startswith("gloo's full mesh never connected: rank 1 gave up (timeout) "
+                                    "in init at 2.027 s (waited 2 s for rank 0's key")
+    # a fault step in the run (a proxy's delay, say) has its own rule: not this one
+    from harness.observe import StepRecord
+    run.step_log = [StepRecord(step="lat", t=0.0, fault="latency", action="do", target="a",
+                               what="delay 200 ms")]
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert "gave up (timeout)" not in vs["0"].cause
