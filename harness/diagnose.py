@@ -2038,8 +2038,7 @@ def store_host_gone(c: RankContext) -> Optional[Cause]:
         launcher.get("share_store") is False else ("rank",)
     host = next((o for o in c.verdicts if o.label != v.label and o.role in roles
                  and c.env(o.label).get("RANK", o.label.split("@")[0]) == "0"
-                 and not _other_attempt(o.label, "0" if "@" not in v.label
-                                        else "0@" + v.label.split("@", 1)[1])), None)
+                 and o.label.partition("@")[2] == v.label.partition("@")[2]), None)
     if host is None or host.outcome == "ok" and host.duration is None or host.duration is None \
             or v.duration is None or host.duration > v.duration:
         return None

@@ -807,6 +807,17 @@ def test_a_restarted_worker_that_read_the_last_attempts_keys_and_its_agent(obs):
                                               "restart 1")
 
 
+def _kept(name):
+    """A real run's observation, kept from the catalog run that showed it."""
+    import json
+    from pathlib import Path
+
+    from harness.observe import RunObservation
+
+    path = Path(__file__).parent / "data" / "observations" / name
+    return RunObservation.from_dict(json.loads(path.read_text()))
+
+
 def _own_store_run(obs, share_store):
     """torchrun_restart_phases killed_in_init_own_store as watched (catalog run of 2026-11-26):
     worker 0 SIGKILLed in init; worker 1, a client of the store worker 0 hosted, lost it."""
@@ -1062,14 +1073,7 @@ def test_an_agent_that_dialled_the_rendezvous_store_as_its_host_ended():
     finished its job and entered exit; agent:node0 ended before any socket snapshot, so its
     completed rendezvous on that endpoint shows it hosted the store. The observation is the
     real one, kept from that run."""
-    import json
-    from pathlib import Path
-
-    from harness.observe import RunObservation
-
-    path = Path(__file__).parent / "data" / "observations" / \
-        "scale_up_own_store_node1_after_node0_ended.json"
-    run = RunObservation.from_dict(json.loads(path.read_text()))
+    run = _kept("scale_up_own_store_node1_after_node0_ended.json")
     vs = {v.label: v for v in explain_run(run, classify_run(run))}
     assert vs["agent:node1"].cause.startswith(
         "lost the rendezvous store at 10.213.53.1:27143: its host, agent:node0, had ended (ok) "
@@ -1086,14 +1090,7 @@ def test_an_agents_first_failed_worker_when_torchrun_names_the_one_it_took_down(
     """program_ddp crash_in_step_3_torchrun as watched (catalog run of 2026-11-26, -n 4): rank 1
     exited with status 3, rank 0's gloo pair closed 0.011 s later; torchrun reaped both in one
     monitor pass and named rank 0 as its root cause. The observation is the real one."""
-    import json
-    from pathlib import Path
-
-    from harness.observe import RunObservation
-
-    path = Path(__file__).parent / "data" / "observations" / \
-        "crash_in_step_3_torchrun_root_cause_rank_0.json"
-    run = RunObservation.from_dict(json.loads(path.read_text()))
+    run = _kept("crash_in_step_3_torchrun_root_cause_rank_0.json")
     vs = {v.label: v for v in explain_run(run, classify_run(run))}
     assert vs["agent:local"].root_cause == 0
     assert vs["agent:local"].cause.startswith(
@@ -1106,14 +1103,7 @@ def test_a_mesh_that_waited_for_a_peer_which_gave_up_waiting_for_this_ranks_key(
     2026-11-26): rank 1 gave up in the store waiting for rank 0's key (2 s), rank 0 then waited
     for its pair with rank 1 until gloo's Connect timeout (12 s). No fault acted on the run.
     The observation is the real one."""
-    import json
-    from pathlib import Path
-
-    from harness.observe import RunObservation
-
-    path = Path(__file__).parent / "data" / "observations" / \
-        "late_by_the_timeout_rank_2_through_init.json"
-    run = RunObservation.from_dict(json.loads(path.read_text()))
+    run = _kept("late_by_the_timeout_rank_2_through_init.json")
     vs = {v.label: v for v in explain_run(run, classify_run(run))}
     assert vs["0"].cause.startswith("gloo's full mesh never connected: rank 1 gave up (timeout) "
                                     "in init at 2.027 s (waited 2 s for rank 0's key")
