@@ -2218,11 +2218,11 @@ RULES: List[Rule] = [
     stopped_by_slurm,
     agent_after_its_workers,
     rendezvous_service_faulted,
+    redundant_agent_left,   # before rendezvous_store_lost: why the store's host went away
     rendezvous_store_lost,
     rendezvous_join_timeout,
     rendezvous_already_closed,
     elastic_round_deadlock,
-    redundant_agent_left,
     restart_read_stale_keys,
     connected_to_a_non_store,
     joined_another_jobs_store,

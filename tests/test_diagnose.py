@@ -1113,3 +1113,15 @@ def test_a_mesh_that_waited_for_a_peer_which_gave_up_waiting_for_this_ranks_key(
                                what="delay 200 ms")]
     vs = {v.label: v for v in explain_run(run, classify_run(run))}
     assert "gave up (timeout)" not in vs["0"].cause
+
+
+def test_a_redundant_agent_on_the_store_hosts_node_is_redundant_not_just_storeless():
+    """slurm torchrun_two_agents_per_node as watched (catalog run of 2026-11-26, -n 4): four
+    agents for --nnodes 2; agent:node0#2, on the store host's node, lost the store when the
+    job finished. Its cause is the redundancy (why the host went away), like its twin's on
+    node1, not only the lost store. The observation is the real one."""
+    run = _kept("redundant_agent_on_the_store_hosts_node.json")
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    for label in ("agent:node0#2", "agent:node1#2"):
+        assert vs[label].cause.startswith("one of 4 agents of a rendezvous that admits 2: it "
+                                          "waited as a redundant node"), vs[label].cause
