@@ -2058,9 +2058,19 @@ def stale_file_store(c: RankContext) -> Optional[Cause]:
     stale = next((st for st in c.run.step_log
                   if (st.what or "").startswith("leave a stale FileStore")), None)
     m = re.search(r"Connection refused, remote=(\[[^\]]+\]:\d+)", v.message or "")
-    if v.outcome != "error" or v.phase != "init" or init.get("method") != "file" \
-            or stale is None or m is None:
+    if v.outcome not in ("error", "timeout") or v.phase != "init" \
+            or init.get("method") != "file" or stale is None:
         return None
+    if m is None:
+        if "connectFullMesh" not in (v.message or "") or \
+                not re.search(r"Connect timeout|timed out connecting", v.message or ""):
+            return None
+        return Cause("gloo's full mesh never connected (gloo's connect timeout): the file store "
+                     f"{init.get('url') or ''} was left by a killed earlier job (the scenario's "
+                     "file_init stale_file fault) and still held that job's gloo addresses: "
+                     "the new ranks' mesh dialled the dead job's instead of each other's until "
+                     "gloo gave up",
+                     [_exc_line(v), stale.what])
     return Cause(f"gloo's full mesh dialled {m.group(1)} and was refused: the file store "
                  f"{init.get('url') or ''} was left by a killed earlier job (the scenario's "
                  "file_init stale_file fault) and still held that job's rank-0 address; this "

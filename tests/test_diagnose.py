@@ -1125,3 +1125,21 @@ def test_a_redundant_agent_on_the_store_hosts_node_is_redundant_not_just_storele
     for label in ("agent:node0#2", "agent:node1#2"):
         assert vs[label].cause.startswith("one of 4 agents of a rendezvous that admits 2: it "
                                           "waited as a redundant node"), vs[label].cause
+
+
+def test_a_stale_file_store_whose_mesh_timed_out_is_the_stale_file():
+    """file_init stale_file as watched (catalog run of 2026-11-26, -n 4): both ranks timed out
+    in init with gloo's "Connect timeout [none]" (10 s, 5x the 2 s timeout) instead of the
+    refused connect: the same stale file, read the slow way. The observation is the real one."""
+    run = _kept("stale_file_connect_timeout.json")
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    for label in ("0", "1"):
+        assert vs[label].outcome == "timeout"
+        assert vs[label].cause.startswith("gloo's full mesh never connected (gloo's connect "
+                                          "timeout): the file store"), vs[label].cause
+        assert "left by a killed earlier job (the scenario's file_init stale_file fault)" \
+            in vs[label].cause
+    # without the scenario's stale file it is not this rule's to say
+    run.step_log = [s for s in run.step_log if not (s.what or "").startswith("leave a stale")]
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert "stale_file" not in (vs["0"].cause or "")
