@@ -275,3 +275,43 @@ def test_a_killed_supervisor_takes_the_agent_and_its_workers_along(tmp_path):
         for p in pids:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+def test_a_worker_that_was_twinned_by_a_spawn_index_gets_its_rank_back(tmp_path):
+    """Two hosts' spawn parents (spawn[two_hosts_spawn], catalog run of 2026-11-26): node1's
+    child of index 1 first says "rank 1" (its spawn index) and 17 ms later "rank 3" (the
+    harness's spawner); node0's real rank 1 said "rank 1" between the two and was labelled
+    "1#2". When the index-1 child takes "3", the real rank 1 is "1" again. Two processes that
+    both keep claiming one rank stay twinned."""
+    from types import SimpleNamespace
+
+    from harness import protocol as P
+    from harness.launchers import Discovery, RankProcess
+
+    sup = SimpleNamespace(ranks=[])
+    disc = Discovery(tmp_path)
+
+    def worker(pid: int, label: str) -> RankProcess:
+        r = RankProcess(label, SimpleNamespace(pid=pid), events=tmp_path / f"{pid}.events",
+                        stacks=tmp_path / f"{pid}.stacks", out=None, err=None,
+                        now=lambda: 0.0, role=P.ROLE_WORKER, held=False)
+        r.provisional = True
+        sup.ranks.append(r)
+        return r
+
+    def say(r: RankProcess, rank: int, how: str) -> None:
+        r.obs.events.append(P.Event(P.IDENTITY, 0.0, {"rank": rank, "how": how}))
+        disc._look(sup, r)
+
+    other, real = worker(8348, "pid8348"), worker(8349, "pid8349")
+    say(other, 1, "spawn index")
+    say(real, 1, "spawn index")
+    assert (other.label, real.label) == ("1", "1#2")
+    say(other, 3, "harness spawner")
+    assert (other.label, real.label, real.obs.label) == ("3", "1", "1")
+    # a real duplicate: both keep rank 1, the second stays "1#2"
+    a, b = worker(1, "pid1"), worker(2, "pid2")
+    say(a, 5, "init_process_group")
+    say(b, 5, "init_process_group")
+    say(b, 5, "init_process_group")
+    assert (a.label, b.label) == ("5", "5#2")

@@ -465,9 +465,24 @@ class Discovery:
                                               or now.rank != rank):
                     r.provisional = False
                     job = str(r.obs.info.get("job") or "")
+                    left = r.label
                     r.label = r.obs.label = _unique(sup, P.worker_label(rank, r.obs.attempt,
                                                                         job))
+                    _give_back(sup, left)
         r.seen = len(events)
+
+
+def _give_back(sup: Any, left: str) -> None:
+    """A worker left the label ``left`` (its spawn index was not its rank: a parent on the
+    second host): the worker that was labelled ``left#2`` only because of that claim takes the
+    label its own rank gives. Two processes that both keep claiming one rank stay ``#2``."""
+    if "#" in left or any(w.label == left for w in sup.ranks):
+        return
+    twins = [w for w in sup.ranks if w.role == P.ROLE_WORKER and w.label.startswith(left + "#")
+             and w.label[len(left) + 1:].isdigit()]
+    if twins:
+        w = min(twins, key=lambda w: int(w.label[len(left) + 1:]))
+        w.label = w.obs.label = left
 
 
 def _unique(sup: Any, label: str) -> str:
