@@ -19,7 +19,7 @@ import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from .errors import UsageError
 
@@ -645,6 +645,20 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
 
 # -- diff and html -------------------------------------------------------------------------------
 
+def _workers(s: str) -> Union[int, str]:
+    """``-n``: a number of pytest-xdist workers, or ``auto`` / ``logical`` (xdist's own: as
+    many as the machine's CPUs)."""
+    if s in ("auto", "logical"):
+        return s
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r}: give a number of workers, or auto") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return v
+
+
 def _fraction(s: str) -> float:
     try:
         v = float(s[:-1]) / 100 if s.endswith("%") else float(s)
@@ -1018,7 +1032,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--html", metavar="PATH", help="write the self-contained HTML report here")
     r.add_argument("--keep", metavar="DIR", help="keep every run's evidence under DIR (default: "
                    ".harness/evidence under pytest's rootdir)")
-    r.add_argument("-n", type=int, metavar="N", help="run N scenarios at a time (pytest-xdist)")
+    r.add_argument("-n", type=_workers, metavar="N", help="run N scenarios at a time "
+                   "(pytest-xdist; auto: one per CPU)")
     r.add_argument("-x", action="store_true", help="stop at the first failing case")
     r.add_argument("--lf", "--last-failed", dest="lf", action="store_true", help="run only "
                    "the cases that failed last time (pytest --lf; the cache is ./.pytest_cache)")
@@ -1102,7 +1117,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-m", metavar="MARKEXPR", help="only cases whose marks match (pytest -m)")
     c.add_argument("--repeat", type=int, metavar="N", help="run every case N times per side: "
                    "frequencies compared with Fisher's exact test instead of one draw each")
-    c.add_argument("-n", type=int, metavar="N", help="N scenarios at a time (pytest-xdist)")
+    c.add_argument("-n", type=_workers, metavar="N", help="N scenarios at a time "
+                   "(pytest-xdist; auto: one per CPU)")
     c.add_argument("--start", choices=("fresh", "fork"), help="how ranks start on both sides "
                    "(an interpreter side runs its ranks fresh in any case)")
     c.add_argument("--env-a", action="append", default=[], metavar="KEY=VALUE",

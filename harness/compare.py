@@ -37,7 +37,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 STOP_WAIT = 120.0   # s a side's run may take to clean up after an interrupt
 
@@ -110,8 +110,8 @@ def side(name: str, spec: str, env: Optional[Dict[str, str]] = None) -> Side:
 
 
 def run_argv(s: Side, paths: Sequence[str], out: Path, *, builtin: bool, k: Optional[str],
-             m: Optional[str], repeat: Optional[int], n: Optional[int], start: Optional[str],
-             keep: Optional[str]) -> List[str]:
+             m: Optional[str], repeat: Optional[int], n: Optional[Union[int, str]],
+             start: Optional[str], keep: Optional[str]) -> List[str]:
     """The ``harness run`` command line of one side (what the side's log shows first)."""
     assert s.python is not None
     argv = [sys.executable, "-m", "harness", "run", *paths, "--python", s.python,

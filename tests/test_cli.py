@@ -247,3 +247,15 @@ def test_run_with_nothing_selected_exits_5(tmp_path):
     p = harness("run", "scenarios", "-m", "no_such_mark", cwd=tmp_path)
     assert p.returncode == 5 and "no scenario case was selected" in p.stdout
     assert harness("run", "nowhere", cwd=tmp_path).returncode == 2
+
+
+def test_workers_may_be_auto_as_pytest_xdist_takes_them():
+    """`harness run -n auto` (and compare's): one worker per CPU, as `pytest -n auto`; a
+    word that is neither a number nor auto is refused by the parser, naming what it takes."""
+    from harness.cli import build_parser
+
+    p = build_parser()
+    assert p.parse_args(["run", "-n", "auto", "x.yaml"]).n == "auto"
+    assert p.parse_args(["run", "-n", "3", "x.yaml"]).n == 3
+    r = harness("run", "-n", "many", "x.yaml")
+    assert r.returncode == 2 and "'many': give a number of workers, or auto" in r.stderr
