@@ -1827,11 +1827,30 @@ def reinit_on_the_old_store(c: RankContext) -> Optional[Cause]:
     away, or the new group read the old group's keys from a store the program kept."""
     v = c.verdict
     phase, step = _last_step(c.obs)
-    if not step.startswith("reinit") or "new_port" in step:
-        return None
     steps = [str(e.data.get("step") or "") for e in (c.obs.events if c.obs else [])
              if e.ev == "phase"]
     port = c.env(v.label).get("MASTER_PORT", "")
+    if not step.startswith("reinit") and len(steps) >= 2 and steps[-2] == "reinit" \
+            and v.outcome == "error" and CLOSED.search(v.message or "") \
+            and "keep_store" not in steps:
+        # its re-init went through at once: on the old store, the old group's keys, and pairs
+        # to rank 0's old group, still open until rank 0's destroy closed them, while rank 0's
+        # new store waited for this rank
+        stuck = [o for o in c.run.ranks if o.label != v.label
+                 and _last_step(o)[1] == "reinit"
+                 and (c.verdict_of(o.label) or v).outcome in ("timeout", "hang")]
+        if stuck:
+            who = f"rank {stuck[0].label}" if stuck[0].label.isdigit() else stuck[0].label
+            before = next((str(e.data.get("phase")) for e in reversed(
+                [e for e in c.obs.events if e.ev == "phase"][:-1])), "") if c.obs else ""
+            return Cause(f"in its re-init ({before}) its client reached the old store on "
+                         f"MASTER_PORT {port} before rank 0's destroy closed it, and the new "
+                         "group read the old group's gloo addresses there: its pairs joined "
+                         f"{who}'s old group, whose destroy closed them, so its next "
+                         f"collective ({phase}) failed, while {who}'s new store waited for it",
+                         [_exc_line(v)])
+    if not step.startswith("reinit") or "new_port" in step:
+        return None
     if "keep_store" in steps and re.search(r"connect ?timeout|connection refused|"
                                            r"connectFullMesh", v.message or "", re.I):
         return Cause(f"in its re-init ({phase}) the new group read the old group's gloo "

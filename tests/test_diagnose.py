@@ -1143,3 +1143,18 @@ def test_a_stale_file_store_whose_mesh_timed_out_is_the_stale_file():
     run.step_log = [s for s in run.step_log if not (s.what or "").startswith("leave a stale")]
     vs = {v.label: v for v in explain_run(run, classify_run(run))}
     assert "stale_file" not in (vs["0"].cause or "")
+
+
+def test_a_reinit_whose_pairs_joined_the_old_group_fails_in_the_next_collective():
+    """reinit tcp_same_port as watched (catalog run of 2026-11-26, -n 4): rank 1's re-init went
+    through in a few ms on the old store and the old group's gloo keys; its next all_reduce got
+    "Connection reset by peer" as rank 0's destroy closed the old pairs, and rank 0's new store
+    timed out waiting for it. The observation is the real one."""
+    run = _kept("reinit_pairs_joined_the_old_group.json")
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert vs["1"].cause.startswith("in its re-init (workload step 2) its client reached the old "
+                                    "store on MASTER_PORT"), vs["1"].cause
+    assert "its pairs joined rank 0's old group" in vs["1"].cause
+    assert "its next collective (workload step 3) failed" in vs["1"].cause
+    assert vs["0"].cause.startswith("waited for 1 of 2 clients: rank 1 never reached it: in its "
+                                    "re-init (workload step 2) its client reached the old store")
