@@ -1831,11 +1831,10 @@ def reinit_on_the_old_store(c: RankContext) -> Optional[Cause]:
              if e.ev == "phase"]
     port = c.env(v.label).get("MASTER_PORT", "")
     if not step.startswith("reinit") and len(steps) >= 2 and steps[-2] == "reinit" \
-            and v.outcome == "error" and CLOSED.search(v.message or "") \
-            and "keep_store" not in steps:
-        # its re-init went through at once: on the old store, the old group's keys, and pairs
-        # to rank 0's old group, still open until rank 0's destroy closed them, while rank 0's
-        # new store waited for this rank
+            and v.outcome == "error" and CLOSED.search(v.message or ""):
+        # its re-init went through at once: on the old store (or the one the program kept),
+        # the old group's keys, and pairs to the peer's old group, still open until the peer's
+        # destroy closed them, while the peer stayed in its own re-init
         stuck = [o for o in c.run.ranks if o.label != v.label
                  and _last_step(o)[1] == "reinit"
                  and (c.verdict_of(o.label) or v).outcome in ("timeout", "hang")]
@@ -1843,6 +1842,12 @@ def reinit_on_the_old_store(c: RankContext) -> Optional[Cause]:
             who = f"rank {stuck[0].label}" if stuck[0].label.isdigit() else stuck[0].label
             before = next((str(e.data.get("phase")) for e in reversed(
                 [e for e in c.obs.events if e.ev == "phase"][:-1])), "") if c.obs else ""
+            if "keep_store" in steps:
+                return Cause(f"in its re-init ({before}) the new group read the old group's "
+                             "gloo addresses from the store the program kept across the "
+                             f"destroy (keep_store): its pairs joined {who}'s old group, "
+                             f"which {who}'s destroy closed, so its next collective ({phase}) "
+                             f"failed, while {who} stayed in its own re-init", [_exc_line(v)])
             return Cause(f"in its re-init ({before}) its client reached the old store on "
                          f"MASTER_PORT {port} before rank 0's destroy closed it, and the new "
                          "group read the old group's gloo addresses there: its pairs joined "

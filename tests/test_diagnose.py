@@ -1158,3 +1158,17 @@ def test_a_reinit_whose_pairs_joined_the_old_group_fails_in_the_next_collective(
     assert "its next collective (workload step 3) failed" in vs["1"].cause
     assert vs["0"].cause.startswith("waited for 1 of 2 clients: rank 1 never reached it: in its "
                                     "re-init (workload step 2) its client reached the old store")
+
+
+def test_a_kept_store_reinit_whose_pairs_joined_the_old_group():
+    """reinit store_kept_same_port as watched (the -n auto catalog run of 2026-11-26): rank 0's
+    re-init read the old keys from the store the program kept, its pairs joined rank 1's old
+    group and its next all_reduce was reset, while rank 1 waited out gloo's connect timeout in
+    its own re-init. The observation is the real one."""
+    run = _kept("reinit_kept_store_pairs_joined_the_old_group.json")
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert vs["0"].cause.startswith("in its re-init (workload step 3) the new group read the old "
+                                    "group's gloo addresses from the store the program kept"), \
+        vs["0"].cause
+    assert "its pairs joined rank 1's old group" in vs["0"].cause
+    assert vs["1"].cause.startswith("in its re-init (workload step 3) the new group read the old")
