@@ -1827,8 +1827,8 @@ def reinit_on_the_old_store(c: RankContext) -> Optional[Cause]:
     away, or the new group read the old group's keys from a store the program kept."""
     v = c.verdict
     phase, step = _last_step(c.obs)
-    steps = [str(e.data.get("step") or "") for e in (c.obs.events if c.obs else [])
-             if e.ev == "phase"]
+    phases = [e.data for e in (c.obs.events if c.obs else []) if e.ev == "phase"]
+    steps = [str(d.get("step") or "") for d in phases]
     port = c.env(v.label).get("MASTER_PORT", "")
     if not step.startswith("reinit") and len(steps) >= 2 and steps[-2] == "reinit" \
             and v.outcome == "error" and CLOSED.search(v.message or ""):
@@ -1840,8 +1840,7 @@ def reinit_on_the_old_store(c: RankContext) -> Optional[Cause]:
                  and (c.verdict_of(o.label) or v).outcome in ("timeout", "hang")]
         if stuck:
             who = f"rank {stuck[0].label}" if stuck[0].label.isdigit() else stuck[0].label
-            before = next((str(e.data.get("phase")) for e in reversed(
-                [e for e in c.obs.events if e.ev == "phase"][:-1])), "") if c.obs else ""
+            before = str(phases[-2].get("phase") or "")
             if "keep_store" in steps:
                 return Cause(f"in its re-init ({before}) the new group read the old group's "
                              "gloo addresses from the store the program kept across the "
@@ -1849,7 +1848,7 @@ def reinit_on_the_old_store(c: RankContext) -> Optional[Cause]:
                              f"which {who}'s destroy closed, so its next collective ({phase}) "
                              f"failed, while {who} stayed in its own re-init", [_exc_line(v)])
             return Cause(f"in its re-init ({before}) its client reached the old store on "
-                         f"MASTER_PORT {port} before rank 0's destroy closed it, and the new "
+                         f"MASTER_PORT {port} before {who}'s destroy closed it, and the new "
                          "group read the old group's gloo addresses there: its pairs joined "
                          f"{who}'s old group, whose destroy closed them, so its next "
                          f"collective ({phase}) failed, while {who}'s new store waited for it",
