@@ -501,8 +501,6 @@ def print_summary(rep: Dict[str, Any], con: Any, show_failures: bool = True) -> 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import tempfile
-
     paths = scenario_paths(args)
     files = find_scenarios(paths)
     if not files:
@@ -517,18 +515,22 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError("-n needs pytest-xdist: pip install pytest-xdist") from None
     from . import interrupts
 
-    tmpdir = None
+    own = None
     report_path = args.report
     if report_path is None:
+        from .rundir import RunDir
+
+        # an owned folder in the state folder, not a bare temp dir: a SIGKILLed command (no
+        # finally) leaves it to the next run's sweep
         with interrupts.shield():     # made and remembered, or not made
-            tmpdir = tempfile.mkdtemp(prefix="harness-run-")
-        report_path = os.path.join(tmpdir, "report.json")
+            own = RunDir(kind="cli")
+        report_path = str(own.path / "report.json")
     try:
-        return _run_pytest(args, files, report_path, tmpdir)
+        return _run_pytest(args, files, report_path, str(own.path) if own else None)
     finally:
-        if tmpdir:
+        if own is not None:
             with interrupts.shield():
-                shutil.rmtree(tmpdir, ignore_errors=True)
+                own.remove()
 
 
 def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,

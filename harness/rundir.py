@@ -30,6 +30,7 @@ from typing import Dict, List, Optional
 
 from .errors import HarnessError
 from .procs import PidRecord, alive, identity
+from .protocol import RUN_TMP
 
 STATE_PREFIX = "torchdist-harness-"
 
@@ -85,9 +86,10 @@ def shared_base(folder: str) -> Path:
     return private_dir(Path(folder).absolute() / f"{STATE_PREFIX}{os.geteuid()}")
 
 
-# the kinds of owned folders the sweep looks at: a run's, and a session's zygote's
-# (harness.forkserver: it outlives runs, not its supervisor)
-KINDS = ("run", "zygote")
+# the kinds of owned folders the sweep looks at: a run's, a session's zygote's
+# (harness.forkserver: it outlives runs, not its supervisor), and ``harness run``'s own (its
+# report where none was asked for: a SIGKILLed command leaves it to the next sweep)
+KINDS = ("run", "zygote", "cli")
 
 
 class RunDir:
@@ -110,6 +112,8 @@ class RunDir:
         try:
             tmp.mkdir(mode=0o755)
             (tmp / "owner.json").write_text(json.dumps(owner))
+            if kind == "run":    # the temp folder of its processes (TMPDIR; plan.run_tmp)
+                (tmp / RUN_TMP).mkdir(mode=0o700)
             os.rename(tmp, self.path)
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
