@@ -58,6 +58,7 @@ import select
 import signal
 import socket
 import sys
+import tempfile
 import time
 from typing import Any, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
@@ -111,6 +112,7 @@ def _child(sock: socket.socket, pidfds: Dict[int, int], req: Dict[str, Any],
         env = dict(req["env"])
         os.environ.clear()
         os.environ.update(env)
+        tempfile.tempdir = None    # gettempdir() reads this run's TMPDIR again
         from . import protocol as P
         from . import resolver, worker
 
@@ -433,6 +435,7 @@ def _become_server(ctl: socket.socket, pidfds: Dict[int, int], req: Dict[str, An
         os.chdir("/")
         os.environ.clear()
         os.environ.update(dict(req["env"]))
+        tempfile.tempdir = None    # the zygote's import may have cached its own
         forget_uname()
         default_signal_dispositions()
     except BaseException as e:  # noqa: B036 - nothing may return into the zygote's loop
@@ -671,7 +674,7 @@ class ForkedProcess:
 
 # what differs from run to run in a server's environment but is read only after its import
 # (the server enters its resolver view and read-only folders after it imported torch)
-PER_RUN_ENV = frozenset(("HARNESS_RESOLVER_VIEW", "HARNESS_READ_ONLY"))
+PER_RUN_ENV = frozenset(("HARNESS_RESOLVER_VIEW", "HARNESS_READ_ONLY", "TMPDIR"))
 ZYGOTES_ENV = "HARNESS_ZYGOTES"   # how many zygotes a session keeps at most; 0: none
 DEFAULT_ZYGOTES = 2
 

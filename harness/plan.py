@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional
 from . import interpreters
 from .errors import PlanRefusal  # noqa: F401 - re-exported: harness.plan.PlanRefusal
 from .hostspec import HostNames, host_names
-from .protocol import InitSpec, Variation, WorkerSpec, url_host
+from .protocol import RUN_TMP, InitSpec, Variation, WorkerSpec, url_host
 from .schema import Scenario, fill_init_url, init_url_parts
 from .steps import RUN, Step
 from .triggers import Trigger
@@ -406,6 +406,11 @@ def base_env(scn: Scenario, addr: str, port: int, rank: int, world: int,
     return env
 
 
+def run_tmp(run_dir: str) -> str:
+    """The run's temp folder (harness.protocol.RUN_TMP), every process's TMPDIR."""
+    return str(Path(run_dir) / RUN_TMP)
+
+
 def resolver_view(run_dir: str, host: HostPlan) -> str:
     """Where a rank on ``host`` finds its resolver view (see harness.resolver): the topology
     writes it to /etc/netns/<ns> for a namespace host, the supervisor to the run directory for
@@ -510,5 +515,7 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
         if not rp.resolver_view and allocation is None:
             host = next((h for h in hosts if h.name == rp.host), hosts[0])
             rp.resolver_view = resolver_view(run_dir, host)
+        # and none leaves a temp file behind (a scenario's own TMPDIR is kept)
+        rp.env.setdefault("TMPDIR", run_tmp(run_dir))
     scn.launcher.assign_start(plan, scn)   # fresh or forked, each process, with the reason
     return plan

@@ -70,6 +70,11 @@ GO_FD_ENV = "HARNESS_GO_FD"                    # where a held process reads the 
 PID_RECORD_ENV = "HARNESS_PID_RECORD"          # the run's pid record (harness.procs)
 SUPERVISOR_ENV = "HARNESS_SUPERVISOR"          # "pid:start ticks" of the run's supervisor
 OBSERVE_SITE = "_site"                         # harness/_site: the sitecustomize folder
+# a run's own temp folder, in its run directory (harness.rundir makes it): every process the
+# run starts has it as TMPDIR (torchrun's agent makes a torchelastic_* log folder there each time
+# and never removes it, a program its temp files), so the run's removal, or the sweep of a
+# killed run, takes them along
+RUN_TMP = "tmp"
 
 # roles: ``rank`` a rank the harness started itself (direct launcher, a user's program);
 # ``agent`` a torchrun agent; ``parent`` a process that spawns the ranks; ``worker`` a rank an

@@ -106,6 +106,31 @@ def test_torchrun_single_host_has_a_row_per_agent_and_worker():
     assert v["agent:local"].returncode == 0 and v["agent:local"].restarts == 0
 
 
+def test_a_run_leaves_nothing_in_the_temp_folder_of_its_caller(tmp_path, monkeypatch):
+    """torchrun's agent makes a torchelastic_* log folder in its TMPDIR each time and never
+    removes it: every process of a run has the run's own temp folder as TMPDIR, which goes
+    with the run directory."""
+    import tempfile
+
+    mine = tmp_path / "system"
+    mine.mkdir()
+    monkeypatch.setenv("TMPDIR", str(mine))
+    monkeypatch.setenv("HARNESS_TMP", str(tmp_path / "state"))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    o, v = run("""
+        name: torchrun_temp
+        about: one agent, two workers
+        world_size: 2
+        timeout: 20
+        deadline: 90
+        launcher: torchrun
+        workload: [barrier]
+    """)
+    assert {k: x.outcome for k, x in v.items()} == {"agent:local": "ok", "0": "ok", "1": "ok"}
+    assert sorted(p.name for p in mine.iterdir()) == []
+    assert {r["env"]["TMPDIR"] for r in o["plan"]["ranks"]} == {f"{o['run_dir']}/tmp"}
+
+
 @pytest.mark.parametrize("method", ["spawn", "process"])
 def test_spawn_has_a_row_per_parent_and_child(method):
     o, v = run(f"""

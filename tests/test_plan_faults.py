@@ -56,7 +56,12 @@ def test_env_init_gives_every_rank_torchs_variables(counter_ports):
     for r in range(3):
         assert env_of(p, r) == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "30000",
                                 "RANK": str(r), "WORLD_SIZE": "3", "LOCAL_RANK": str(r),
-                                "LOCAL_WORLD_SIZE": "3"}
+                                "LOCAL_WORLD_SIZE": "3", "TMPDIR": f"{RUN_DIR}/tmp"}
+
+
+def test_a_scenarios_own_tmpdir_is_kept(counter_ports):
+    p = plan(counter_ports, world_size=2, env={"TMPDIR": "/var/tmp"})
+    assert {env_of(p, r)["TMPDIR"] for r in range(2)} == {"/var/tmp"}
 
 
 def test_env_init_passes_no_url_and_no_rank(counter_ports):
