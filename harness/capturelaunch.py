@@ -29,7 +29,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -443,7 +442,9 @@ def capture(command: List[str], out: Path, *, name: Optional[str], deadline: flo
     scn["expect"] = {"ranks": {"*": {"outcome": list(OUTCOMES)}}}
     write(out, scn, left_out, command)
     seen: List[Dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="harness-capture-") as tmp:
+    from .rundir import own_folder
+
+    with own_folder() as tmp:
         for i in range(1, runs + 1):
             say(f"run {i} of {runs}: harness run {out}"
                 + (" (observing)" if i == 1 else " (checking the written expectations)"))

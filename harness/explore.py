@@ -76,7 +76,6 @@ ANY_RANK = "any_rank"
 ANY = "any"
 MAX_WORLD_EXPLORED = 8
 MAX_JOBS = 32
-TMP_PREFIX = "harness-explore-"     # + the explorer's pid: the batch's folder (removed after)
 INVARIANTS: Dict[str, str] = {
     "no_hang": "no rank ends in hang; with within: S, every rank that is not ok ends within S s "
                "of its own start",
@@ -830,9 +829,10 @@ def run_batch(draws: List[Dict[str, Any]], jobs: int = 1,
     uses), so each run is the ordinary one: the plugin's evidence, sweeps, interrupts and leak
     checks. Returns one result per draw, in order ({'verdicts', 'job', ...}, {'skipped'} or
     {'error'}). ``keep``: every run's evidence goes there (else into a temporary folder)."""
-    import tempfile
 
     import pytest
+
+    from .rundir import own_folder
 
     results: Dict[int, Dict[str, Any]] = {}
 
@@ -841,8 +841,7 @@ def run_batch(draws: List[Dict[str, Any]], jobs: int = 1,
         if on_result is not None:
             on_result(i, res)
 
-    with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as tmp:
-        root = Path(tmp)
+    with own_folder() as root:
         (root / "scenarios").mkdir()
         (root / "pytest.ini").write_text("[pytest]\n")   # no user's ini applies
         files: Dict[str, int] = {}

@@ -17,6 +17,7 @@ and is removed. Runs of live owners (concurrent pytest-xdist workers) are left a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ import subprocess
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 from .errors import HarnessError
 from .procs import PidRecord, alive, identity
@@ -130,6 +131,18 @@ class RunDir:
 
     def remove(self) -> None:
         _rmtree(self.path)
+
+
+@contextlib.contextmanager
+def own_folder() -> Iterator[Path]:
+    """A folder of this command's own (``cli-<id>`` in the state folder: ``harness capture``'s
+    and ``harness explore``'s reports and scenario files), removed when the block ends; a
+    SIGKILLed command leaves it to the next run's sweep, where a bare temp dir stayed for good."""
+    d = RunDir(kind="cli")
+    try:
+        yield d.path
+    finally:
+        d.remove()
 
 
 def _rmtree(path: Path) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -25,7 +24,6 @@ import pytest
 
 from harness import topology
 from harness.cli import main
-from harness.explore import TMP_PREFIX
 from harness.loader import load_file
 from harness.rundir import base_dir
 
@@ -67,7 +65,12 @@ def leftovers(report: Dict[str, Any]) -> List[str]:
         left += [str(p) for p in topology.NETNS_ETC_DIR.glob(f"*{rid}*")]
         left += [str(p) for p in topology.STATE_DIR.glob(f"*{rid}*")]
         left += [str(p) for p in base_dir().glob(f"run-{rid}*")]
-    left += [str(p) for p in Path(tempfile.gettempdir()).glob(f"{TMP_PREFIX}{os.getpid()}-*")]
+    for own in base_dir().glob("cli-*"):   # the batch's folder (harness.rundir.own_folder)
+        try:
+            if json.loads((own / "owner.json").read_text()).get("pid") == os.getpid():
+                left.append(str(own))
+        except (OSError, ValueError):
+            pass
     left += [f"process {p.pid} {' '.join(p.cmdline())[:100]}"
              for p in psutil.Process().children(recursive=True)]
     return left
