@@ -43,6 +43,7 @@ from .protocol import (
     EXCEPTION,
     PHASE,
     RESULT,
+    RUN_TMP,
     STACK_SIGNAL,
     Event,
     last_phase,
@@ -902,7 +903,9 @@ def _cleanup(sup: Optional[Supervisor], topo: Any, lease: Optional[PortLease], r
     if keep is not None and not isinstance(failure, KeyboardInterrupt):
         try:
             keep.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(rundir.path, keep, dirs_exist_ok=True, ignore=_not_evidence)
+            shutil.copytree(rundir.path, keep, dirs_exist_ok=True,
+                            ignore=lambda f, names: _not_evidence(f, names) | (
+                                {RUN_TMP} if Path(f) == rundir.path else set()))
             if isinstance(failure, Exception):
                 (keep / "harness-error.txt").write_text(f"{failure}\n")
         except OSError as e:

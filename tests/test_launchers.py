@@ -131,6 +131,22 @@ def test_a_run_leaves_nothing_in_the_temp_folder_of_its_caller(tmp_path, monkeyp
     assert {r["env"]["TMPDIR"] for r in o["plan"]["ranks"]} == {f"{o['run_dir']}/tmp"}
 
 
+def test_kept_evidence_leaves_the_runs_temp_folder_out(tmp_path):
+    """A program's temp files are not evidence (they may be large): the kept run directory
+    has the ranks' files but not <run>/tmp."""
+    (scn,) = load_text(textwrap.dedent("""
+        name: kept
+        about: two healthy ranks
+        world_size: 2
+        timeout: 10
+        deadline: 30
+        workload: [barrier]
+    """), "kept.yaml")
+    run_scenario(scn, keep=tmp_path / "kept")
+    names = {p.name for p in (tmp_path / "kept").iterdir()}
+    assert {"rank-0.events", "rank-1.events"} <= names and "tmp" not in names, names
+
+
 @pytest.mark.parametrize("method", ["spawn", "process"])
 def test_spawn_has_a_row_per_parent_and_child(method):
     o, v = run(f"""

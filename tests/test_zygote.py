@@ -61,7 +61,7 @@ def test_the_key_leaves_out_only_the_per_run_paths():
     assert zygote_key("/py", {**env, "TORCH_CPP_LOG_LEVEL": "ERROR"}, False) != key
     assert zygote_key("/py", env, True) != key
     assert zygote_key("/other/python", env, False) != key
-    assert PER_RUN_ENV == {"HARNESS_RESOLVER_VIEW", "HARNESS_READ_ONLY"}
+    assert PER_RUN_ENV == {"HARNESS_RESOLVER_VIEW", "HARNESS_READ_ONLY", "TMPDIR"}
 
 
 def test_host_entry_names_what_the_exec_prefix_enters():
