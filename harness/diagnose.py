@@ -505,6 +505,47 @@ def gloo_interface_missing(c: RankContext) -> Optional[Cause]:
                  f"{host} does not have", [_exc_line(c.verdict)])
 
 
+NCCL_NO_IFACE = re.compile(r"Bootstrap : no socket interface found")
+NCCL_DUP_GPU = re.compile(r"Duplicate GPU detected : rank (\d+) and rank (\d+) both on CUDA "
+                          r"device (\w+)")
+
+
+def nccl_interface_missing(c: RankContext) -> Optional[Cause]:
+    """NCCL's bootstrap found no interface NCCL_SOCKET_IFNAME allows (watched on an H200,
+    torch 2.11.0+cu130, NCCL 2.28.9: DistBackendError ncclInvalidUsage at the first
+    collective: NCCL makes its communicator there, not in init_process_group)."""
+    m = NCCL_NO_IFACE.search(c.verdict.message or "")
+    if m is None:
+        return None
+    name = c.env(c.verdict.label).get("NCCL_SOCKET_IFNAME")
+    host = c.obs.host if c.obs is not None else ""
+    where = "this machine's" if host in ("", "local") else f"host {host}'s"
+    said = f"NCCL_SOCKET_IFNAME={name} matches" if name is not None else \
+        "NCCL_SOCKET_IFNAME unset: NCCL's default choice matched"
+    return Cause(f"NCCL found no network interface to bootstrap on in {c.verdict.phase}: {said} "
+                 f"none of {where} interfaces",
+                 [_exc_line(c.verdict), f"NCCL's last error: {m.group(0)}"])
+
+
+def nccl_ranks_share_a_gpu(c: RankContext) -> Optional[Cause]:
+    """Two ranks of one communicator on one CUDA device: NCCL refuses it (ncclInvalidUsage,
+    "Duplicate GPU detected"), where a program does not give each rank its own device, or
+    omits the backend (torch then takes cpu:gloo,cuda:nccl and runs barrier on the current
+    CUDA device: watched on an H200 with 2 ranks and no set_device)."""
+    m = NCCL_DUP_GPU.search(c.verdict.message or "")
+    if m is None:
+        return None
+    a, b, dev = m.groups()
+    a, b = sorted((a, b), key=int)
+    locals_ = {c.env(r).get("LOCAL_RANK") for r in (a, b)}
+    how = f" (both were given LOCAL_RANK={locals_.pop()})" if len(locals_) == 1 and \
+        None not in locals_ else ""
+    return Cause(f"ranks {a} and {b} are both on CUDA device {dev}{how}: NCCL needs one GPU per "
+                 "rank: each rank sets its own (torch.cuda.set_device(LOCAL_RANK), or "
+                 "init_process_group(device_id=...)) before its first collective",
+                 [_exc_line(c.verdict), f"NCCL's last error: {m.group(0)}"])
+
+
 def name_unresolved(c: RankContext) -> Optional[Cause]:
     """A name the rank had to resolve did not resolve (the resolver's words in its stderr)."""
     if c.obs is None:
@@ -2273,6 +2314,8 @@ RULES: List[Rule] = [
     name_unresolved,
     reverse_lookup_stalled,
     gloo_interface_missing,
+    nccl_interface_missing,
+    nccl_ranks_share_a_gpu,
     gloo_mesh_blocked,
     gloo_pair_to_a_second_card,
     gloo_pair_to_no_host,

@@ -35,9 +35,13 @@ def skip_reason(scn: Scenario, env: Dict[str, Any], on_allocation: bool = False
         return f"torch {env['torch']} was built without torch.distributed"
     why = backend_missing(scn, env)
     if scn.backend_available is False:
-        if why is None:
+        # about torch without the backend ("doesn't have NCCL built in"): a CUDA build of
+        # torch has NCCL whatever the GPUs, and fails otherwise (no device, a device ordinal)
+        if backend_missing(scn, env, built_in_only=True) is None:
             return (f"the case is about a machine without backend {scn.backend} "
-                    "(backend_available: false), and this one has it")
+                    f"(backend_available: false), and torch {env['torch']} here has it"
+                    + (f" ({env.get('gpus', 0)} GPU(s))" if "nccl" in scn.backend_names()
+                       else ""))
     elif why:
         return why
     if on_allocation:
@@ -106,18 +110,26 @@ def _program_missing(path: str) -> Optional[str]:
         "(etcd: binary:)"
 
 
-def backend_missing(scn: Scenario, env: Dict[str, Any]) -> Optional[str]:
-    """Why this machine cannot give the scenario's backend, or None."""
+def backend_missing(scn: Scenario, env: Dict[str, Any], built_in_only: bool = False
+                    ) -> Optional[str]:
+    """Why this machine cannot give the scenario's backend, or None. ``built_in_only``: only
+    what torch was built without (not the GPUs NCCL needs)."""
     names = scn.backend_names()
     label = f"backend {scn.backend}" if scn.backend is not None else "the default backend"
+    if scn.backend is None and env.get("nccl") and env.get("gpus", 0) > 0:
+        # torch picks cpu:gloo,cuda:nccl where CUDA is there, and barrier runs on the GPU
+        names = names + ["nccl"]
+        label = "the default backend (torch takes cpu:gloo,cuda:nccl where CUDA is there)"
     if "gloo" in names and not env.get("gloo"):
         return f"{label}: torch {env['torch']} has no gloo backend"
     if "nccl" in names:
         if not env.get("nccl"):
             return f"{label}: torch {env['torch']} has no NCCL (a CPU build?)"
-        if env.get("gpus", 0) < scn.world_size:
-            return (f"{label}: needs {scn.world_size} CUDA GPUs (one per rank), "
-                    f"this machine has {env.get('gpus', 0)}")
+        need = scn.world_size if scn.gpus is None else scn.gpus
+        if not built_in_only and env.get("gpus", 0) < need:
+            return (f"{label}: needs {need} CUDA GPU{'s' * (need != 1)}"
+                    + (" (one per rank)" if scn.gpus is None else " (gpus)")
+                    + f", this machine has {env.get('gpus', 0)}")
     for name in ("mpi", "ucc"):
         if name in names and not env.get(name):
             return f"{label}: torch {env['torch']} was built without {name.upper()}"

@@ -675,6 +675,10 @@ class Scenario(Strict):
         "cannot give the backend; false: the case is ABOUT a machine without it (torch's "
         "error is the expectation): it runs where the backend is missing and is skipped "
         "where it is there; true: as null")
+    gpus: Optional[int] = Field(
+        None, ge=0, le=MAX_WORLD, description="with NCCL: how many CUDA GPUs the case needs "
+        "(skipped, with the count, where the machine has fewer); null: one per rank. Fewer "
+        "than the ranks puts several ranks on one GPU (with LOCAL_RANK set in env)")
     world_size: int = Field(2, ge=1, le=MAX_WORLD)
     init: Literal["env", "tcp", "file"] = Field(
         "env", description="init method: env (env://, MASTER_ADDR/PORT), tcp (tcp://addr:port) or "

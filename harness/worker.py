@@ -160,7 +160,9 @@ def run_workload(spec: P.WorkerSpec, dist: Any, torch: Any) -> None:
     if init.world_size is not None:
         kwargs["world_size"] = init.world_size
     device = torch.device("cpu")
-    if spec.backend is not None and "nccl" in spec.backend.lower() and torch.cuda.is_available():
+    # a rank that may use NCCL takes its own GPU, as a training script does: the backend names
+    # nccl, or is omitted (torch then takes cpu:gloo,cuda:nccl where CUDA is there)
+    if (spec.backend is None or "nccl" in spec.backend.lower()) and torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     dist.init_process_group(**kwargs)

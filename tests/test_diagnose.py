@@ -377,6 +377,7 @@ def test_a_real_eight_rank_hang_prints_one_stack_for_ranks_1_to_7():
 
 def test_harness_explain_says_alike_rows_once(obs, tmp_path):
     import json
+    import os
     import subprocess
     import sys
 
@@ -392,8 +393,9 @@ def test_harness_explain_says_alike_rows_once(obs, tmp_path):
     (tmp_path / "case").mkdir()
     (tmp_path / "case" / "observation.json").write_text(json.dumps(run.to_dict()))
     p = subprocess.run([sys.executable, "-m", "harness", "explain", str(tmp_path)],
-                       capture_output=True, text=True, env={"COLUMNS": "400", "PATH": ""},
-                       timeout=120)
+                       capture_output=True, text=True, timeout=120,
+                       env={"COLUMNS": "400", "PATH": "",   # a harness installed by path too
+                            **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}})
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("ranks 1-7: hang at 12.04 s in init - connected to a process that is "
                           "not a torch store") == 1
@@ -1172,3 +1174,33 @@ def test_a_kept_store_reinit_whose_pairs_joined_the_old_group():
         vs["0"].cause
     assert "its pairs joined rank 1's old group" in vs["0"].cause
     assert vs["1"].cause.startswith("in its re-init (workload step 3) the new group read the old")
+
+
+def test_nccl_ranks_on_one_gpu_on_a_real_h200_run():
+    """nccl two_ranks_share_one_gpu as watched on an H200 (torch 2.11.0+cu130, NCCL 2.28.9, 4
+    of 4 runs): both ranks given LOCAL_RANK=0, NCCL refuses the communicator at the first
+    collective with "Duplicate GPU detected". The observation is the real one."""
+    run = _kept("nccl_two_ranks_share_one_gpu_h200.json")
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    for label in ("0", "1"):
+        assert (vs[label].outcome, vs[label].phase) == ("error", "workload step 1")
+        assert vs[label].cause.startswith("ranks 0 and 1 are both on CUDA device 60 (both were "
+                                          "given LOCAL_RANK=0): NCCL needs one GPU per rank"), \
+            vs[label].cause
+    # ranks given their own LOCAL_RANK, yet on one device (a program that never set it): the
+    # cause does not blame LOCAL_RANK
+    for r in run.plan["ranks"]:
+        r["env"]["LOCAL_RANK"] = r["label"]
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert vs["0"].cause.startswith("ranks 0 and 1 are both on CUDA device 60: NCCL needs"), \
+        vs["0"].cause
+
+
+def test_nccl_without_an_interface_on_a_real_h200_run():
+    """nccl wrong_interface as watched on an H200 (4 of 4 runs): NCCL_SOCKET_IFNAME=nosuch0,
+    NCCL's bootstrap finds no interface at the first collective. The observation is real."""
+    run = _kept("nccl_wrong_interface_h200.json")
+    (v,) = explain_run(run, classify_run(run))
+    assert v.cause == ("NCCL found no network interface to bootstrap on in workload step 1: "
+                       "NCCL_SOCKET_IFNAME=nosuch0 matches none of this machine's interfaces")
+    assert "Bootstrap : no socket interface found" in " ".join(v.cause_evidence)
