@@ -513,24 +513,19 @@ def cmd_run(args: argparse.Namespace) -> int:
             import xdist  # noqa: F401
         except ImportError:
             raise UsageError("-n needs pytest-xdist: pip install pytest-xdist") from None
-    from . import interrupts
+    import contextlib
 
-    own = None
-    report_path = args.report
-    if report_path is None:
-        from .rundir import RunDir
+    from .rundir import own_folder
 
-        # an owned folder in the state folder, not a bare temp dir: a SIGKILLed command (no
-        # finally) leaves it to the next run's sweep
-        with interrupts.shield():     # made and remembered, or not made
-            own = RunDir(kind="cli")
-        report_path = str(own.path / "report.json")
-    try:
-        return _run_pytest(args, files, report_path, str(own.path) if own else None)
-    finally:
-        if own is not None:
-            with interrupts.shield():
-                own.remove()
+    with contextlib.ExitStack() as stack:
+        own = None
+        report_path = args.report
+        if report_path is None:
+            # an owned folder in the state folder, not a bare temp dir: a SIGKILLed command
+            # (no finally) leaves it to the next run's sweep
+            own = stack.enter_context(own_folder())
+            report_path = str(own / "report.json")
+        return _run_pytest(args, files, report_path, str(own) if own else None)
 
 
 def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,

@@ -137,12 +137,18 @@ class RunDir:
 def own_folder() -> Iterator[Path]:
     """A folder of this command's own (``cli-<id>`` in the state folder: ``harness capture``'s
     and ``harness explore``'s reports and scenario files), removed when the block ends; a
-    SIGKILLed command leaves it to the next run's sweep, where a bare temp dir stayed for good."""
-    d = RunDir(kind="cli")
+    SIGKILLed command leaves it to the next run's sweep, where a bare temp dir stayed for good.
+    Made and removed under a shield: a Ctrl-C neither leaves it made but unremembered nor
+    half-removed."""
+    from . import interrupts
+
+    with interrupts.shield():
+        d = RunDir(kind="cli")
     try:
         yield d.path
     finally:
-        d.remove()
+        with interrupts.shield():
+            d.remove()
 
 
 def _rmtree(path: Path) -> None:
