@@ -397,8 +397,22 @@ class Supervisor:
                 os.kill(r.proc.pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-        pool = ThreadPoolExecutor(max_workers=max(1, len(spied)))
-        late = {r.label: (pool.submit(native_stacks, r.proc.pid), self.now()) for r in spied}
+        pool = ThreadPoolExecutor(max_workers=max(1, len(spied)), thread_name_prefix="py-spy")
+        try:
+            self._read_dumps(live, remote, early,
+                             {r.label: (pool.submit(native_stacks, r.proc.pid), self.now())
+                              for r in spied})
+        finally:
+            # also when interrupted: an idle worker no shutdown woke would hold the
+            # interpreter's exit for good (its py-spy, if any, ends by its own timeout)
+            with interrupts.shield():
+                pool.shutdown(wait=False)
+
+    def _read_dumps(self, live: List[RankProcess], remote: List[RankProcess],
+                    early: Dict[str, Tuple[Future, float]],
+                    late: Dict[str, Tuple[Future, float]]) -> None:
+        """Each live rank's faulthandler dump once complete, and its py-spy dump: ``early``
+        (taken before the deadline) or ``late`` (now)."""
         # faulthandler writes from its signal handler at once; a dump is complete when the
         # file stopped growing (three looks 10 ms apart: 20 ms without a byte); a rank gets up
         # to 3 s
@@ -427,7 +441,6 @@ class Supervisor:
                 threads, text = future.result()
                 r.obs.native_stacks = (f"(taken at {at:.2f} s)\n" + text) if text else text
                 r.obs.native_threads = threads
-        pool.shutdown()
 
     def _start_native_stacks(self) -> None:
         """py-spy, in parallel, ``STACK_LEAD`` s (at most a quarter of the deadline) before the
@@ -644,12 +657,19 @@ class Supervisor:
             snap.host, snap.t = host, t
             return snap
 
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
-        self._store = pool.submit(asking)
-        for whost, waddr in self._worker_stores():
-            if waddr != addr:
-                self._stores[waddr] = pool.submit(self._asker(whost, waddr, t))
-        pool.shutdown(wait=False)
+        # submitted and shut down as one: a Ctrl-C between (one landing in the worker thread's
+        # start is enough) left the worker waiting for work that never came, its executor held
+        # by the traceback, and the interpreter's exit joined it for good (pytest hung after
+        # two quick Ctrl-Cs, 1 of 13 tries)
+        with interrupts.shield():
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
+            try:
+                self._store = pool.submit(asking)
+                for whost, waddr in self._worker_stores():
+                    if waddr != addr:
+                        self._stores[waddr] = pool.submit(self._asker(whost, waddr, t))
+            finally:
+                pool.shutdown(wait=False)
         if self.topo is not None and self.now() >= self.plan.deadline:
             self._rules_at_deadline = {h.name: self._rules(h.name) for h in self.plan.hosts}
 
