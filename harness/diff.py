@@ -10,7 +10,9 @@ run of each report is one draw of that race: a move between the declared outcome
 the exception, message and duration that come with the other path, is listed as variation
 within the declared race, not counted as a change; leaving the declared set is a change. A row
 that exists on one path of a declared race only (a restarted worker, a late node's), spoken of
-by a wildcard key that declares the race, is variation when it comes or goes. An
+by a wildcard key that declares the race, or by a wildcard key at all when a named rank of the
+case moved inside its own declared race (rank 1 killed at destroy, the restart's "*@1" rows;
+or rank 1 ended ok first and no restart came), is variation when it comes or goes. An
 expectation may also name what varies with the same outcome and phase (``varies: [message]``:
 gloo says "recv" or "send" by which side notices first): changes of those are variation too.
 In a case whose fault draws at random while it runs (packet loss), one run's durations are one
@@ -537,6 +539,7 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
                and not _follows(lb, r, nranks[lb])]
         others_moved = max(own or [0.0])
         job_race = False
+        pathed: List[Change] = []    # wildcard rows that came or went: a path of a race?
         for label in list(oranks) + [x for x in nranks if x not in oranks]:
             orank, nrank = oranks.get(label), nranks.get(label)
             if orank is None or nrank is None:
@@ -549,6 +552,8 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
                 if _declared_race(exp) and _wildcard_key(n, label):
                     ch.note = "a row of one path of the declared race"
                     res.within.append(ch)
+                elif _wildcard_key(n, label) or _wildcard_key(o, label):
+                    pathed.append(ch)
                 else:
                     changes.append(ch)
             elif (o.get("repeat") or 1) > 1 and (n.get("repeat") or 1) > 1:
@@ -583,6 +588,16 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
                     job_race = job_race or any(c.kind == "outcome" for c in inside)
                 else:
                     changes += found
+        # a row the expectation speaks of only by a wildcard ("*@1": a restart's workers) that
+        # exists on one side only, where a named rank moved inside its declared race: the row
+        # belongs to one of the race's paths (no restart when the kill came too late); with no
+        # such move its coming or going is a change
+        for ch in pathed:
+            if job_race:
+                ch.note = "a row of one path of a rank's declared race"
+                res.within.append(ch)
+            else:
+                changes.append(ch)
         # a job outcome that moved only because a rank moved inside its declared race
         if job_race and o.get("job") != n.get("job") and o.get("status") == n.get("status"):
             for c in [c for c in changes if c.case == cid and c.kind == "job"]:

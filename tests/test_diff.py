@@ -460,3 +460,32 @@ def test_a_row_of_one_path_of_a_declared_race_is_not_a_change():
     res = diff_reports(rep([("agent:node0", "ok"), ("1", "ok")], named),
                        rep([("agent:node0", "ok")], named))
     assert [c.kind for c in res.changes] == ["rank_removed"]
+
+
+def test_a_wildcard_row_on_one_path_of_a_named_ranks_race_is_not_a_change():
+    """killed_in_destroy_own_store: rank 1 is killed at destroy and the agent restarts the
+    workers ("*@1" rows), or rank 1 had already ended ok and no restart comes ('1' declares
+    [crash, ok]). The restart's rows come and go with rank 1's race; with rank 1 the same on
+    both sides their going is a change."""
+    def rep(rows):
+        return {"environment": {}, "cases": [{
+            "id": "s.yaml::s[c]", "name": "s[c]", "status": "passed", "job": "ok",
+            "timeout": 10, "expectation": {"job": "ok", "ranks": {
+                "1": {"outcome": ["crash", "ok"], "phase": ["destroy", "exit"]},
+                "0": {"outcome": "ok"}, "*@1": {"outcome": "ok", "phase": "exit"}}},
+            "ranks": [{"label": lb, "outcome": oc, "phase": ph, "duration": 3.3,
+                       "exception": None, "message": "", "family": ""}
+                      for lb, oc, ph in rows]}]}
+    restarted = rep([("0", "ok", "exit"), ("1", "crash", "destroy"), ("1@1", "ok", "exit"),
+                     ("0@1", "ok", "exit")])
+    too_late = rep([("0", "ok", "exit"), ("1", "ok", "exit")])
+    for a, b in ((restarted, too_late), (too_late, restarted)):
+        res = diff_reports(a, b)
+        assert res.changes == [], res.changes
+        assert sorted(c.rank for c in res.within if c.kind.startswith("rank_")) \
+            == ["0@1", "1@1"]
+    # rank 1 crashed both times, yet no restart: a change
+    gone = rep([("0", "ok", "exit"), ("1", "crash", "destroy")])
+    res = diff_reports(restarted, gone)
+    assert sorted((c.rank, c.kind) for c in res.changes) \
+        == [("0@1", "rank_removed"), ("1@1", "rank_removed")]
