@@ -660,7 +660,7 @@ class Supervisor:
         # submitted and shut down as one: a Ctrl-C between (one landing in the worker thread's
         # start is enough) left the worker waiting for work that never came, its executor held
         # by the traceback, and the interpreter's exit joined it for good (pytest hung after
-        # two quick Ctrl-Cs, 1 of 13 tries)
+        # two quick Ctrl-Cs: 2 of 6 tries)
         with interrupts.shield():
             pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
             try:
