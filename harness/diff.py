@@ -12,7 +12,8 @@ within the declared race, not counted as a change; leaving the declared set is a
 that exists on one path of a declared race only (a restarted worker, a late node's), spoken of
 by a wildcard key that declares the race, or by a wildcard key at all when a named rank of the
 case moved inside its own declared race (rank 1 killed at destroy, the restart's "*@1" rows;
-or rank 1 ended ok first and no restart came), is variation when it comes or goes. An
+or rank 1 ended ok first and no restart came), is variation when it comes or goes; so are the
+durations of the case's other rows then (the agent ends seconds sooner with no restart). An
 expectation may also name what varies with the same outcome and phase (``varies: [message]``:
 gloo says "recv" or "send" by which side notices first): changes of those are variation too.
 In a case whose fault draws at random while it runs (packet loss), one run's durations are one
@@ -598,6 +599,14 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
                 res.within.append(ch)
             else:
                 changes.append(ch)
+        # and the case's other durations are that path's (an agent that restarted no workers
+        # ends seconds sooner): one draw each, not comparable
+        if job_race:
+            for c in [c for c in changes if c.case == cid and c.kind == "duration"]:
+                changes.remove(c)
+                c.note = (c.note + "; " if c.note else "") + \
+                    "the case took another path of a rank's declared race"
+                res.within.append(c)
         # a job outcome that moved only because a rank moved inside its declared race
         if job_race and o.get("job") != n.get("job") and o.get("status") == n.get("status"):
             for c in [c for c in changes if c.case == cid and c.kind == "job"]:

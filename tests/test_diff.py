@@ -467,25 +467,33 @@ def test_a_wildcard_row_on_one_path_of_a_named_ranks_race_is_not_a_change():
     workers ("*@1" rows), or rank 1 had already ended ok and no restart comes ('1' declares
     [crash, ok]). The restart's rows come and go with rank 1's race; with rank 1 the same on
     both sides their going is a change."""
-    def rep(rows):
+    def rep(rows, agent=9.5):
         return {"environment": {}, "cases": [{
             "id": "s.yaml::s[c]", "name": "s[c]", "status": "passed", "job": "ok",
             "timeout": 10, "expectation": {"job": "ok", "ranks": {
+                "agent:local": {"outcome": "ok"},
                 "1": {"outcome": ["crash", "ok"], "phase": ["destroy", "exit"]},
                 "0": {"outcome": "ok"}, "*@1": {"outcome": "ok", "phase": "exit"}}},
-            "ranks": [{"label": lb, "outcome": oc, "phase": ph, "duration": 3.3,
+            "ranks": [{"label": lb, "outcome": oc, "phase": ph,
+                       "duration": agent if lb.startswith("agent") else 3.3,
                        "exception": None, "message": "", "family": ""}
-                      for lb, oc, ph in rows]}]}
+                      for lb, oc, ph in [("agent:local", "ok", "exit"), *rows]]}]}
     restarted = rep([("0", "ok", "exit"), ("1", "crash", "destroy"), ("1@1", "ok", "exit"),
                      ("0@1", "ok", "exit")])
-    too_late = rep([("0", "ok", "exit"), ("1", "ok", "exit")])
+    # no restart: the agent ends 5 s sooner (9.5 -> 4.3 s in two catalog runs)
+    too_late = rep([("0", "ok", "exit"), ("1", "ok", "exit")], agent=4.3)
     for a, b in ((restarted, too_late), (too_late, restarted)):
         res = diff_reports(a, b)
         assert res.changes == [], res.changes
         assert sorted(c.rank for c in res.within if c.kind.startswith("rank_")) \
             == ["0@1", "1@1"]
+        assert [c.rank for c in res.within if c.kind == "duration"] == ["agent:local"]
     # rank 1 crashed both times, yet no restart: a change
     gone = rep([("0", "ok", "exit"), ("1", "crash", "destroy")])
     res = diff_reports(restarted, gone)
     assert sorted((c.rank, c.kind) for c in res.changes) \
         == [("0@1", "rank_removed"), ("1@1", "rank_removed")]
+    # the same path both times: the agent's 5 s is a change
+    res = diff_reports(restarted, rep([("0", "ok", "exit"), ("1", "crash", "destroy"),
+                                       ("1@1", "ok", "exit"), ("0@1", "ok", "exit")], agent=4.3))
+    assert [(c.rank, c.kind) for c in res.changes] == [("agent:local", "duration")]
