@@ -513,19 +513,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             import xdist  # noqa: F401
         except ImportError:
             raise UsageError("-n needs pytest-xdist: pip install pytest-xdist") from None
-    import contextlib
-
+    if args.report is not None:
+        return _run_pytest(args, files, args.report, None)
     from .rundir import own_folder
 
-    with contextlib.ExitStack() as stack:
-        own = None
-        report_path = args.report
-        if report_path is None:
-            # an owned folder in the state folder, not a bare temp dir: a SIGKILLed command
-            # (no finally) leaves it to the next run's sweep
-            own = stack.enter_context(own_folder())
-            report_path = str(own / "report.json")
-        return _run_pytest(args, files, report_path, str(own) if own else None)
+    # an owned folder in the state folder, not a bare temp dir: a SIGKILLed command (no
+    # finally) leaves it to the next run's sweep
+    with own_folder() as own:
+        return _run_pytest(args, files, str(own / "report.json"), str(own))
 
 
 def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,

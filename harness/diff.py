@@ -310,6 +310,15 @@ def _varying(exp: Dict[str, Any], c: Change) -> bool:
                if v in VARIES_KINDS)
 
 
+def _to_within(changes: List[Change], res: DiffResult, chosen: List[Change],
+               note: str) -> None:
+    """Move ``chosen`` from ``changes`` into ``res.within``, saying why."""
+    for c in chosen:
+        changes.remove(c)
+        c.note = (c.note + "; " if c.note else "") + note
+        res.within.append(c)
+
+
 def _within_race(exp: Dict[str, Any], r: Dict[str, Any]) -> bool:
     outcomes, phases = _as_set(exp.get("outcome")), _as_set(exp.get("phase"))
     return (not outcomes or r.get("outcome") in outcomes) and \
@@ -540,7 +549,6 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
                and not _follows(lb, r, nranks[lb])]
         others_moved = max(own or [0.0])
         job_race = False
-        pathed: List[Change] = []    # wildcard rows that came or went: a path of a race?
         for label in list(oranks) + [x for x in nranks if x not in oranks]:
             orank, nrank = oranks.get(label), nranks.get(label)
             if orank is None or nrank is None:
@@ -553,8 +561,6 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
                 if _declared_race(exp) and _wildcard_key(n, label):
                     ch.note = "a row of one path of the declared race"
                     res.within.append(ch)
-                elif _wildcard_key(n, label) or _wildcard_key(o, label):
-                    pathed.append(ch)
                 else:
                     changes.append(ch)
             elif (o.get("repeat") or 1) > 1 and (n.get("repeat") or 1) > 1:
@@ -589,30 +595,21 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
                     job_race = job_race or any(c.kind == "outcome" for c in inside)
                 else:
                     changes += found
-        # a row the expectation speaks of only by a wildcard ("*@1": a restart's workers) that
-        # exists on one side only, where a named rank moved inside its declared race: the row
-        # belongs to one of the race's paths (no restart when the kill came too late); with no
-        # such move its coming or going is a change
-        for ch in pathed:
-            if job_race:
-                ch.note = "a row of one path of a rank's declared race"
-                res.within.append(ch)
-            else:
-                changes.append(ch)
-        # and the case's other durations are that path's (an agent that restarted no workers
-        # ends seconds sooner): one draw each, not comparable
         if job_race:
-            for c in [c for c in changes if c.case == cid and c.kind == "duration"]:
-                changes.remove(c)
-                c.note = (c.note + "; " if c.note else "") + \
-                    "the case took another path of a rank's declared race"
-                res.within.append(c)
-        # a job outcome that moved only because a rank moved inside its declared race
-        if job_race and o.get("job") != n.get("job") and o.get("status") == n.get("status"):
-            for c in [c for c in changes if c.case == cid and c.kind == "job"]:
-                changes.remove(c)
-                c.note = "a rank moved within its declared race"
-                res.within.append(c)
+            # a rank moved inside its declared race: the case took another path. The rows a
+            # wildcard speaks of ("*@1": a restart's workers) that come or go, and the other
+            # rows' durations (an agent that restarted no workers ends seconds sooner), are
+            # that path's; with no such move they count
+            _to_within(changes, res, [
+                c for c in changes if c.case == cid and (
+                    c.kind == "duration" or c.kind in ("rank_added", "rank_removed")
+                    and (_wildcard_key(n, str(c.rank)) or _wildcard_key(o, str(c.rank))))],
+                "the case took another path of a rank's declared race")
+            # a job outcome that moved only because a rank moved inside its declared race
+            if o.get("job") != n.get("job") and o.get("status") == n.get("status"):
+                _to_within(changes, res,
+                           [c for c in changes if c.case == cid and c.kind == "job"],
+                           "a rank moved within its declared race")
     res.changes = [c for c in changes if c.kind not in ignore]
     res.ignored = len(changes) - len(res.changes)
     return res
