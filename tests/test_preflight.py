@@ -229,13 +229,18 @@ def test_inside_an_allocation_preflight_starts_its_own_step(tmp_path):
     assert not list(out.glob("stacks-*"))
 
 
-def _stop_when_dialled(stacks: Path, bound: float, seen: dict) -> None:
-    """Find the collective child of one node (its argv names ``stacks``), wait until it holds a
-    socket (it dialled the store: inside init_process_group), then SIGSTOP it; all bounded."""
+def _stop_when_armed(stacks: Path, bound: float, seen: dict) -> None:
+    """Find the collective child of one node (its argv names ``stacks``), wait until it catches
+    SIGUSR1 (faulthandler is armed, so its stacks can be taken), then SIGSTOP it; all bounded.
+
+    It is stopped while it imports torch, before it dials the store: waiting for it to hold a
+    socket (inside init_process_group) lost a race in CI, where the 50 ms poll saw the socket
+    only after the three nodes had finished their all_reduce (all three ``ok``)."""
     import os
     import signal
     import time
 
+    usr1 = 1 << (signal.SIGUSR1 - 1)
     end = time.monotonic() + bound
     while time.monotonic() < end and "stopped" not in seen:
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -243,23 +248,24 @@ def _stop_when_dialled(stacks: Path, bound: float, seen: dict) -> None:
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
                 if len(argv) < 4 or argv[3] != str(stacks).encode():
                     continue
-                fds = os.listdir(f"/proc/{pid}/fd")
-                if any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:") for fd in fds):
+                status = Path(f"/proc/{pid}/status").read_text()
+                caught = int(status.split("SigCgt:")[1].split()[0], 16)
+                if caught & usr1:
                     os.kill(int(pid), signal.SIGSTOP)
                     seen["stopped"] = (int(pid), time.monotonic())
-            except OSError:
+            except (OSError, IndexError, ValueError):
                 continue
-        time.sleep(0.05)
+        time.sleep(0.01)
 
 
 @real
-def test_a_node_frozen_in_the_collective_is_the_hang_the_others_wait_for(tmp_path):
+def test_a_node_frozen_in_its_collective_check_is_the_hang_the_others_wait_for(tmp_path):
     import threading
     import time
 
     out = tmp_path / "pf"
     seen: dict = {}
-    t = threading.Thread(target=_stop_when_dialled, args=(out / "stacks-node1.txt", 120, seen))
+    t = threading.Thread(target=_stop_when_armed, args=(out / "stacks-node1.txt", 120, seen))
     t.start()
     t0 = time.monotonic()
     try:
@@ -270,7 +276,7 @@ def test_a_node_frozen_in_the_collective_is_the_hang_the_others_wait_for(tmp_pat
     wall = time.monotonic() - t0
     verdicts = {r["node"]: r["collective"] for r in rep["nodes"]}
     print(pf.table(rep), f"\nwall {wall:.1f} s", json.dumps(verdicts))
-    assert seen["stopped"], "node1's collective child was never seen holding a socket"
+    assert seen["stopped"], "node1's collective child was never seen with faulthandler armed"
     assert verdicts["node1"] == "hang", pf.table(rep)
     n1 = rep["nodes"][1]
     assert "state T" in " ".join(n1["reasons"]) and "File " in (n1["stacks"] or "")
