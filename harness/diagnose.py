@@ -934,6 +934,37 @@ def peer_died(c: RankContext) -> Optional[Cause]:
                  [_exc_line(c.verdict), f"rank {d.label}: {d.reason}"])
 
 
+BARRIER_FAILED = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier in (\d+) ms")
+
+
+def barrier_peer_died(c: RankContext) -> Optional[Cause]:
+    """monitored_barrier (wait_all_ranks) on rank 0 names the ranks that failed to pass it in
+    the same words whether they never came within its timeout or had died: gloo's recv from a
+    dead peer fails at once, and torch drops that error. A named rank that had ended (killed,
+    or failed) before this rank raised is the cause, not a wait."""
+    v = c.verdict
+    m = BARRIER_FAILED.search(v.message or "")
+    if m is None or v.duration is None:
+        return None
+    named = {n.strip() for n in m.group(1).split(",") if n.strip()}
+    dead = [o for o in c.verdicts
+            if o.label != v.label and o.role in ("rank", "worker") and o.duration is not None
+            and _job(o.label) == _job(v.label)
+            and c.env(o.label).get("RANK", o.label.rsplit(":", 1)[-1]) in named
+            and o.outcome in ("crash", "error", "timeout")
+            and _ended_at(c, o) <= v.duration + END_SLACK]
+    if not dead:
+        return None
+    said = "; ".join(
+        f"rank {d.label} had {'died' if d.outcome == 'crash' else f'ended ({d.outcome})'} at "
+        f"{round(_ended_at(c, d), 3):g} s: " + (_cause_of(c, d.label, [barrier_peer_died])
+                                                or (_exc_line(d) if d.exception else d.reason))
+        for d in dead)
+    return Cause(f"its monitored_barrier failed before its {int(m.group(2)) / 1000:g} s were "
+                 f"up, on a rank that could no longer come: {said}",
+                 [_exc_line(v)] + [f"rank {d.label}: {d.reason}" for d in dead])
+
+
 def peer_reinitialised(c: RankContext) -> Optional[Cause]:
     """gloo's connection to a peer closed while that peer, alive, had entered a ``reinit`` step:
     it destroyed the process group this rank still used."""
@@ -2302,6 +2333,7 @@ RULES: List[Rule] = [
     joined_another_jobs_store,
     peer_reinitialised,   # before peer_died: a peer that re-initialised closed it, then failed
     peer_died,
+    barrier_peer_died,
     reinit_on_the_old_store,
     nobody_claimed_rank_0,
     program_exited,

@@ -931,6 +931,28 @@ def test_a_rank_hung_in_a_collective_after_its_one_failed_peer_died(obs):
     assert "TORCH_GLOO_LAZY_INIT=1" in v0.cause
 
 
+def test_a_monitored_barrier_failed_on_a_dead_rank_names_the_death_not_a_wait(obs):
+    # gloo's monitoredBarrier (wait_all_ranks) reads the same whether rank 1 never came in 5 s
+    # or had been killed: a recv from a dead peer fails at once and torch drops that error
+    msg = "[Rank 0]: Ranks 1 failed to pass monitoredBarrier in 5000 ms"
+    kill = [{"signal": "SIGKILL", "t": 0.85, "by": "fault"}]
+    r0 = obs.rank("0", reached="workload step 2", end=0.9, exc=obs.exc("RuntimeError", msg))
+    r1 = obs.rank("1", reached="workload step 1", end=0.95, returncode=-9, result=False,
+                  signals=kill)
+    run, (v0, _) = _run(obs, r0, r1)
+    assert v0.outcome == "timeout"          # the classifier's table: the words are a wait's
+    assert v0.cause.startswith("its monitored_barrier failed before its 5 s were up, on a rank "
+                               "that could no longer come: rank 1 had died at 0.85 s: killed by "
+                               "SIGKILL"), v0.cause
+    # the same words after a frozen (alive) rank 1: a wait, not this rule
+    r1 = obs.rank("1", reached="workload step 1", end=20.0, killed_at_deadline=True,
+                  signals=[{"signal": "SIGSTOP", "t": 0.85, "by": "fault"}])
+    r0 = obs.rank("0", reached="workload step 2", end=5.9, exc=obs.exc("RuntimeError", msg))
+    _, (v0, _) = _run(obs, r0, r1)
+    assert "monitored_barrier failed before" not in v0.cause
+    assert v0.cause.startswith("waited in workload step 2 for rank 1, frozen by SIGSTOP")
+
+
 def test_a_rank_starved_of_cpu_before_it_reached_the_store_is_named_by_both(obs):
     from harness.observe import StepRecord
 
