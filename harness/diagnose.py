@@ -925,13 +925,18 @@ def peer_died(c: RankContext) -> Optional[Cause]:
     if len(dead) != 1:
         return None
     d = dead[0]
-    own = _cause_of(c, d.label, [peer_died]) or \
-        (_exc_line(d) if d.exception else d.reason)
-    how = "died" if d.outcome == "crash" else f"ended ({d.outcome})"
     where = f" ([{at.group(1)}]:{at.group(2)})" if at else ""
-    return Cause(f"its gloo connection to rank {d.label}{where} was closed: rank {d.label} had "
-                 f"{how} at {round(_ended_at(c, d), 3):g} s: {own}",
+    return Cause(f"its gloo connection to rank {d.label}{where} was closed: "
+                 f"{_how_it_ended(c, d, peer_died)}",
                  [_exc_line(c.verdict), f"rank {d.label}: {d.reason}"])
+
+
+def _how_it_ended(c: RankContext, d: Verdict, rule: Rule) -> str:
+    """"rank L had died at T s: its own cause" (or "had ended (error)"): a peer's end as the
+    cause of this row; its own cause leaves ``rule`` out, so the two never explain each other."""
+    own = _cause_of(c, d.label, [rule]) or (_exc_line(d) if d.exception else d.reason)
+    how = "died" if d.outcome == "crash" else f"ended ({d.outcome})"
+    return f"rank {d.label} had {how} at {round(_ended_at(c, d), 3):g} s: {own}"
 
 
 BARRIER_FAILED = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier in (\d+) ms")
@@ -955,11 +960,7 @@ def barrier_peer_died(c: RankContext) -> Optional[Cause]:
             and _ended_at(c, o) <= v.duration + END_SLACK]
     if not dead:
         return None
-    said = "; ".join(
-        f"rank {d.label} had {'died' if d.outcome == 'crash' else f'ended ({d.outcome})'} at "
-        f"{round(_ended_at(c, d), 3):g} s: " + (_cause_of(c, d.label, [barrier_peer_died])
-                                                or (_exc_line(d) if d.exception else d.reason))
-        for d in dead)
+    said = "; ".join(_how_it_ended(c, d, barrier_peer_died) for d in dead)
     return Cause(f"its monitored_barrier failed before its {int(m.group(2)) / 1000:g} s were "
                  f"up, on a rank that could no longer come: {said}",
                  [_exc_line(v)] + [f"rank {d.label}: {d.reason}" for d in dead])
