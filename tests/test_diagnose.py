@@ -1122,6 +1122,22 @@ def test_an_agents_first_failed_worker_when_torchrun_names_the_one_it_took_down(
     assert "torchrun's report names rank 0, which failed 0.011 s later" in vs["agent:local"].cause
 
 
+def test_a_restarted_worker_whose_pair_closed_names_its_own_attempts_peer():
+    """torchrun_restarts one_restart as watched (catalog run of 2026-11-27, -n 4): after the
+    restart, 1@1 dialled a pair address the first attempt had published and failed in init
+    (11.396 s); 0@1, through init, got "Read error ... Connection reset by peer" from 1@1's
+    pair. The first attempt's workers (killed, stopped) had ended long before, and are not
+    its peers: the cause names 1@1. The observation is the real one."""
+    run = _kept("one_restart_worker_0_met_its_failed_peer.json")
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert vs["0@1"].cause.startswith("its gloo connection to rank 1@1 ([127.0.0.1]:34223) was "
+                                      "closed: rank 1@1 had ended (error) at 11.396 s: a worker "
+                                      "of restart 1: its gloo mesh dialled a pair address"), \
+        vs["0@1"].cause
+    assert vs["agent:local"].cause.startswith("its worker rank 1 failed first: a worker of "
+                                              "restart 1")
+
+
 def test_a_mesh_that_waited_for_a_peer_which_gave_up_waiting_for_this_ranks_key():
     """net_gloo_connect_timeout late_by_the_timeout_three_hosts as watched (fresh-clone catalog,
     2026-11-26): rank 1 gave up in the store waiting for rank 0's key (2 s), rank 0 then waited
