@@ -902,10 +902,9 @@ def peer_died(c: RankContext) -> Optional[Cause]:
     at = re.search(r"\[([^\]]+)\]:(\d+)", msg)
     own_end = c.verdict.duration
     # a restart's workers mesh only with each other: the earlier attempt's were stopped first
-    attempt = (parse_label(c.verdict.label) or _NOT_A_RANK).attempt
     peers = [v for v in c.verdicts if v.label != c.verdict.label and v.role in ("rank", "worker")
              and v.duration is not None and (at is None or v.addr in (at.group(1), ""))
-             and (parse_label(v.label) or _NOT_A_RANK).attempt == attempt]
+             and v.attempt == c.verdict.attempt]
     dead = [v for v in peers if v.outcome in ("crash", "error", "timeout")
             and _ended_at(c, v) <= own_end + END_SLACK]
     if len(dead) > 1:   # one killed, the others failing after it: the killed one is the cause
