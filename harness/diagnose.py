@@ -1198,7 +1198,9 @@ def stopped_by_agent(c: RankContext) -> Optional[Cause]:
             (c.verdict_of(first.label) or v).reason
         return Cause(f"stopped by its parent {o.node} after rank {first.label} failed: {why}"
                      + tail, ev)
-    restarts = [e for e in ao.events if e.ev == "restart" and c.t(e) <= when + 0.01]
+    # raw times: c.t rounds to 10 ms, and the restart event follows the reap by under 1 ms
+    restarts = [e for e in ao.events
+                if e.ev == "restart" and float(e.t) <= float(reaped.t) + 0.01]
     if restarts:
         r = restarts[-1]
         mine = [w for w in c.run.ranks if w.role == "worker" and w.node == o.node

@@ -1138,6 +1138,18 @@ def test_a_restarted_worker_whose_pair_closed_names_its_own_attempts_peer():
                                               "restart 1")
 
 
+def test_a_worker_stopped_for_a_restart_logged_just_after_its_reap_is_stopped_to_restart():
+    """torchrun_restarts one_restart as watched (catalog run of 2026-11-27, -n 4): the agent
+    reaped rank 0's SIGTERM at 3.0946 s and logged the restart 0.5 ms later (3.0951 s); rounded
+    to 10 ms the two read 3.09 and 3.10, and the rule took the agent's final failure as why rank
+    0 was stopped. The observation is the real one."""
+    run = _kept("one_restart_stopped_for_the_restart_0_5_ms_before.json")
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert vs["0"].cause.startswith("stopped by its agent agent:local in workload step 3 to "
+                                    "restart its workers (restart 1 at 3.1 s) after rank 1 "
+                                    "failed: killed by SIGKILL"), vs["0"].cause
+
+
 def test_a_mesh_that_waited_for_a_peer_which_gave_up_waiting_for_this_ranks_key():
     """net_gloo_connect_timeout late_by_the_timeout_three_hosts as watched (fresh-clone catalog,
     2026-11-26): rank 1 gave up in the store waiting for rank 0's key (2 s), rank 0 then waited
