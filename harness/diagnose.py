@@ -81,8 +81,13 @@ class RankContext:
         return next((o for o in self.run.ranks if o.label == label), None)
 
     def t(self, e: Any) -> float:
-        """An event's time in seconds after the start line."""
+        """An event's time in seconds after the start line, rounded to 10 ms: for text. Compare
+        times with :meth:`at`: two events under 10 ms apart can round to either order."""
         return round(float(e.t) - float(self.run.t0 or 0.0), 2)
+
+    def at(self, e: Any) -> float:
+        """An event's time in seconds after the start line, unrounded: for comparisons."""
+        return float(e.t) - float(self.run.t0 or 0.0)
 
     def port_in_use(self) -> Optional[Verdict]:
         """The row whose store could not listen: EADDRINUSE."""
@@ -1205,7 +1210,7 @@ def stopped_by_agent(c: RankContext) -> Optional[Cause]:
         r = restarts[-1]
         mine = [w for w in c.run.ranks if w.role == "worker" and w.node == o.node
                 and w.label != v.label and (c.verdict_of(w.label) or v).outcome != "ok"
-                and (w.ended_at or 1e9) <= c.t(r)]
+                and (w.ended_at or 1e9) <= c.at(r) + 0.01]
         text = f"stopped by its agent {o.node}{where} to restart its workers (restart " \
             f"{r.data.get('attempt')} at {c.t(r):g} s)"
         if mine:
@@ -1214,7 +1219,7 @@ def stopped_by_agent(c: RankContext) -> Optional[Cause]:
             text += f" after rank {f.info.get('rank', f.label)} failed: {why}"
         else:
             joined = [a for a in c.run.ranks if a.role == "agent" and a.label != o.node
-                      and a.released_at is not None and a.released_at <= c.t(r)
+                      and a.released_at is not None and a.released_at <= c.at(r) + 0.01
                       and a.released_at > (o.released_at or 0)]
             text += "; none of its workers had failed: the rendezvous's membership changed" + \
                 (f" ({', '.join(a.label for a in joined)} joined at "
@@ -1405,13 +1410,13 @@ def rendezvous_store_lost(c: RankContext) -> Optional[Cause]:
             hosted = any(e.ev == "rendezvous_done" for e in h.events)
         if hosted and hv.duration is not None and v.duration is not None \
                 and hv.duration <= v.duration:
-            dialled = next((c.t(e) for e in o.events if e.ev == "phase"
+            dialled = next((c.at(e) for e in o.events if e.ev == "phase"
                             and e.data.get("phase") == "rendezvous"), None)
-            ending = next((c.t(e) for e in h.events if e.ev == "phase"
+            ending = next((c.at(e) for e in h.events if e.ev == "phase"
                            and e.data.get("phase") == "exit"), None)
-            when = f" (it was in exit from {ending:g} s, when this agent dialled at " \
-                f"{dialled:g} s)" if dialled is not None and ending is not None \
-                and ending <= dialled < hv.duration else ""
+            when = f" (it was in exit from {round(ending, 2):g} s, when this agent dialled " \
+                f"at {round(dialled, 2):g} s)" if dialled is not None and ending is not None \
+                and ending <= dialled < hv.duration + 0.001 else ""
             return Cause(f"lost the rendezvous store at {ip}:{port}: its host, {h.label}, had "
                          f"ended ({how}) at {hv.duration:g} s{when}", ev + [hv.reason])
         return None

@@ -1254,3 +1254,16 @@ def test_nccl_without_an_interface_on_a_real_h200_run():
     assert v.cause == ("NCCL found no network interface to bootstrap on in workload step 1: "
                        "NCCL_SOCKET_IFNAME=nosuch0 matches none of this machine's interfaces")
     assert "Bootstrap : no socket interface found" in " ".join(v.cause_evidence)
+
+
+def test_a_failed_worker_the_supervisor_saw_end_just_after_the_restart_still_failed_first():
+    """The same real run as above, with worker 1's end as the supervisor saw it moved to 9 ms
+    after the agent's restart event (3.0952 s): a loaded supervisor notices an end late. The
+    restart still followed rank 1's failure; rounded to 10 ms (3.10 against 3.104) the rule
+    read "none of its workers had failed". Times are compared unrounded, 10 ms apart at most."""
+    run = _kept("one_restart_stopped_for_the_restart_0_5_ms_before.json")
+    w1 = next(r for r in run.ranks if r.label == "1")
+    w1.ended_at = 3.104
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert "after rank 1 failed" in vs["0"].cause, vs["0"].cause
+    assert "none of its workers had failed" not in vs["0"].cause
