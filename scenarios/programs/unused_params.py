@@ -25,7 +25,7 @@ class Model(torch.nn.Module):
 
 model = DDP(Model())
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(3):
+for _ in range(3):
     opt.zero_grad()
     model(torch.ones(4, 8)).sum().backward()
     opt.step()
