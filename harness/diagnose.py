@@ -83,7 +83,7 @@ class RankContext:
     def t(self, e: Any) -> float:
         """An event's time in seconds after the start line, rounded to 10 ms: for text. Compare
         times with :meth:`at`: two events under 10 ms apart can round to either order."""
-        return round(float(e.t) - float(self.run.t0 or 0.0), 2)
+        return round(self.at(e), 2)
 
     def at(self, e: Any) -> float:
         """An event's time in seconds after the start line, unrounded: for comparisons."""
@@ -981,12 +981,12 @@ def peer_reinitialised(c: RankContext) -> Optional[Cause]:
             c.obs is not None and any(e.ev == "phase" and str(e.data.get("step") or "")
                                       .startswith("reinit") for e in c.obs.events)):
         return None   # (this rank re-initialised too: its new group is not the old one)
-    end = c.verdict.duration + float(c.run.t0 or 0.0)
+    end = c.verdict.duration
     for o in c.run.ranks:
         if o.label == c.verdict.label or o.role not in ("rank", "worker"):
             continue
         step = next((e for e in o.events if e.ev == "phase" and e.data.get("step")
-                     == "reinit" and float(e.t) <= end), None)
+                     == "reinit" and c.at(e) <= end), None)
         if step is not None:
             return Cause(f"its gloo connection to rank {o.label} was closed: rank {o.label} "
                          f"destroyed the process group to initialise a new one ({step.phase}, "
@@ -1203,9 +1203,8 @@ def stopped_by_agent(c: RankContext) -> Optional[Cause]:
             (c.verdict_of(first.label) or v).reason
         return Cause(f"stopped by its parent {o.node} after rank {first.label} failed: {why}"
                      + tail, ev)
-    # raw times: c.t rounds to 10 ms, and the restart event follows the reap by under 1 ms
-    restarts = [e for e in ao.events
-                if e.ev == "restart" and float(e.t) <= float(reaped.t) + 0.01]
+    # unrounded: the restart event follows the reap by under 1 ms
+    restarts = [e for e in ao.events if e.ev == "restart" and c.at(e) <= c.at(reaped) + 0.01]
     if restarts:
         r = restarts[-1]
         mine = [w for w in c.run.ranks if w.role == "worker" and w.node == o.node
