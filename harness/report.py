@@ -108,6 +108,11 @@ _FAMILY_RULES = [
     (re.compile(r"(?<![A-Za-z_])\d+(?:\.\d+)?"), "<n>"),
     (re.compile(r"'[^']*'|\"[^\"]*\""), "<str>"),
     (re.compile(r"^\[(?:<path>|<n>)\]\s*"), ""),
+    # gloo's "Connect timeout PEER" of a pair that never learnt its peer prints the pair's
+    # uninitialised address: "[none]" where that memory held no address family (fresh pages:
+    # every fresh interpreter seen), anything where it held one (a forked rank's reused heap:
+    # "[efd0:0:a00:200:ffff:ffff:ffff:0]:1"); what it says is the timeout, not a peer
+    (re.compile(r"(connect timeout )(?:\[[^\]\s]*\]|<addr>)(?::<n>)?", re.I), r"\1<peer>"),
 ]
 FAMILY_MAX = 160
 

@@ -75,6 +75,22 @@ def test_family_replaces_paths_and_keeps_the_first_line_only():
     assert report.message_family(keys) == "wait timeout after <n>ms, keys: <path>"
 
 
+def test_family_of_gloos_connect_timeout_ignores_the_uninitialised_peer_it_prints():
+    """net_data_ports_blocked[reject], rank 0, real runs: every fresh interpreter printed
+    "[none]", a forked rank once printed junk from its reused heap (gloo's tcp::Address()
+    leaves its sockaddr uninitialised and str() prints whatever family it finds there)."""
+    head = ("Gloo connectFullMesh failed with [/__w/pytorch/pytorch/third_party/gloo/gloo/"
+            "transport/tcp/pair.h:311] Connect timeout ")
+    fresh = report.message_family(head + "[none]")
+    assert fresh == "gloo connectfullmesh failed with [<path>] connect timeout <peer>"
+    for junk in ("[efd0:0:a00:200:ffff:ffff:ffff:0]:1", "[10.213.1.1]:29500", "[::1]:5"):
+        assert report.message_family(head + junk) == fresh, junk
+    # a refusal that names its peer stays a different family
+    assert report.message_family(
+        "Gloo connectFullMesh failed with [/x/pair.cc:152] timed out connecting: SO_ERROR: "
+        "Connection refused, remote=[10.213.1.1]:55729") != fresh
+
+
 def test_family_tells_different_messages_apart():
     joined = "Timed out after 6 seconds waiting for clients. 1/2 clients joined."
     assert report.message_family(joined) == ("timed out after <n> seconds waiting for clients. "
