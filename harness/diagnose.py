@@ -2330,13 +2330,13 @@ RULES: List[Rule] = [
     parent_child_failed,
     srun_failed,
     stopped_by_slurm,
+    elastic_round_deadlock,   # before agent_after_its_workers: a round-0 worker may end ok
     agent_after_its_workers,
     rendezvous_service_faulted,
     redundant_agent_left,   # before rendezvous_store_lost: why the store's host went away
     rendezvous_store_lost,
     rendezvous_join_timeout,
     rendezvous_already_closed,
-    elastic_round_deadlock,
     restart_read_stale_keys,
     connected_to_a_non_store,
     joined_another_jobs_store,

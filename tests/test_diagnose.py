@@ -1267,3 +1267,17 @@ def test_a_failed_worker_the_supervisor_saw_end_just_after_the_restart_still_fai
     vs = {v.label: v for v in explain_run(run, classify_run(run))}
     assert "after rank 1 failed" in vs["0"].cause, vs["0"].cause
     assert "none of its workers had failed" not in vs["0"].cause
+
+
+def test_the_scale_up_deadlock_is_named_though_the_rank_0_agents_first_worker_ended_ok():
+    """torchrun_rendezvous scale_up as watched (catalog run of 2026-11-27, -n 4, 1 in 33): node0's
+    round-0 worker ended ok at 9.3 s before node1 joined, so every worker of agent:node0 was ok
+    and the generic "after all its workers had ended ok" rule named the agent's timeout; the
+    timeout is the round-1 deadlock (node0 waits for node1's role info, node1 for the round's
+    MASTER_ADDR node0 never writes). The observation is the real one."""
+    run = _kept("scale_up_round_0_worker_ended_ok.json")
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert vs["agent:node0"].cause.startswith(
+        "rendezvous round 1: this rank-0 agent waited for the role info of agent:node1"), \
+        vs["agent:node0"].cause
+    assert vs["agent:node1"].cause.startswith("rendezvous round 1: this agent, new in that round")
