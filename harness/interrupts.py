@@ -11,6 +11,11 @@ This module owns what the harness does when it is told to stop:
   SIGTERM into ``Terminated`` (a ``KeyboardInterrupt``), so pytest and the harness unwind and
   clean up as they do after Ctrl-C. After the first signal every further SIGINT/SIGTERM only
   prints that cleanup is under way: repeating the signal cannot leave anything behind.
+* ``mend_traceback()``: the interrupt's traceback with a line number in every entry. Python
+  3.11 and newer give an entry no line number (``tb_lineno`` None) when the signal's exception
+  lands on an instruction the compiler made (a loop's jump, a ``with`` block's exit), and
+  pytest's report of the interrupt then fails (``TypeError`` in its traceback code) and turns
+  Ctrl-C's exit status 2 into 1. Seen once in CI, in the two-quick-Ctrl-C test.
 * the tally of runs cleaned up after an interrupt, the last line that says so (``summary()``),
   and ``reraise()``, which ends the process by the signal that stopped it (the conventional
   exit status 128 + N: 143 after SIGTERM, 130 after SIGINT).
@@ -29,7 +34,7 @@ import os
 import signal
 import sys
 import threading
-from types import FrameType
+from types import CodeType, FrameType, TracebackType
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -184,6 +189,54 @@ def shield() -> Iterator[None]:
                         cb(pending)
                 if not isinstance(failed, KeyboardInterrupt):
                     raise _interrupt(pending)
+
+
+def _line_at(code: CodeType, lasti: int) -> int:
+    """The line of the last instruction at or before byte offset ``lasti`` that has one."""
+    line = code.co_firstlineno
+    for start, _end, number in code.co_lines():
+        if start > lasti:
+            break
+        if number is not None:
+            line = number
+    return line
+
+
+def _mended(tb: Optional[TracebackType]) -> Optional[TracebackType]:
+    entries = []
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    if all(e.tb_lineno is not None for e in entries):
+        return entries[0] if entries else None
+    out: Optional[TracebackType] = None
+    for e in reversed(entries):
+        line = e.tb_lineno
+        if line is None:
+            line = _line_at(e.tb_frame.f_code, e.tb_lasti)
+        out = TracebackType(out, e.tb_frame, e.tb_lasti, line)
+    return out
+
+
+def mend_traceback(exc: BaseException) -> bool:
+    """Give every entry of ``exc``'s traceback, and of the exceptions it was raised from or
+    during, a line number (see the module's doc); an entry without one gets the line of the
+    instruction before it. Returns whether anything changed."""
+    changed = False
+    seen = set()
+    todo: List[Optional[BaseException]] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        tb = e.__traceback__
+        mended = _mended(tb)
+        if mended is not tb:
+            e.__traceback__ = mended
+            changed = True
+        todo.extend([e.__cause__, e.__context__])
+    return changed
 
 
 def note_cleaned(run: str, left: Optional[List[str]] = None) -> None:

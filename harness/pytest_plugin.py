@@ -235,6 +235,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             "left": interrupts.left()}
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    """Before pytest formats the interrupt: every traceback entry gets a line number
+    (``interrupts.mend_traceback``), or pytest's report fails and Ctrl-C ends with status 1."""
+    if interrupts.mend_traceback(excinfo.value):
+        mended = excinfo.value.__traceback__
+        if mended is not None:
+            excinfo.traceback = type(excinfo.traceback)(mended)
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     session = evidence_session(config)
     if session is not None and session.path.is_dir():

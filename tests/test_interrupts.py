@@ -108,6 +108,58 @@ def test_an_error_in_a_shield_with_a_deferred_signal_becomes_the_interrupt():
     assert p.stdout.strip() == "interrupt, from ValueError", p.stderr
 
 
+# -- an interrupt that lands on an instruction without a line number ---------------------------
+
+# Python 3.11+ leaves ``tb_lineno`` None for an entry whose instruction the compiler made (here:
+# the end of a ``with`` block inside a loop); a signal's KeyboardInterrupt can land on one.
+NO_LINE = """
+    import os, sys, types
+
+    def landed():
+        for _ in range(2):
+            with open(os.devnull):
+                pass
+        return sys._getframe()
+
+    def interrupt_without_a_line():
+        frame = landed()
+        lasti = next(start for start, _end, line in frame.f_code.co_lines() if line is None)
+        tb = types.TracebackType(None, frame, lasti, -1)
+        assert tb.tb_lineno is None
+        return KeyboardInterrupt().with_traceback(tb), frame, lasti
+"""
+
+
+def test_mend_traceback_gives_a_lineless_entry_the_line_before_it():
+    from harness import interrupts
+
+    ns: dict = {}
+    exec(textwrap.dedent(NO_LINE), ns)
+    exc, frame, lasti = ns["interrupt_without_a_line"]()
+    before = [line for start, _end, line in frame.f_code.co_lines()
+              if start <= lasti and line is not None][-1]      # by offset, not the largest
+    assert interrupts.mend_traceback(exc) is True
+    assert exc.__traceback__.tb_lineno == before and exc.__traceback__.tb_frame is frame
+    assert interrupts.mend_traceback(exc) is False      # nothing left to mend
+
+
+def test_pytest_reports_an_interrupt_without_a_line_number_and_exits_2(tmp_path):
+    """CI once: the first Ctrl-C's KeyboardInterrupt landed on such an instruction, pytest's
+    report of it raised TypeError and the session ended with status 1 instead of 2."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_lineless.py").write_text(textwrap.dedent(NO_LINE) + textwrap.dedent("""
+        def test_interrupted():
+            raise interrupt_without_a_line()[0]
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HARNESS_"))}
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                        "test_lineless.py"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120, env=env)
+    out = p.stdout + p.stderr
+    assert p.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert "KeyboardInterrupt" in out and "TypeError" not in out, out
+
+
 # -- real sessions --------------------------------------------------------------------------------
 
 HANG = """\
