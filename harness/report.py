@@ -102,7 +102,13 @@ _FAMILY_RULES = [
     (re.compile(r"\[enforce fail at [^\]]*\]", re.I), "[enforce fail]"),
     (re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.I), "<url>"),
     (re.compile(r"(?<![\w/])(?:[A-Za-z]:)?(?:/[\w.@+-]*){2,}(?::\d+)?"), "<path>"),
-    (re.compile(r"\[?\b(?:[0-9a-f]{0,4}:){2,7}[0-9a-f]{0,4}\]?", re.I), "<addr>"),
+    # IPv6, bracketed or not: a "::" form ("::1", "fd00::1", IPv4-mapped "::ffff:127.0.0.1")
+    # or all eight groups; not a "host]:port:" run or a C++ "ns::name"
+    (re.compile(r"\[?(?<![\w:.])(?:"
+                r"(?:[0-9a-f]{1,4}(?::[0-9a-f]{1,4}){0,5})?::(?:[0-9a-f]{1,4}:){0,5}"
+                r"\d{1,3}(?:\.\d{1,3}){3}"
+                r"|(?:[0-9a-f]{1,4}(?::[0-9a-f]{1,4}){0,6})?::(?:[0-9a-f]{1,4}(?::[0-9a-f]{1,4}){0,6})?"
+                r"|[0-9a-f]{1,4}(?::[0-9a-f]{1,4}){7})(?![\w:.])\]?", re.I), "<addr>"),
     (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b"), "<addr>"),
     (re.compile(r"\b0x[0-9a-f]+\b", re.I), "<hex>"),
     (re.compile(r"(?<![A-Za-z_])\d+(?:\.\d+)?"), "<n>"),

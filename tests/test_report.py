@@ -91,6 +91,21 @@ def test_family_of_gloos_connect_timeout_ignores_the_uninitialised_peer_it_print
         "Connection refused, remote=[10.213.1.1]:55729") != fresh
 
 
+def test_family_replaces_ipv6_addresses_in_every_form_gloo_and_the_store_print():
+    v6 = "connect to <addr>:<n> failed: connection refused"
+    for addr in ("[::1]", "[fd00::1]", "[::ffff:127.0.0.1]", "[fd00:0:0:0:0:0:0:1]"):
+        assert report.message_family(f"connect to {addr}:29500 failed: Connection refused") \
+            == v6, addr
+    assert report.message_family("Connection refused (::1, 29500)") == \
+        "connection refused (<addr>, <n>)"
+    # not addresses: a "host]:port:" run, C++ scopes, a clock
+    assert report.message_family("Read error [10.213.148.1]:2434: Connection reset") == \
+        "read error [<addr>]:<n>: connection reset"
+    assert report.message_family("std::runtime_error in gloo::transport::tcp::Pair") == \
+        "std::runtime_error in gloo::transport::tcp::pair"
+    assert report.message_family("at 12:30:01") == "at <n>:<n>:<n>"
+
+
 def test_family_tells_different_messages_apart():
     joined = "Timed out after 6 seconds waiting for clients. 1/2 clients joined."
     assert report.message_family(joined) == ("timed out after <n> seconds waiting for clients. "
