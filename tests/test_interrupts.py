@@ -128,8 +128,12 @@ NO_LINE = """
         assert tb.tb_lineno is None
         return KeyboardInterrupt().with_traceback(tb), frame, lasti
 """
+# Before 3.11 every entry has a line number (3.9 has no co_lines either): nothing to mend.
+lineless_entries = pytest.mark.skipif(sys.version_info < (3, 11),
+                                      reason="tb_lineno is never None before Python 3.11")
 
 
+@lineless_entries
 def test_mend_traceback_gives_a_lineless_entry_the_line_before_it():
     from harness import interrupts
 
@@ -143,6 +147,7 @@ def test_mend_traceback_gives_a_lineless_entry_the_line_before_it():
     assert interrupts.mend_traceback(exc) is False      # nothing left to mend
 
 
+@lineless_entries
 def test_pytest_reports_an_interrupt_without_a_line_number_and_exits_2(tmp_path):
     """CI once: the first Ctrl-C's KeyboardInterrupt landed on such an instruction, pytest's
     report of it raised TypeError and the session ended with status 1 instead of 2."""
