@@ -120,6 +120,26 @@ def test_a_launcher_that_does_not_start_ranks_itself_starts_everything_fresh_and
                for start, note in starts(plan).values())
 
 
+def test_the_catalog_runs_warm_and_every_fresh_rank_says_why():
+    """Every catalog case asks for start: fork (its file's top level), and the plan forks
+    ranks in most of them; a rank planned fresh carries the reason (a launcher's processes,
+    its own interpreter, an environment that differs while torch imports, ...)."""
+    from harness.catalog import builtin_dir
+    from harness.loader import load_file
+
+    n = iter(range(30000, 60000))
+    cases = forked = 0
+    for f in sorted(builtin_dir().glob("*.yaml")):
+        for scn in load_file(f):
+            assert scn.start == "fork", f"{f.name}::{scn.name}: start {scn.start}"
+            plan = make_plan(scn, "/tmp/harness-fork-plan", lambda: next(n))
+            cases += 1
+            forked += any(r.start == "fork" for r in plan.ranks)
+            assert all(r.start == "fork" or r.start_note for r in plan.launched_ranks()), \
+                f"{f.name}::{scn.name}: a rank planned fresh without a reason"
+    assert cases > 200 and forked > cases // 2
+
+
 # -- forked ranks for real ------------------------------------------------------------------------
 
 def run(text: str):
