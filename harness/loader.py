@@ -59,6 +59,7 @@ from yaml.scanner import Scanner
 
 from .faults import REGISTRY
 from .launchers import launcher_kinds, launcher_of
+from .launchers.fields import field_problems
 from .rows import key_ok
 from .safety import refuse_address
 from .schema import (
@@ -475,6 +476,21 @@ class Lines:
             return None
         return self.lines.get(p)
 
+    def merged_note(self, loc: Sequence[Any]) -> str:
+        """For a case: where ``loc`` (or the nearest field above it) is written only at the
+        file's top level, the words that say it was merged in from there ("" otherwise)."""
+        if self.case is None:
+            return ""
+        p = tuple(str(x) for x in loc)
+        while p:
+            if self.lines.get(("cases", self.case) + p) is not None:
+                return ""
+            if self.lines.get(p) is not None:
+                return f" ({_field(p)} is set at the file's top level, merged into case " \
+                    f"{self.case})"
+            p = p[:-1]
+        return ""
+
     def line_of(self, loc: Sequence[Any]) -> int:
         """The line of ``loc``, or of the nearest enclosing field that has one."""
         p = tuple(loc)
@@ -704,20 +720,21 @@ def validate_case(data: Dict[str, Any], file: str,
         raise ScenarioFileError(_capped(file, problems))
 
     scn._source = file
+    # every field the case sets is one its launcher honours with its program kind (the table
+    # harness.launchers.fields), else refused where it is written
+    for name, msg in field_problems(scn, [k for k in data if k != "case"]):
+        problems.append(Problem(file, lines.line_of((name,)), name,
+                                msg + lines.merged_note((name,))))
     # the launcher's and the program's own checks (they see the whole scenario)
     for where, msg in scn.launcher.check(scn):
         loc = ("launcher",) + where
-        problems.append(Problem(file, lines.line_of(loc), _field(loc), msg))
+        problems.append(Problem(file, lines.line_of(loc), _field(loc),
+                                msg + lines.merged_note(loc)))
     if scn.program is not None:
         why = scn.program.problem(file)
         if why:
             loc = ("program", "script") if scn.program.script else ("program",)
             problems.append(Problem(file, lines.line_of(loc), _field(loc), why))
-        for name in ("init", "workload"):
-            if name in data:
-                problems.append(Problem(file, lines.line_of((name,)), name,
-                                        f"{name} is what the harness's worker does; a user's "
-                                        "program calls init_process_group and runs itself"))
 
     # each fault's own checks (it sees the whole scenario)
     extra: List[Tuple[Tuple[Any, ...], int, str]] = []   # (where, processes added, kind)

@@ -1,5 +1,6 @@
 """concurrent_job: a second job with the same MASTER_ADDR/MASTER_PORT starts beside the first
-(started by the scenario's own launcher: a second torchrun job has its own agents)."""
+(started by the scenario's own launcher: a second torchrun job has its own agents). Each
+concurrent_job of a case is a job of its own: job2, job3... in the order they are written."""
 
 from typing import Literal, Optional
 
@@ -23,13 +24,21 @@ class ConcurrentJob(Fault):
     def _n(self, scn) -> int:
         return self.world_size or scn.world_size
 
+    def job(self, scn) -> str:
+        """This job's label: job2 for the case's first concurrent_job, job3 for its second...
+        (each job its own rows)."""
+        jobs = [f for f in scn.faults if isinstance(f, ConcurrentJob)]
+        return f"job{2 + next(i for i, f in enumerate(jobs) if f is self)}"
+
     def extra_labels(self, scn):
-        return [f"job2:{i}" for i in range(self._n(scn))]
+        job = self.job(scn)
+        return [f"{job}:{i}" for i in range(self._n(scn))]
 
     def apply(self, plan, scn):
         n = self._n(scn)
+        job = self.job(scn)
         # the same launcher starts it (two torchrun jobs, two spawning parents, two sets of
         # ranks), on the same master address and port
-        plan.add_job(scn, "job2", n, release=Trigger.at_time(self.delay))
-        plan.notes.append(f"concurrent_job: a second job of {n} ranks (job2:0..{n - 1}) on port "
-                          f"{plan.master_port}, {self.delay:g} s after the first")
+        plan.add_job(scn, job, n, release=Trigger.at_time(self.delay))
+        plan.notes.append(f"concurrent_job: another job of {n} ranks ({job}:0..{n - 1}) on "
+                          f"port {plan.master_port}, {self.delay:g} s after the first")

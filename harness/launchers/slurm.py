@@ -140,9 +140,6 @@ class Slurm(LauncherSpec):
         if scn.hostnames != "own" and not all(h.hostname for h in hosts):
             out.append((("kind",), "every Slurm node needs a name of its own: add "
                         "hostnames: own to the scenario (or a hostname: to each host)"))
-        if scn.init != "env":
-            out.append((("kind",), f"srun's tasks initialise from the environment their "
-                        f"script sets: use init: env (the scenario says {scn.init!r})"))
         counts = {h.ranks for h in hosts}
         if self.form == "tasks" and self.ntasks_per_node is None and len(counts) > 1:
             out.append((("ntasks_per_node",), "the hosts have different numbers of ranks "

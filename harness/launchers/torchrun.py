@@ -216,9 +216,17 @@ class Torchrun(LauncherSpec, AgentFlags):
                 out.append((where + ("rdzv_endpoint",), f"with rdzv_backend "
                             f"{flags.rdzv_backend} the endpoint is the run's etcd: leave "
                             "rdzv_endpoint out"))
-        if scn.init != "env":
-            out.append((("kind",), f"torchrun's workers initialise from the environment it "
-                        f"sets: use init: env (the scenario says {scn.init!r})"))
+        agents = self._agents(scn)
+        if len(agents) > 1:
+            for where, flags in [((), self)] + [(("agents", k), f)
+                                                for k, f in self.agents.items()]:
+                if flags.standalone:
+                    out.append((where + ("standalone",), "standalone makes each agent run "
+                                "its own rendezvous on its own host: the "
+                                f"{len(agents)} hosts would run {len(agents)} worlds of "
+                                "their own, not one job; leave standalone out (several hosts "
+                                "use the static rendezvous on the master host) or give one "
+                                "host"))
         return out
 
     def plan(self, plan: Any, scn: Any) -> None:
@@ -304,6 +312,10 @@ class Torchrun(LauncherSpec, AgentFlags):
         else:
             if maddr[1] is not None:
                 out += ["--master-addr", self.address(plan, maddr[1])]
+            elif mport[1] is not None and static and n_agents > 1 and endpoint[1] is None:
+                # a port of the scenario's for the static rendezvous: still on the master
+                # host (torchrun's own default, 127.0.0.1, is every agent's own loopback)
+                out += ["--master-addr", plan.master_addr]
             if mport[1] is not None:
                 out += ["--master-port", str(mport[1])]
             elif maddr[1] is not None and not mport[0]:

@@ -1,0 +1,152 @@
+"""Which fields of a case each launcher honours, per program kind: the one table the loader
+checks a case against.
+
+A case is started by a launcher (``direct``, ``torchrun``, ``launch``, ``spawn``, ``slurm``) and
+runs either the harness's worker (``worker``: the default, whose init and workload the case
+describes) or a user's program (``program:``, which calls ``init_process_group`` itself). A
+field a case sets is honoured only where the run does something with it; anywhere else it
+would be accepted and have no effect, so it is refused at load, located, naming the field and
+the launcher (:func:`field_problems`).
+
+``TABLE[launcher kind][program kind]`` maps every field of a case (``harness.schema.Scenario``;
+``case`` is the loader's own) to :data:`HONOURED` or a :class:`Refused` with its reason.
+``tests/test_fields.py`` asserts that every field is classified for every launcher and program
+kind: a new field cannot be added without saying where it is honoured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+WORKER, PROGRAM = "worker", "program"
+PROGRAM_KINDS = (WORKER, PROGRAM)
+HONOURED = None
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A field a launcher (with this program kind) does not use: its reason, and, when only
+    some values are refused, the test that a case's value is one (``when(scn)``: refused)."""
+
+    why: str
+    when: Optional[Callable[[Any], bool]] = None
+
+
+# -- what every launcher and program honours: what the case is, where it runs, what it expects ---
+_EVERYWHERE: Dict[str, Any] = {f: HONOURED for f in (
+    "name", "about", "expect", "repeat", "marks", "deadline", "launcher", "program",
+    "faults",            # each fault checks itself against the launcher (Fault.check)
+    "hosts", "nodes", "ranks_per_node", "hostnames", "master_host", "ip", "isolate",
+    "dns", "etcd",       # services of the run: the hosts resolve through it; etcd is there
+    "env",               # every process's environment (an agent's workers inherit it)
+    "backend",           # the worker's backend; for a program: what the machine must give
+    "backend_available", "gpus",   # whether the case runs here (harness.requirements)
+    "start",             # fresh or fork: a process that cannot fork says why (start_note)
+    "world_size",
+    "python",            # the interpreter(s); a launcher's check refuses per-rank entries
+    #                      where it does not start the ranks
+)}
+
+_PROGRAM_INITS = ("a user's program calls init_process_group itself: write the init method, "
+                  "its URL and its timeout in the program")
+_PROGRAM_OWN = {
+    "init": Refused("the harness's worker inits as init: says; a user's program calls "
+                    "init_process_group and runs itself"),
+    "workload": Refused("the workload is what the harness's worker runs; a user's program "
+                        "runs itself"),
+    "init_url": Refused(_PROGRAM_INITS),
+    "init_args": Refused(_PROGRAM_INITS),
+    "timeout": Refused("timeout is the harness's worker's init_process_group timeout; "
+                       + _PROGRAM_INITS + " (deadline: bounds the run)"),
+}
+
+
+def _link(scn: Any) -> bool:
+    """The run's hosts are linked (several hosts, a name server, an etcd host of its own):
+    MASTER_ADDR is then the master host's address on the link."""
+    multi = scn.hosts is not None and len(scn.hosts) > 1
+    own_etcd = scn.etcd is not None and scn.etcd.own_host(scn.host_names())
+    return multi or scn.dns is not None or own_etcd or any(f.needs_link for f in scn.faults)
+
+
+_LINKED_MASTER = Refused(
+    "with several hosts (or a dns: or etcd host) MASTER_ADDR is the master host's address on "
+    "the run's link: leave master_addr out (master_host: picks the host; env: MASTER_ADDR "
+    "sets a wrong one on purpose)", when=_link)
+
+
+def _direct(program: str) -> Dict[str, Any]:
+    out = {**_EVERYWHERE, "init": HONOURED, "init_url": HONOURED, "init_args": HONOURED,
+           "timeout": HONOURED, "workload": HONOURED, "master_addr": _LINKED_MASTER}
+    if program == PROGRAM:
+        out.update(_PROGRAM_OWN)
+    return out
+
+
+def _agents(kind: str, program: str, who: str) -> Dict[str, Any]:
+    """torchrun, launch and slurm: the workers init from what the launcher sets."""
+    rdzv = (f"the workers init from the rendezvous {who} sets (env://): use program: to call "
+            "init_process_group yourself, or launcher: direct")
+    out = {**_EVERYWHERE, "timeout": HONOURED, "workload": HONOURED,
+           "init": Refused(f"{who}'s workers initialise from the environment it sets: use "
+                           "init: env", when=lambda scn: scn.init != "env"),
+           "init_url": Refused(rdzv), "init_args": Refused(rdzv),
+           "master_addr": Refused(
+               f"{who} gives its workers MASTER_ADDR itself: "
+               + ("set the launcher's master_addr or rdzv_endpoint" if kind != "slurm" else
+                  "the launcher's master_addr says how the task's script derives it"))}
+    if program == PROGRAM:
+        out.update(_PROGRAM_OWN)
+    return out
+
+
+def _spawn(program: str) -> Dict[str, Any]:
+    out = {**_EVERYWHERE, "init": HONOURED, "timeout": HONOURED, "workload": HONOURED,
+           "init_url": Refused("each spawned child inits with init: env, tcp or file (its "
+                               "rank from its spawn index); an init_url as written is for "
+                               "launcher: direct"),
+           "init_args": Refused("init_args goes with init_url, which launcher spawn does not "
+                                "use"),
+           "master_addr": _LINKED_MASTER}
+    if program == PROGRAM:
+        out.update(_PROGRAM_OWN)
+    return out
+
+
+def _table() -> Dict[str, Dict[str, Dict[str, Any]]]:
+    return {
+        "direct": {p: _direct(p) for p in PROGRAM_KINDS},
+        "torchrun": {p: _agents("torchrun", p, "torchrun") for p in PROGRAM_KINDS},
+        "launch": {p: _agents("launch", p, "torch.distributed.launch") for p in PROGRAM_KINDS},
+        "spawn": {p: _spawn(p) for p in PROGRAM_KINDS},
+        "slurm": {p: _agents("slurm", p, "srun") for p in PROGRAM_KINDS},
+    }
+
+
+TABLE: Dict[str, Dict[str, Dict[str, Any]]] = _table()
+
+
+def program_kind(scn: Any) -> str:
+    return PROGRAM if scn.program is not None else WORKER
+
+
+def honoured(kind: str, program: str) -> List[str]:
+    """The fields launcher ``kind`` honours with this program kind (whatever their value)."""
+    return [f for f, rule in TABLE[kind][program].items() if rule is HONOURED]
+
+
+def field_problems(scn: Any, written: List[str]) -> List[Tuple[str, str]]:
+    """(field, message) for each field a case sets (``written``: its keys, the file's top level
+    merged in) that its launcher does not use with its program kind."""
+    kind = scn.launcher.kind
+    program = program_kind(scn)
+    rules = TABLE.get(kind, {}).get(program, {})
+    out = []
+    for name in written:
+        rule = rules.get(name)
+        if not isinstance(rule, Refused) or (rule.when is not None and not rule.when(scn)):
+            continue
+        with_program = " with a program" if program == PROGRAM else ""
+        out.append((name, f"{name} is not used by launcher {kind}{with_program}: {rule.why}"))
+    return out
