@@ -666,6 +666,7 @@ def _start(role: str, forked: bool = False) -> None:
     own_events = os.environ.pop(P.OBSERVE_EVENTS_ENV, "")
     label = os.environ.pop(P.OBSERVE_LABEL_ENV, "")
     go_fd = os.environ.pop(P.GO_FD_ENV, "")
+    planned = os.environ.pop(P.PLANNED_ENV, "")
     record = os.environ.get(P.PID_RECORD_ENV, "")
     os.environ[P.OBSERVE_ROLE_ENV] = _CHILD_ROLE.get(role, P.ROLE_CHILD)
     if label:   # what this process starts belongs to it
@@ -721,7 +722,8 @@ def _start(role: str, forked: bool = False) -> None:
          use_agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE"),
          gloo_socket_ifname=env.get("GLOO_SOCKET_IFNAME"),
          run_id=env.get("TORCHELASTIC_RUN_ID"), forked=forked,
-         argv=[a[:200] for a in getattr(sys, "orig_argv", [])[:40]])
+         argv=[a[:200] for a in getattr(sys, "orig_argv", [])[:40]],
+         **({"env": P.planned_env_record(planned)} if planned else {}))
     phase("start", pid=os.getpid())
     if not forked:
         when_imported("torch.distributed.distributed_c10d", _hook_c10d)

@@ -41,6 +41,7 @@ each a forward, a backward with DDP's gradient all-reduce, and an optimizer step
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import time
@@ -67,6 +68,15 @@ OBSERVE_LABEL_ENV = "HARNESS_OBSERVE_LABEL"    # a held process's label; its chi
 OBSERVE_NODE_ENV = "HARNESS_OBSERVE_NODE"      # the label of the agent or parent of a worker
 OBSERVE_JOB_ENV = "HARNESS_OBSERVE_JOB"        # "job2" for a second job's processes
 GO_FD_ENV = "HARNESS_GO_FD"                    # where a held process reads the start line
+# the names of the variables the plan sets or unsets for a process the harness starts: the
+# process records their values as it got them (its start event), to compare with the plan
+PLANNED_ENV = "HARNESS_PLANNED_ENV"
+
+
+def planned_env_record(names: str) -> dict:
+    """What this process got of the variables its plan names (``PLANNED_ENV``'s value, comma
+    separated): name -> value, None where unset."""
+    return {k: os.environ.get(k) for k in names.split(",") if k}
 PID_RECORD_ENV = "HARNESS_PID_RECORD"          # the run's pid record (harness.procs)
 SUPERVISOR_ENV = "HARNESS_SUPERVISOR"          # "pid:start ticks" of the run's supervisor
 OBSERVE_SITE = "_site"                         # harness/_site: the sitecustomize folder

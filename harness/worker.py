@@ -303,7 +303,12 @@ def run_rank(spec: P.WorkerSpec, ev_fd: int, stack_fd: int) -> NoReturn:
     _EV_FD = ev_fd
     stack_file = os.fdopen(stack_fd, "w")
     faulthandler.register(P.STACK_SIGNAL, file=stack_file, all_threads=True)
-    phase("start", pid=os.getpid())
+    # what it was started with, as it got it (a forked rank: its server's argv): the plan's
+    # variables' values and the argv, to compare with the plan
+    planned = os.environ.pop(P.PLANNED_ENV, "")
+    phase("start", pid=os.getpid(), **({"launched": {
+        "argv": list(getattr(sys, "orig_argv", []))[:40],
+        "env": P.planned_env_record(planned)}} if planned else {}))
     try:
         phase("import")
         import torch

@@ -327,6 +327,12 @@ def process_env(rp: Optional[RankPlan] = None, extra: Optional[Dict[str, str]] =
     return env
 
 
+def planned_names(rp: RankPlan) -> str:
+    """The variables a process's plan sets or unsets (``PLANNED_ENV``): it records what it got
+    of them, to compare with the plan."""
+    return ",".join(sorted(set(rp.env) | set(rp.unset)))
+
+
 def _tag(label: str) -> str:
     return label.replace(":", "-").replace("@", "_")
 
@@ -347,7 +353,7 @@ def start_process(sup: Any, rp: RankPlan) -> RankProcess:
     env = process_env(rp, {
         P.OBSERVE_ROLE_ENV: rp.role, P.OBSERVE_DIR_ENV: str(sup.observe_dir),
         P.OBSERVE_EVENTS_ENV: str(events), P.OBSERVE_LABEL_ENV: rp.label,
-        P.OBSERVE_JOB_ENV: rp.job, P.GO_FD_ENV: str(go_r),
+        P.OBSERVE_JOB_ENV: rp.job, P.GO_FD_ENV: str(go_r), P.PLANNED_ENV: planned_names(rp),
         P.PID_RECORD_ENV: str(sup.rundir.pids.path), P.SUPERVISOR_ENV: supervisor_identity()})
     try:
         with interrupts.shield():   # a process that exists is a process that is tracked

@@ -25,7 +25,8 @@ from .. import interrupts
 from .. import protocol as P
 from ..procs import ManagedProcess
 from ..rows import RowSet
-from . import LauncherSpec, RankProcess, _tag, fork_plan, process_env, start_process
+from . import (LauncherSpec, RankProcess, _tag, fork_plan, planned_names, process_env,
+               start_process)
 
 
 class Direct(LauncherSpec):
@@ -185,7 +186,8 @@ def fork_workers(sup: Any, server: Any, group: List[Any]) -> List[RankProcess]:
         out_w, err_w = sup.capture.pipe(paths["out"]), sup.capture.pipe(paths["err"])
         go_r, go_w = os.pipe()
         close += [out_w, err_w, go_r]
-        reqs.append({"label": rp.label, "env": process_env(rp), "cwd": "/",
+        reqs.append({"label": rp.label, "cwd": "/",
+                     "env": process_env(rp, {P.PLANNED_ENV: planned_names(rp)}),
                      "spec": sup.plan.worker_spec(rp).to_json(),
                      "fd_numbers": [ev_fd, st_fd]})   # where a fresh rank has them
         fds.append((ev_fd, st_fd, out_w, err_w, go_r))
@@ -214,7 +216,8 @@ def start_worker(sup: Any, rp: Any) -> RankProcess:
     paths, ev_fd, st_fd = _rank_files(sup, rp)
     spec = plan.worker_spec(rp)     # the workload, and this rank's variation (faults in it)
     out_w, err_w = sup.capture.pipe(paths["out"]), sup.capture.pipe(paths["err"])
-    env = process_env(rp, {P.EVENT_FD_ENV: str(ev_fd), P.STACK_FD_ENV: str(st_fd)})
+    env = process_env(rp, {P.EVENT_FD_ENV: str(ev_fd), P.STACK_FD_ENV: str(st_fd),
+                           P.PLANNED_ENV: planned_names(rp)})
     try:
         with interrupts.shield():   # a process that exists is a process that is tracked
             proc = ManagedProcess(
