@@ -4,6 +4,7 @@ be accepted and do nothing is now a located load error, or is honoured (issue 39
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from pathlib import Path
 
@@ -239,3 +240,26 @@ def test_a_per_agent_master_port_keeps_the_master_address(counter_ports):
         a = plan.rank(label).argv
         assert a[a.index("--master-addr") + 1] == master
         assert a[a.index("--master-port") + 1] == "29500"
+
+
+def test_a_ranks_own_python_where_the_launcher_does_not_start_ranks_is_refused():
+    for launcher in ("torchrun", "spawn"):
+        (line,) = problems(f"name: t\nabout: a\nlauncher: {launcher}\n"
+                           "python: {'1': /usr/bin/python3}\n")
+        assert line.startswith(f"4: python: python's entries for rank 1 are not used by "
+                               f"launcher {launcher}: a rank's own interpreter needs launcher "
+                               "direct"), line
+    # every process's interpreter, and a host's, are the agents' too
+    (scn,) = load(f"name: t\nabout: a\nlauncher: torchrun\npython: {sys.executable}\n")
+    assert scn.python == {"*": sys.executable}
+    (scn,) = load(f"name: t\nabout: a\npython: {{'1': {sys.executable}}}\n")   # direct
+    assert scn.python == {"1": sys.executable}
+
+
+def test_a_world_size_the_agents_do_not_start_is_refused():
+    (line,) = problems("name: t\nabout: a\nworld_size: 4\n"
+                       "launcher: {kind: torchrun, nproc_per_node: 2}\n")
+    assert line.startswith("3: world_size: world_size 4 (the agents start 2 workers) is not "
+                           "used by launcher torchrun"), line
+    (scn,) = load("name: t\nabout: a\nworld_size: 3\nlauncher: torchrun\n")   # nproc: 3
+    assert scn.launcher.rows(scn).world == 3

@@ -31,6 +31,7 @@ class Refused:
 
     why: str
     when: Optional[Callable[[Any], bool]] = None
+    what: Optional[Callable[[Any], str]] = None   # what is refused, when not the whole field
 
 
 # -- what every launcher and program honours: what the case is, where it runs, what it expects ---
@@ -84,11 +85,30 @@ def _direct(program: str) -> Dict[str, Any]:
     return out
 
 
+def _rank_pythons(scn: Any) -> bool:
+    return any(k != "*" for k in scn.python)
+
+
+def _per_rank_python(who: str) -> Refused:
+    return Refused(f"a rank's own interpreter needs launcher direct: {who} with the "
+                   "interpreter of its host (a host's python:, or python: PATH for every "
+                   "process)", when=_rank_pythons,
+                   what=lambda scn: "python's entries for rank " + ", ".join(
+                       k for k in scn.python if k != "*") + " are")
+
+
+def _torchrun_world(scn: Any) -> bool:
+    """world_size says other than the workers the agents start (nproc_per_node per host)."""
+    return scn.world_size != scn.launcher._world(scn)
+
+
 def _agents(kind: str, program: str, who: str) -> Dict[str, Any]:
     """torchrun, launch and slurm: the workers init from what the launcher sets."""
     rdzv = (f"the workers init from the rendezvous {who} sets (env://): use program: to call "
             "init_process_group yourself, or launcher: direct")
+    starter = {"slurm": "each srun task runs"}.get(kind, "each agent's workers run")
     out = {**_EVERYWHERE, "timeout": HONOURED, "workload": HONOURED,
+           "python": _per_rank_python(starter),
            "init": Refused(f"{who}'s workers initialise from the environment it sets: use "
                            "init: env", when=lambda scn: scn.init != "env"),
            "init_url": Refused(rdzv), "init_args": Refused(rdzv),
@@ -96,6 +116,12 @@ def _agents(kind: str, program: str, who: str) -> Dict[str, Any]:
                f"{who} gives its workers MASTER_ADDR itself: "
                + ("set the launcher's master_addr or rdzv_endpoint" if kind != "slurm" else
                   "the launcher's master_addr says how the task's script derives it"))}
+    if kind != "slurm":
+        out["world_size"] = Refused(
+            "the world is the workers the agents start (nproc_per_node on each host, default "
+            "the host's ranks): leave world_size out, or make nproc_per_node agree",
+            when=_torchrun_world, what=lambda scn: f"world_size {scn.world_size} (the agents "
+            f"start {scn.launcher._world(scn)} workers) is")
     if program == PROGRAM:
         out.update(_PROGRAM_OWN)
     return out
@@ -103,6 +129,7 @@ def _agents(kind: str, program: str, who: str) -> Dict[str, Any]:
 
 def _spawn(program: str) -> Dict[str, Any]:
     out = {**_EVERYWHERE, "init": HONOURED, "timeout": HONOURED, "workload": HONOURED,
+           "python": _per_rank_python("each parent's children run"),
            "init_url": Refused("each spawned child inits with init: env, tcp or file (its "
                                "rank from its spawn index); an init_url as written is for "
                                "launcher: direct"),
@@ -148,5 +175,6 @@ def field_problems(scn: Any, written: List[str]) -> List[Tuple[str, str]]:
         if not isinstance(rule, Refused) or (rule.when is not None and not rule.when(scn)):
             continue
         with_program = " with a program" if program == PROGRAM else ""
-        out.append((name, f"{name} is not used by launcher {kind}{with_program}: {rule.why}"))
+        what = rule.what(scn) if rule.what is not None else f"{name} is"
+        out.append((name, f"{what} not used by launcher {kind}{with_program}: {rule.why}"))
     return out
