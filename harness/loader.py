@@ -721,8 +721,9 @@ def validate_case(data: Dict[str, Any], file: str,
 
     scn._source = file
     # every field the case sets is one its launcher honours with its program kind (the table
-    # harness.launchers.fields), else refused where it is written
-    for name, msg in field_problems(scn, [k for k in data if k != "case"]):
+    # harness.launchers.fields), else refused where it is written (null: not set)
+    for name, msg in field_problems(scn, [k for k, v in data.items()
+                                          if k != "case" and v is not None]):
         problems.append(Problem(file, lines.line_of((name,)), name,
                                 msg + lines.merged_note((name,))))
     # the launcher's and the program's own checks (they see the whole scenario)

@@ -62,18 +62,24 @@ def _agent_argv(plan: Any, label: str = "agent:node0") -> List[str]:
      "leave rdzv_endpoint out"),
     ("faults: [{kind: etcd_server, mode: killed, at: 1}]\n", 7,
      "needs the scenario's etcd: block"),
-    ("etcd: {}\nfaults: [{kind: etcd_server, mode: absent, at: 1}]\n", 8, "never starts"),
-    ("etcd: {}\nfaults: [{kind: etcd_server, mode: frozen}]\n", 8, "give when"),
-    ("etcd: {}\nfaults: [{kind: etcd_server, mode: wiped, at: 1, heal_after: 2}]\n", 8,
+    ("etcd: {}\nlauncher: {kind: torchrun, rdzv_backend: etcd}\n"
+     "faults: [{kind: etcd_server, mode: absent, at: 1}]\n", 9, "never starts"),
+    ("etcd: {}\nlauncher: {kind: torchrun, rdzv_backend: etcd}\n"
+     "faults: [{kind: etcd_server, mode: frozen}]\n", 9, "give when"),
+    ("etcd: {}\nlauncher: {kind: torchrun, rdzv_backend: etcd}\n"
+     "faults: [{kind: etcd_server, mode: wiped, at: 1, heal_after: 2}]\n", 9,
      "nothing to heal"),
     ("etcd: {}\nfaults: [{kind: etcd_server, mode: paused, at: 1}]\n", 8, "mode"),
     ("dns: {}\netcd: {host: dns}\n", 8, "name server's own host"),
-    ("etcd: {}\nfaults: [{kind: etcd_server, mode: frozen, at: 1, hosts: [node1]}]\n", 8,
+    ("etcd: {}\nlauncher: {kind: torchrun, rdzv_backend: etcd}\n"
+     "faults: [{kind: etcd_server, mode: frozen, at: 1, hosts: [node1]}]\n", 9,
      "hosts is for mode dropped"),
-    ("etcd: {}\nfaults: [{kind: etcd_server, mode: dropped, at: 1, hosts: [node7]}]\n", 8,
+    ("etcd: {}\nlauncher: {kind: torchrun, rdzv_backend: etcd}\n"
+     "faults: [{kind: etcd_server, mode: dropped, at: 1, hosts: [node7]}]\n", 9,
      "no host 'node7'"),
-    ("etcd: {host: node0}\nfaults: [{kind: etcd_server, mode: dropped, at: 1, "
-     "hosts: [node0]}]\n", 8, "etcd's own host"),
+    ("etcd: {host: node0}\nlauncher: {kind: torchrun, rdzv_backend: etcd}\n"
+     "faults: [{kind: etcd_server, mode: dropped, at: 1, hosts: [node0]}]\n", 9,
+     "etcd's own host"),
 ])
 def test_a_bad_etcd_block_or_fault_is_a_located_error(text, line, words):
     with pytest.raises(ScenarioFileError) as e:
@@ -86,8 +92,9 @@ def test_dropped_on_the_machines_loopback_is_refused():
     single = "name: e\nabout: etcd\nworld_size: 2\ntimeout: 5\nworkload: [barrier]\n"
     with pytest.raises(ScenarioFileError) as e:
         load_text(single + "etcd: {host: loopback}\n"
+                  "launcher: {kind: torchrun, rdzv_backend: etcd}\n"
                   "faults: [{kind: etcd_server, mode: dropped, at: 1}]\n", "e.yaml")
-    assert "e.yaml:7" in str(e.value) and "not on the machine's loopback" in str(e.value)
+    assert "e.yaml:8" in str(e.value) and "not on the machine's loopback" in str(e.value)
 
 
 # ---- the plan --------------------------------------------------------------------------------
@@ -180,7 +187,8 @@ def test_without_python_etcd_the_reason_names_the_extra(monkeypatch):
 
 
 def test_a_missing_etcd_program_is_the_skip_reason():
-    (scn,) = load_text(BASE + "etcd: {binary: /nonexistent/etcd}\n", "e.yaml")
+    (scn,) = load_text(BASE + "etcd: {binary: /nonexistent/etcd}\n"
+                       "launcher: {kind: torchrun, rdzv_backend: etcd}\n", "e.yaml")
     env = {"torch": "2.13.0", "distributed": True, "gloo": True}
     why = skip_reason(scn, env)
     if topology.missing():

@@ -263,3 +263,38 @@ def test_a_world_size_the_agents_do_not_start_is_refused():
                            "used by launcher torchrun"), line
     (scn,) = load("name: t\nabout: a\nworld_size: 3\nlauncher: torchrun\n")   # nproc: 3
     assert scn.launcher.rows(scn).world == 3
+
+
+def test_an_etcd_nothing_in_the_run_asks_is_refused():
+    (line,) = problems("name: t\nabout: a\nnodes: 2\netcd: {host: etcd}\n")
+    assert line.startswith("4: etcd: etcd is not used by launcher direct: the run's etcd "
+                           "serves torchrun's etcd rendezvous"), line
+    (line,) = problems("name: t\nabout: a\nnodes: 2\netcd: {host: etcd}\n"
+                       "launcher: {kind: torchrun, rdzv_backend: c10d}\n")
+    assert "etcd is not used by launcher torchrun" in line
+    # the etcd rendezvous asks it; a program may; a case that writes etcd: null has none
+    for text in ("launcher: {kind: torchrun, rdzv_backend: etcd}\n",
+                 f"program: {SCRIPT}\n"):
+        (scn,) = load(f"name: t\nabout: a\nnodes: 2\netcd: {{host: etcd}}\n{text}")
+        assert scn.etcd is not None
+    (scn,) = load("name: t\nabout: a\netcd: {host: etcd}\nlauncher: {kind: torchrun, "
+                  "rdzv_backend: etcd}\ncases:\n  c10d:\n    etcd: null\n"
+                  "    launcher: {rdzv_backend: c10d}\n")
+    assert scn.etcd is None
+
+
+def test_a_second_jobs_agent_flags_need_that_job():
+    (line,) = problems("name: t\nabout: a\nlauncher: {kind: torchrun, agents: "
+                       "{'job3:local': {rdzv_id: x}}}\nfaults: [{kind: concurrent_job}]\n")
+    assert line == "3: launcher.agents.job3:local: no job job3 in this case (its " \
+        "concurrent_job faults start job2)"
+    (scn,) = load("name: t\nabout: a\nlauncher: {kind: torchrun, agents: "
+                  "{'job2:local': {rdzv_id: x}}}\nfaults: [{kind: concurrent_job}]\n")
+    assert "job2:local" in scn.launcher.agents
+
+
+def test_slurms_world_size_is_for_the_tasks_form():
+    (line,) = problems("name: t\nabout: a\nhostnames: own\nnodes: 2\n"
+                       "launcher: {kind: slurm, form: torchrun, world_size: 4}\n")
+    assert line.startswith("5: launcher.world_size: world_size is written into the tasks' "
+                           "script (form tasks)"), line

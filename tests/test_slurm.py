@@ -242,7 +242,9 @@ def test_a_task_that_exits_under_kill_on_bad_exit_names_each_tasks_status(tmp_pa
     from harness.launch import run_scenario
 
     programs = Path(__file__).resolve().parents[1] / "scenarios" / "programs"
-    run = run_scenario(scenario(BASE.replace("    workload: [barrier, all_reduce]\n", "") + f"""\
+    # a program: no worker's workload or init timeout (the program has its own)
+    run = run_scenario(scenario(BASE.replace("    workload: [barrier, all_reduce]\n", "")
+                                .replace("    timeout: 10\n", "") + f"""\
     launcher: {{kind: slurm, kill_on_bad_exit: true}}
     program: {{script: {programs / 'slurm_task.py'}, args: ["--exit-rank", "1"]}}
 """))

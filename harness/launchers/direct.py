@@ -25,8 +25,7 @@ from .. import interrupts
 from .. import protocol as P
 from ..procs import ManagedProcess
 from ..rows import RowSet
-from . import (LauncherSpec, RankProcess, _tag, fork_plan, planned_names, process_env,
-               start_process)
+from . import LauncherSpec, RankProcess, _tag, fork_plan, planned_names, process_env, start_process
 
 
 class Direct(LauncherSpec):

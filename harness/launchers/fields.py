@@ -39,7 +39,7 @@ _EVERYWHERE: Dict[str, Any] = {f: HONOURED for f in (
     "name", "about", "expect", "repeat", "marks", "deadline", "launcher", "program",
     "faults",            # each fault checks itself against the launcher (Fault.check)
     "hosts", "nodes", "ranks_per_node", "hostnames", "master_host", "ip", "isolate",
-    "dns", "etcd",       # services of the run: the hosts resolve through it; etcd is there
+    "dns",               # the run's name server: every host resolves through it
     "env",               # every process's environment (an agent's workers inherit it)
     "backend",           # the worker's backend; for a program: what the machine must give
     "backend_available", "gpus",   # whether the case runs here (harness.requirements)
@@ -52,6 +52,7 @@ _EVERYWHERE: Dict[str, Any] = {f: HONOURED for f in (
 _PROGRAM_INITS = ("a user's program calls init_process_group itself: write the init method, "
                   "its URL and its timeout in the program")
 _PROGRAM_OWN = {
+    "etcd": HONOURED,   # the program may use it
     "init": Refused("the harness's worker inits as init: says; a user's program calls "
                     "init_process_group and runs itself"),
     "workload": Refused("the workload is what the harness's worker runs; a user's program "
@@ -77,9 +78,22 @@ _LINKED_MASTER = Refused(
     "sets a wrong one on purpose)", when=_link)
 
 
+_ETCD_WHY = ("the run's etcd serves torchrun's etcd rendezvous (rdzv_backend: etcd or "
+             "etcd-v2) or a program of yours; the harness's worker never asks it")
+
+
+def _no_etcd_rendezvous(scn: Any) -> bool:
+    from .torchrun import ETCD_BACKENDS
+
+    launcher = scn.launcher
+    flags = [launcher, *launcher.agents.values()]
+    return not any(f.rdzv_backend in ETCD_BACKENDS for f in flags)
+
+
 def _direct(program: str) -> Dict[str, Any]:
     out = {**_EVERYWHERE, "init": HONOURED, "init_url": HONOURED, "init_args": HONOURED,
-           "timeout": HONOURED, "workload": HONOURED, "master_addr": _LINKED_MASTER}
+           "timeout": HONOURED, "workload": HONOURED, "master_addr": _LINKED_MASTER,
+           "etcd": Refused(_ETCD_WHY)}
     if program == PROGRAM:
         out.update(_PROGRAM_OWN)
     return out
@@ -116,6 +130,7 @@ def _agents(kind: str, program: str, who: str) -> Dict[str, Any]:
                f"{who} gives its workers MASTER_ADDR itself: "
                + ("set the launcher's master_addr or rdzv_endpoint" if kind != "slurm" else
                   "the launcher's master_addr says how the task's script derives it"))}
+    out["etcd"] = Refused(_ETCD_WHY, when=None if kind == "slurm" else _no_etcd_rendezvous)
     if kind != "slurm":
         out["world_size"] = Refused(
             "the world is the workers the agents start (nproc_per_node on each host, default "
@@ -135,7 +150,7 @@ def _spawn(program: str) -> Dict[str, Any]:
                                "launcher: direct"),
            "init_args": Refused("init_args goes with init_url, which launcher spawn does not "
                                 "use"),
-           "master_addr": _LINKED_MASTER}
+           "master_addr": _LINKED_MASTER, "etcd": Refused(_ETCD_WHY)}
     if program == PROGRAM:
         out.update(_PROGRAM_OWN)
     return out

@@ -145,6 +145,10 @@ class Slurm(LauncherSpec):
             out.append((("ntasks_per_node",), "the hosts have different numbers of ranks "
                         f"({', '.join(f'{h.name}: {h.ranks}' for h in hosts)}): srun "
                         "--ntasks-per-node gives every node the same; set ntasks_per_node"))
+        if self.form == "torchrun" and self.world_size is not None:
+            out.append((("world_size",), "world_size is written into the tasks' script (form "
+                        "tasks); with form torchrun the world is the nodes' agents' workers "
+                        "(nproc_per_node on each)"))
         if self.form == "tasks" and self.nproc_per_node is not None:
             out.append((("nproc_per_node",), "nproc_per_node is torchrun's: use form: "
                         "torchrun"))

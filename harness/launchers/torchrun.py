@@ -189,9 +189,15 @@ class Torchrun(LauncherSpec, AgentFlags):
 
         out: List[Problem] = []
         names = {h for h, _ in self._agents(scn)}
+        jobs = {lab.split(":", 1)[0] for f in scn.faults for lab in f.extra_labels(scn)
+                if lab.startswith("job")}
         for key in self.agents:
             host = key.split(":", 1)[1] if key.startswith("job") and ":" in key else key
-            if host not in names:
+            job = key.split(":", 1)[0] if host != key else ""
+            if job and job not in jobs:
+                out.append((("agents", key), f"no job {job} in this case (its concurrent_job "
+                            "faults start " + (", ".join(sorted(jobs)) or "none") + ")"))
+            elif host not in names:
                 out.append((("agents", key), f"no host {host!r} in this scenario (hosts: "
                             f"{', '.join(sorted(names))})"))
         for where, flags in [((), self)] + [(("agents", k), f) for k, f in self.agents.items()]:
