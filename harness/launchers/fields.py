@@ -32,6 +32,7 @@ class Refused:
     why: str
     when: Optional[Callable[[Any], bool]] = None
     what: Optional[Callable[[Any], str]] = None   # what is refused, when not the whole field
+    short: str = ""   # docs: the values it honours, where ``when`` refuses only some
 
 
 # -- what every launcher and program honours: what the case is, where it runs, what it expects ---
@@ -75,7 +76,7 @@ def _link(scn: Any) -> bool:
 _LINKED_MASTER = Refused(
     "with several hosts (or a dns: or etcd host) MASTER_ADDR is the master host's address on "
     "the run's link: leave master_addr out (master_host: picks the host; env: MASTER_ADDR "
-    "sets a wrong one on purpose)", when=_link)
+    "sets a wrong one on purpose)", when=_link, short="one host only")
 
 
 _ETCD_WHY = ("the run's etcd serves torchrun's etcd rendezvous (rdzv_backend: etcd or "
@@ -106,7 +107,7 @@ def _rank_pythons(scn: Any) -> bool:
 def _per_rank_python(who: str) -> Refused:
     return Refused(f"a rank's own interpreter needs launcher direct: {who} with the "
                    "interpreter of its host (a host's python:, or python: PATH for every "
-                   "process)", when=_rank_pythons,
+                   "process)", when=_rank_pythons, short="`*` and hosts' only",
                    what=lambda scn: "python's entries for rank " + ", ".join(
                        k for k in scn.python if k != "*") + " are")
 
@@ -124,18 +125,20 @@ def _agents(kind: str, program: str, who: str) -> Dict[str, Any]:
     out = {**_EVERYWHERE, "timeout": HONOURED, "workload": HONOURED,
            "python": _per_rank_python(starter),
            "init": Refused(f"{who}'s workers initialise from the environment it sets: use "
-                           "init: env", when=lambda scn: scn.init != "env"),
+                           "init: env", when=lambda scn: scn.init != "env", short="env only"),
            "init_url": Refused(rdzv), "init_args": Refused(rdzv),
            "master_addr": Refused(
                f"{who} gives its workers MASTER_ADDR itself: "
                + ("set the launcher's master_addr or rdzv_endpoint" if kind != "slurm" else
                   "the launcher's master_addr says how the task's script derives it"))}
-    out["etcd"] = Refused(_ETCD_WHY, when=None if kind == "slurm" else _no_etcd_rendezvous)
+    out["etcd"] = Refused(_ETCD_WHY, when=None if kind == "slurm" else _no_etcd_rendezvous,
+                          short="" if kind == "slurm" else "with rdzv_backend etcd(-v2)")
     if kind != "slurm":
         out["world_size"] = Refused(
             "the world is the workers the agents start (nproc_per_node on each host, default "
             "the host's ranks): leave world_size out, or make nproc_per_node agree",
-            when=_torchrun_world, what=lambda scn: f"world_size {scn.world_size} (the agents "
+            when=_torchrun_world, short="= the workers started",
+            what=lambda scn: f"world_size {scn.world_size} (the agents "
             f"start {scn.launcher._world(scn)} workers) is")
     if program == PROGRAM:
         out.update(_PROGRAM_OWN)
@@ -193,3 +196,23 @@ def field_problems(scn: Any, written: List[str]) -> List[Tuple[str, str]]:
         what = rule.what(scn) if rule.what is not None else f"{name} is"
         out.append((name, f"{what} not used by launcher {kind}{with_program}: {rule.why}"))
     return out
+
+
+def markdown() -> str:
+    """The table for docs/launchers.md: each field some launcher or program kind refuses, per
+    launcher, as "worker / program" (yes, no, or the values it honours)."""
+    def cell(rule: Any) -> str:
+        if rule is HONOURED:
+            return "yes"
+        return rule.short if rule.when is not None and rule.short else "no"
+
+    kinds = list(TABLE)
+    fields = [f for f in TABLE["direct"][WORKER]
+              if any(TABLE[k][p][f] is not HONOURED for k in kinds for p in PROGRAM_KINDS)]
+    lines = ["| field | " + " | ".join(f"`{k}`" for k in kinds) + " |",
+             "|---" * (len(kinds) + 1) + "|"]
+    for f in fields:
+        pairs = [(cell(TABLE[k][WORKER][f]), cell(TABLE[k][PROGRAM][f])) for k in kinds]
+        lines.append(f"| `{f}` | " + " | ".join(w if w == p else f"{w} / {p}"
+                                                 for w, p in pairs) + " |")
+    return "\n".join(lines)
