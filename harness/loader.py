@@ -699,6 +699,9 @@ def validate_case(data: Dict[str, Any], file: str,
                     if p.message.startswith("unknown field"):
                         p.message += f" of launcher {kind} (known: " \
                             f"{_known_fields(kinds[kind])})"
+                    # a case's launcher is the file's merged with its own: say which part
+                    # came from the top level
+                    p.message += lines.merged_note(tuple(p.field.split(".")))
                 problems += ps
     merged = dict(data)
     if isinstance(raw_faults, list):

@@ -46,8 +46,8 @@ _EVERYWHERE: Dict[str, Any] = {f: HONOURED for f in (
     "backend_available", "gpus",   # whether the case runs here (harness.requirements)
     "start",             # fresh or fork: a process that cannot fork says why (start_note)
     "world_size",
-    "python",            # the interpreter(s); a launcher's check refuses per-rank entries
-    #                      where it does not start the ranks
+    "python",            # the interpreter(s); rank entries only where the launcher starts
+    #                      each rank (_per_rank_python)
 )}
 
 _PROGRAM_INITS = ("a user's program calls init_process_group itself: write the init method, "
@@ -66,8 +66,9 @@ _PROGRAM_OWN = {
 
 
 def _link(scn: Any) -> bool:
-    """The run's hosts are linked (several hosts, a name server, an etcd host of its own):
-    MASTER_ADDR is then the master host's address on the link."""
+    """The run's hosts are linked (several hosts, a name server, an etcd host of its own, a
+    fault that needs the link: as harness.plan.make_plan decides): MASTER_ADDR is then the
+    master host's address on the link."""
     multi = scn.hosts is not None and len(scn.hosts) > 1
     own_etcd = scn.etcd is not None and scn.etcd.own_host(scn.host_names())
     return multi or scn.dns is not None or own_etcd or any(f.needs_link for f in scn.faults)
