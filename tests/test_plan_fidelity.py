@@ -151,3 +151,20 @@ def test_a_per_agent_master_port_keeps_the_master_address_in_the_agents_real_arg
         argv: List[str] = _got(next(r for r in run.ranks if r.label == label))["argv"]
         assert argv[argv.index("--master-addr") + 1] == master, label
         assert argv[argv.index("--master-port") + 1] == port, label
+
+
+@pytest.mark.timeout(240)
+def test_two_concurrent_jobs_run_as_rows_of_their_own():
+    (scn,) = load_text(textwrap.dedent("""\
+        name: two_jobs
+        about: two more jobs on the run's port, each with rows of its own
+        timeout: 5
+        deadline: 10
+        workload: init
+        faults:
+          - {kind: concurrent_job, world_size: 1}
+          - {kind: concurrent_job, world_size: 1}
+        """), "fidelity.yaml")
+    run = _check(scn)
+    assert sorted(r.label for r in run.ranks) == ["0", "1", "job2:0", "job3:0"]
+    assert len({r.pid for r in run.ranks}) == 4
