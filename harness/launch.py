@@ -220,6 +220,7 @@ class Supervisor:
         self.scheduler = Scheduler(plan.steps, self, self)
         self._native: Optional[Dict[str, Tuple[Future, float]]] = None   # early py-spy dumps
         self._sockets_taken: Set[str] = set()     # rows whose sockets are in their observation
+        self._torch_checked: Set[str] = set()     # rows whose torch was judged (_check_torch)
         self._native_pool: Optional[ThreadPoolExecutor] = None
         self._store: Any = None    # the store's snapshot, being taken (a Future) or taken
         self._stores: Dict[str, Any] = {}   # the workers' own stores' snapshots, by address
@@ -358,6 +359,34 @@ class Supervisor:
         slow = [r.label for r in self.ranks if r.held and not r.ready()]
         raise HarnessError(f"ranks {slow} did not import torch within {READY_TIMEOUT:.0f} s "
                            "(set HARNESS_READY_TIMEOUT for a slower machine)")
+
+    def _check_torch(self) -> None:
+        """Every process that said ``ready`` ran the torch of the interpreter it was given
+        (protocol.torch_identity against harness.probe of that interpreter), or the run is a
+        harness error naming who ran which torch from where: a report must never say one torch
+        while ranks ran another (a path that leaks another environment's site-packages). A
+        process whose plan sets its own PYTHONPATH chose its torch itself and is not judged."""
+        from .probe import probe
+
+        for r in self.ranks:
+            e = ready_event(r.obs.events)
+            got = e.data.get("torch_path") if e is not None else None
+            if not got or r.label in self._torch_checked:
+                continue
+            self._torch_checked.add(r.label)
+            if r.plan is not None and "PYTHONPATH" in r.plan.env:
+                continue
+            python = (r.plan.python if r.plan is not None else "") or None
+            want = probe(python)
+            if not want.get("torch_path") or want.get("error"):
+                continue   # the probe could not tell: no claim either way
+            if os.path.realpath(got) != os.path.realpath(want["torch_path"]):
+                raise HarnessError(
+                    f"{r.label} ran torch {e.data.get('torch')} from {got} (interpreter "
+                    f"{e.data.get('python') or '?'}), but its interpreter "
+                    f"{python or sys.executable} has torch {want.get('torch')} at "
+                    f"{want['torch_path']}: something on its path shadows the interpreter's "
+                    "own torch, so the run would report the wrong torch")
 
     # -- the end -------------------------------------------------------------------------------
     def _capture_stacks(self, live: List[RankProcess]) -> None:
@@ -502,6 +531,7 @@ class Supervisor:
         self.observe_dir.mkdir(exist_ok=True)  # the start line)
         self.launcher.start(self)
         self._wait_ready()
+        self._check_torch()
         owners = self._port_owners_end(looking)
         memory = self._own_memory()
         self.t0 = time.monotonic()
@@ -579,6 +609,7 @@ class Supervisor:
         problems = self.scheduler.teardown(wall)
         if problems:
             raise HarnessError("; ".join(problems))
+        self._check_torch()     # workers found after the start line (an agent's, a parent's)
         assert self.t0 is not None
         return RunObservation(plan=self.plan.to_dict(), torch_version=torch_version,
                               ranks=[r.obs for r in self.ranks], wall=round(wall, 3),

@@ -769,7 +769,8 @@ def _hold(fd: int) -> None:
         emit(P.RESULT, status=P.EXCEPTION, phase="import", exc=_exc_dict(e))
         _S.result_sent = True
         os._exit(1)
-    emit(P.READY, torch=version, pid=os.getpid(), hostname=socket.gethostname())
+    emit(P.READY, torch=version, pid=os.getpid(), hostname=socket.gethostname(),
+         **P.torch_identity(torch))
     line = b""
     try:
         with os.fdopen(fd, "rb", buffering=0) as go:

@@ -19,6 +19,7 @@ out = {"python": sys.version.split()[0], "torch": None}
 try:
     import torch, torch.distributed as dist
     out["torch"] = torch.__version__
+    out["torch_path"] = os.path.dirname(os.path.abspath(torch.__file__))
     out["torch_git"] = getattr(torch.version, "git_version", None)
     out["cuda"] = torch.version.cuda
     out["gpus"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -69,7 +70,7 @@ def _cache_key() -> str:
 def _cache_path(key: str) -> Any:
     from .rundir import base_dir
 
-    return base_dir() / f"probe-{key}.json"
+    return base_dir() / f"probe2-{key}.json"   # 2: answers carry torch_path
 
 
 @functools.cache

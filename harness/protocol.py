@@ -19,7 +19,8 @@ The channel
 
 Events, in the order a rank sends them
 --------------------------------------
-``phase start`` (pid) -> ``phase import`` -> ``ready`` (torch version, python, pid) ->
+``phase start`` (pid) -> ``phase import`` -> ``ready`` (torch version, python, pid, and
+:func:`torch_identity`: which interpreter and which torch files the rank really runs) ->
 ``released`` -> ``phase init`` -> ``joined`` (rank, world_size) -> one phase per workload
 entry ... -> ``phase destroy`` -> ``phase exit`` -> ``result`` (status ok | exception, phase,
 exc). A rank that raises sends ``result`` with status ``exception`` and an
@@ -453,6 +454,17 @@ def entered(events: Iterable[Event], phase: str) -> Optional[float]:
         if e.ev == PHASE and e.phase == phase:
             return e.t
     return None
+
+
+def torch_identity(torch: Any) -> Dict[str, str]:
+    """What a rank says from inside about what it runs: its interpreter and the folder its
+    torch was imported from (a report's torch is what its ranks said, never a guess from
+    another interpreter)."""
+    import os
+    import sys
+
+    return {"python": sys.executable,
+            "torch_path": os.path.dirname(os.path.abspath(getattr(torch, "__file__", "") or ""))}
 
 
 def ready_event(events: Iterable[Event]) -> Optional[Event]:

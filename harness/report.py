@@ -96,6 +96,43 @@ def environment(python: Optional[str] = None) -> Dict[str, Any]:
     }
 
 
+def torch_seen(run: Any) -> List[Dict[str, str]]:
+    """What the processes of a run said from inside about their torch (protocol's ready
+    event: version, the folder it was imported from, the interpreter), one entry per distinct
+    answer."""
+    from .protocol import ready_event
+
+    seen: List[Dict[str, str]] = []
+    for r in getattr(run, "ranks", None) or []:
+        e = ready_event(r.events)
+        if e is None or not e.data.get("torch_path"):
+            continue
+        one = {"torch": str(e.data.get("torch")), "torch_path": str(e.data["torch_path"]),
+               "python": str(e.data.get("python") or "")}
+        if one not in seen:
+            seen.append(one)
+    return seen
+
+
+def ranks_environment(env: Dict[str, Any], cases: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """The session's environment with torch as its ranks said it (``torch_seen`` of every
+    case): ``ranks_torch`` lists each distinct answer; where they agree on one version, that is
+    the report's ``torch`` (the probe of the interpreter is what was expected, the ranks' word
+    is what ran: the supervisor refuses a run where the two differ)."""
+    seen: List[Dict[str, str]] = []
+    for c in cases:
+        for one in c.get("torch_seen") or []:
+            if one not in seen:
+                seen.append(one)
+    if not seen:
+        return env
+    env = dict(env, ranks_torch=seen)
+    versions = {one["torch"] for one in seen}
+    if len(versions) == 1:
+        env["torch"] = versions.pop()
+    return env
+
+
 # -- message families ----------------------------------------------------------------------------
 
 _FAMILY_RULES = [
@@ -302,6 +339,7 @@ def case_record(*, nodeid: str, file: str, name: str, scenario: Any = None,
         "job": job_outcome(verdicts) if verdicts else None,
         "expectation": _expectation_dict(expectation),
         "torch_version": run.torch_version if run is not None else None,
+        "torch_seen": torch_seen(run),
         "duration": None,
         "wall": run.wall if run is not None else None,
         "deadline": plan.get("deadline", getattr(scenario, "deadline", None)),
@@ -347,7 +385,7 @@ def build(cases: Sequence[Dict[str, Any]], *, env: Optional[Dict[str, Any]] = No
         "duration": None if duration is None else round(duration, 3),
         "evidence": evidence,
         "interrupted": interrupted,
-        "environment": env if env is not None else environment(),
+        "environment": ranks_environment(env if env is not None else environment(), cases),
         "summary": summarize(cases, collect_errors),
         "time": time_budget(cases, duration, workers),
         "collect_errors": list(collect_errors),

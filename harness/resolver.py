@@ -374,7 +374,9 @@ def missing() -> Optional[str]:
         code = ("import sys; from harness.resolver import enter; enter(sys.argv[1]); "
                 "import socket; socket.getaddrinfo('localhost.localdomain', None); print('ok')")
         env = dict(os.environ)
-        env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent) + (
+        from .rundir import package_path   # the package alone: never a site-packages
+
+        env["PYTHONPATH"] = package_path() + (
             os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
             p = subprocess.run([sys.executable, "-c", code, str(view)], capture_output=True,

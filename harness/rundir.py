@@ -18,6 +18,7 @@ and is removed. Runs of live owners (concurrent pytest-xdist workers) are left a
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -85,6 +86,33 @@ def shared_base(folder: str) -> Path:
     """This user's state folder inside ``folder`` (a shared file system every node of an
     allocation sees: ``--harness-shared-dir``)."""
     return private_dir(Path(folder).absolute() / f"{STATE_PREFIX}{os.geteuid()}")
+
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+@functools.cache
+def package_path() -> str:
+    """A folder that holds the harness package and nothing else (``harness``, a symbolic link
+    to it), for a child's ``PYTHONPATH``. The folder above the package is never put there: for
+    a wheel it is a whole site-packages, whose torch would shadow the one of the interpreter a
+    rank was given (``--python``, ``python:``, ``harness compare``); for a checkout it holds
+    ``tests``, ``conftest.py`` and ``benchmarks``, names a user's program may import. Kept in
+    the state folder, one per package location (not swept: it is no run's)."""
+    import hashlib
+
+    d = base_dir() / f"pkgpath-{hashlib.sha256(str(PACKAGE_DIR).encode()).hexdigest()[:12]}"
+    d.mkdir(mode=0o700, exist_ok=True)
+    link = d / PACKAGE_DIR.name
+    try:
+        ok = os.readlink(link) == str(PACKAGE_DIR)
+    except OSError:
+        ok = False
+    if not ok:   # made (or mended) atomically: a concurrent run sees the old link or the new
+        tmp = d / f".{PACKAGE_DIR.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+        os.symlink(PACKAGE_DIR, tmp)
+        os.replace(tmp, link)
+    return str(d)
 
 
 # the kinds of owned folders the sweep looks at: a run's, a session's zygote's

@@ -256,7 +256,8 @@ def run_observed(spec: P.WorkerSpec) -> None:
         import torch
         import torch.distributed as dist
 
-        emit(P.READY, torch=torch.__version__, pid=os.getpid(), hostname=socket.gethostname())
+        emit(P.READY, torch=torch.__version__, pid=os.getpid(), hostname=socket.gethostname(),
+             **P.torch_identity(torch))
         run_workload(spec, dist, torch)
     except BaseException as exc:  # noqa: B036 - the verdict needs every kind
         observer.result_exception(exc, phase=_PHASE)
@@ -319,8 +320,9 @@ def run_rank(spec: P.WorkerSpec, ev_fd: int, stack_fd: int) -> NoReturn:
             # memory): done before the start line, so the ddp phase is DDP's own work
             import torch._dynamo  # noqa: F401
             import torch.nn.parallel  # noqa: F401
-        emit(P.READY, torch=torch.__version__, pid=os.getpid(), python=sys.executable,
-             python_version=platform.python_version(), hostname=socket.gethostname())
+        emit(P.READY, torch=torch.__version__, pid=os.getpid(),
+             python_version=platform.python_version(), hostname=socket.gethostname(),
+             **P.torch_identity(torch))
         line = sys.stdin.buffer.readline()
         if line != P.GO_LINE:  # the supervisor went away before the start line
             os._exit(3)

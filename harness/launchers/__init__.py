@@ -41,6 +41,7 @@ from .. import interrupts, resolver
 from .. import protocol as P
 from ..observe import RankObservation, SignalSent
 from ..procs import ForeignProcess, ManagedProcess
+from ..rundir import package_path
 from ..rows import RowSet
 from ..triggers import Trigger
 
@@ -49,7 +50,6 @@ from ..triggers import Trigger
 RankPlan = Any
 
 Problem = Tuple[Tuple[Any, ...], str]   # (location inside the launcher, message)
-PKG_ROOT = str(Path(__file__).resolve().parent.parent.parent)
 SITE_DIR = str(Path(__file__).resolve().parent.parent / P.OBSERVE_SITE)
 # what the harness's own environment must not pass on to a rank (the job's variables, a
 # torchrun's or pytest's): torchrun reads PET_* as its defaults, and a worker told
@@ -321,7 +321,9 @@ def process_env(rp: Optional[RankPlan] = None, extra: Optional[Dict[str, str]] =
     env.update(extra or {})
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("PYTHONWARNINGS", "ignore")
-    head = [SITE_DIR, PKG_ROOT] if rp is not None and rp.observed else [PKG_ROOT]
+    # the harness package alone, never the folder above it (rundir.package_path)
+    pkg = package_path()
+    head = [SITE_DIR, pkg] if rp is not None and rp.observed else [pkg]
     env["PYTHONPATH"] = os.pathsep.join(head + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
                                                 else []))
     return env

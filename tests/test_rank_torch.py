@@ -1,0 +1,169 @@
+"""A rank runs where the report says: only the harness package goes on a rank's path, each rank
+says from inside which interpreter and which torch it runs, the report's torch is that, and a
+rank whose torch is not its interpreter's fails the run loudly.
+
+The bug this guards: a wheel-installed harness put the folder above the package (a whole
+site-packages, with its torch) first on the ranks' PYTHONPATH, so in ``harness compare A B``
+supervised from B's wheel every rank of side A imported B's torch while the report said A's.
+An editable checkout hid it (the folder above the package there has no torch), so the test
+needs two environments with two different torches: this venv's 2.13 and the 2.14.1 wheel that
+lies on the machine (installed once into a per-user cache, skipped with the reason where it
+cannot be).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from wheelenv import ROOT, build_wheel, pip_install, purelib, torch_only_venv
+
+from harness import protocol as P
+
+pytestmark = pytest.mark.timeout(1800)
+
+OTHER_TORCH = os.environ.get("HARNESS_TEST_OTHER_TORCH", "2.14.1")
+CASE = ("healthy.yaml", "healthy")
+
+
+def _cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / \
+        "torchdist-harness-tests"
+
+
+def other_torch_site() -> Path:
+    """The site-packages of a venv with torch ``OTHER_TORCH`` (built once, kept in the user's
+    cache: the CUDA build and its NVIDIA wheels are large); skips with the reason when pip
+    cannot install it here."""
+    venv = _cache() / f"torch-{OTHER_TORCH}"
+    done = venv / "installed"
+    if not done.exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        p = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin/python"),
+                            "install", "-q", "--disable-pip-version-check",
+                            f"torch=={OTHER_TORCH}"],
+                           capture_output=True, text=True, timeout=1500)
+        if p.returncode != 0:
+            shutil.rmtree(venv, ignore_errors=True)
+            pytest.skip(f"cannot install torch=={OTHER_TORCH} into a venv here: "
+                        f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
+        done.write_text(OTHER_TORCH)
+    return purelib(venv / "bin" / "python")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="module")
+def side_a(tmp_path_factory, wheel):
+    """This venv's torch and the harness's wheel, nothing else: its python."""
+    py = torch_only_venv(tmp_path_factory.mktemp("side-a"))
+    p = pip_install(py, str(wheel))
+    assert p.returncode == 0, p.stderr[-3000:]
+    return py
+
+
+@pytest.fixture(scope="module")
+def side_b(tmp_path_factory, wheel):
+    """torch OTHER_TORCH (the cached venv's site-packages through a .pth) and the wheel."""
+    site = other_torch_site()
+    where = tmp_path_factory.mktemp("side-b")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where / "venv")],
+                   check=True)
+    py = where / "venv" / "bin" / "python"
+    (purelib(py) / "other-torch.pth").write_text(f"{site}\n")
+    p = pip_install(py, str(wheel))
+    assert p.returncode == 0, p.stderr[-3000:]
+    return py
+
+
+def torch_of(py: Path) -> dict:
+    out = subprocess.run([str(py), "-c", "import json, os, torch; print(json.dumps("
+                          "{'torch': torch.__version__, 'path': os.path.realpath("
+                          "os.path.dirname(torch.__file__))}))"],
+                         capture_output=True, text=True, check=True, cwd="/",
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def compare(supervisor: Path, a: Path, b: Path, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{supervisor.parent}{os.pathsep}{env.get('PATH', '')}"
+    return subprocess.run([str(supervisor.parent / "harness"), "compare",
+                           str(a.parent.parent), str(b.parent.parent),
+                           str(ROOT / "scenarios" / CASE[0]), "-k", CASE[1], "--out", "cmp",
+                           "-q"],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=1200)
+
+
+def seen(report: Path) -> list:
+    rep = json.loads(report.read_text())
+    assert rep["cases"], rep
+    return [(one["torch"], os.path.realpath(one["torch_path"]))
+            for c in rep["cases"] for one in c["torch_seen"]], rep["environment"]
+
+
+@pytest.mark.parametrize("supervised_by", ["a", "b"])
+def test_each_side_of_a_compare_runs_its_own_torch(side_a, side_b, supervised_by, tmp_path):
+    """Supervised from either side's installed wheel, every process of side A says (from
+    inside) it ran A's torch and every process of side B B's; each report's torch is its
+    ranks' word."""
+    want = {"a": torch_of(side_a), "b": torch_of(side_b)}
+    assert want["a"]["torch"] != want["b"]["torch"], want
+    r = compare(side_a if supervised_by == "a" else side_b, side_a, side_b, tmp_path)
+    assert r.returncode in (0, 1), r.stdout[-4000:] + r.stderr[-3000:]
+    for side in "ab":
+        got, env = seen(tmp_path / "cmp" / f"{side}.json")
+        assert got and set(got) == {(want[side]["torch"], want[side]["path"])}, (side, got)
+        assert env["torch"] == want[side]["torch"]
+        assert {os.path.realpath(x["torch_path"]) for x in env["ranks_torch"]} == \
+            {want[side]["path"]}
+
+
+def test_a_rank_whose_torch_is_not_its_interpreters_fails_the_run_loudly(side_b,
+                                                                        tmp_path_factory,
+                                                                        tmp_path):
+    """An interpreter whose start-up puts another torch first only inside a rank (a .pth line
+    that reads the worker's own variable): its probe finds this venv's torch, its rank imports
+    OTHER_TORCH. The run is a harness error naming the rank, both torches and both places,
+    never a report of the wrong torch."""
+    other = str(other_torch_site())
+    lib = str(purelib(Path(sys.executable)))
+    py = torch_only_venv(tmp_path_factory.mktemp("sly"), [
+        lib, f"import os, sys; os.environ.get({P.EVENT_FD_ENV!r}) and "
+             f"sys.path.insert(0, {other!r})"])
+    scn = tmp_path / "scenarios" / "sly.yaml"
+    scn.parent.mkdir()
+    scn.write_text(f"name: sly\nabout: a rank's torch is not its interpreter's\n"
+                   f"world_size: 2\ntimeout: 5\ndeadline: 60\npython: {{\"*\": \"{py}\"}}\n"
+                   "expect: {job: ok}\n")
+    r = subprocess.run([sys.executable, "-m", "harness", "run", str(scn), "--no-progress"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    out = r.stdout + r.stderr
+    assert r.returncode not in (0, 1) or "harness error" in out.lower(), out[-3000:]
+    assert "ran torch " + OTHER_TORCH in out and "shadows the interpreter's own torch" in out, \
+        out[-3000:]
+
+
+def test_a_ranks_path_holds_the_harness_package_and_nothing_else():
+    """The folder the launchers put on a rank's PYTHONPATH has one entry, ``harness``, which is
+    this package."""
+    from harness import launchers
+    from harness.rundir import package_path
+
+    d = Path(package_path())
+    assert [p.name for p in d.iterdir()] == ["harness"]
+    assert (d / "harness").resolve() == Path(launchers.__file__).resolve().parent.parent
+    env = launchers.process_env()
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(d)
+    assert str(ROOT) not in env["PYTHONPATH"].split(os.pathsep)
