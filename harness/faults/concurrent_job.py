@@ -31,5 +31,6 @@ class ConcurrentJob(Fault):
         # the same launcher starts it (two torchrun jobs, two spawning parents, two sets of
         # ranks), on the same master address and port
         plan.add_job(scn, "job2", n, release=Trigger.at_time(self.delay))
-        plan.notes.append(f"concurrent_job: a second job of {n} ranks (job2:0..{n - 1}) on port "
-                          f"{plan.master_port}, {self.delay:g} s after the first")
+        plan.notes.append(f"concurrent_job: a second job of {n} ranks (job2:0..{n - 1}), its "
+                          f"{plan.store('job2').describe()} (the first job's: "
+                          f"{plan.store().endpoint()}), {self.delay:g} s after the first")
