@@ -79,7 +79,7 @@ class JobStore:
             return "store: a file store (init: file), no port"
         where = f" on host {self.host}" if self.host else ""
         if self.port is None:
-            return f"store {self.endpoint()}{where}: port chosen at run time ({self.why})"
+            return f"store {self.endpoint()}{where}: no port known before the run ({self.why})"
         text = f"store {self.endpoint()}{where} (port from {self.source})"
         if not self.verified:
             text += f", {UNVERIFIED}" + (f": {self.why}" if self.why else "")
