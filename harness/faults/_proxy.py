@@ -33,8 +33,8 @@ from . import Fault
 MARK = 0x7468               # the firewall mark of the proxy's own connections ("th")
 NFT = Tool("nft", package="nftables", why="the proxy's redirect rules")
 TRAFFIC_HELP = ("store (connections to the job's store port: MASTER_PORT, init_url's, the "
-                "launcher's rdzv_endpoint or master_port), data (every other TCP connection: gloo's "
-                "mesh), all, or a list of ports")
+                "launcher's rdzv_endpoint or master_port), data (every other TCP connection: "
+                "gloo's mesh), all, or a list of ports")
 
 
 def proxy_name(host: str) -> str:
