@@ -132,6 +132,14 @@ def test_a_users_program_is_as_launched_unverified(counter_ports):
     assert UNVERIFIED in st.describe()
 
 
+def test_a_firewall_on_a_users_programs_store_says_it_is_unverified(counter_ports):
+    plan = plan_of(TWO + f"program: {{script: {SCRIPT}}}\n"
+                   "faults: [{kind: firewall, host: node0, ports: master}]\n", counter_ports)
+    assert rules(plan)[0].ports == [plan.master_port]
+    assert plan.notes[-1].endswith(f"master port {plan.master_port} on host node0, from the "
+                                   "start (the store's port as launched, unverified)")
+
+
 def test_init_file_has_no_store_port(counter_ports):
     plan = plan_of(ONE + "init: file\n", counter_ports)
     assert (plan.store().kind, plan.store().port) == ("file", None)

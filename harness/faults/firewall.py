@@ -71,5 +71,8 @@ class Firewall(HostNetFault):
             ports, shown = list(self.ports), f"ports {self.ports}"
         self.add_step(plan, FirewallRule(host=host, action=self.action, direction=self.direction,
                                          ports=ports, shown=shown, target=f"host {host}"))
+        unverified = self.ports in ("master", "data") and not self.port_range and \
+            not plan.store().verified
         plan.notes.append(f"firewall: {self.action} {self.direction}bound {shown} on host "
-                          f"{host}, {self.when()}")
+                          f"{host}, {self.when()}" + (f" (the store's port {plan.store().status}"
+                                                      ")" if unverified else ""))
