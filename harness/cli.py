@@ -284,6 +284,23 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _store_header(plan: Dict[str, Any]) -> str:
+    """Where the job's store is (harness.jobstore), and the lease when the job does not use
+    it: ``ports: master`` and the store probe mean the store's port."""
+    from .jobstore import JobStore
+
+    lease = f"{plan['master_addr']}:{plan['master_port']}"
+    if not plan.get("store"):
+        return f"master {lease}"
+    st = JobStore.from_dict(plan["store"])
+    text = st.describe()
+    if st.kind == "file" or st.port != plan.get("master_port"):
+        text += f" · the run's leased port {plan['master_port']} is not the store's"
+    for other in (plan.get("stores") or {}).values():
+        text += f" · {other.get('job')}: " + JobStore.from_dict(other).describe()
+    return text
+
+
 def show_plan(scn: Any, plan: Dict[str, Any]) -> None:
     from rich.table import Table
 
@@ -302,8 +319,8 @@ def show_plan(scn: Any, plan: Dict[str, Any]) -> None:
         f"backend {plan['backend']} · world_size {plan['world_size']} · launcher "
         f"{launcher.get('kind', 'direct')} · {work} · deadline {plan['deadline']:g} s (from "
         "the start line)"))
-    con.print(_text(f"master {plan['master_addr']}:{plan['master_port']} · ports and the run "
-                    "directory are examples: every run reserves its own", "dim"))
+    con.print(_text(_store_header(plan) + " · ports and the run directory are examples: every "
+                    "run reserves its own", "dim"))
     if plan.get("hosts"):
         t = Table(title="hosts", title_justify="left")
         for col in ("host", "address", "interface", "namespace"):

@@ -61,6 +61,13 @@ class RankContext:
 
     @property
     def master_port(self) -> int:
+        """The job's store port (harness.jobstore: the port the launch gives it, which may not
+        be the run's lease); the lease for a plan written before the store was planned."""
+        store = self.run.plan.get("store") or {}
+        if store.get("kind", "tcp") == "tcp" and isinstance(store.get("port"), int):
+            return int(store["port"])
+        if store:
+            return 0   # no port known before the run: name none
         return int(self.run.plan.get("master_port") or 0)
 
     @property

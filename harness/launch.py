@@ -652,17 +652,32 @@ class Supervisor:
             if r.proc.pid in table:
                 r.obs.sockets = table[r.proc.pid]
 
-    def _store_addr(self) -> Tuple[str, str]:
-        """(host, "ip:port") where the store of the run listens: the port rank 0 was told
-        (MASTER_PORT of the first rank, which a fault may have changed), on the loopback of
-        that rank's host (TCPStore listens on every address of its host; asking by loopback
-        needs no name and no route)."""
+    def _store_addr(self) -> Optional[Tuple[str, str]]:
+        """(host, "ip:port") where the job's store listens (harness.jobstore: the port the
+        launch gives it, not necessarily the lease), on the loopback of its host (TCPStore
+        listens on every address of its host; asking by loopback needs no name and no route);
+        where rank 0 was told another MASTER_PORT (a fault), that one. A port chosen at run
+        time (torchrun's standalone or single-node launch) is the one its rank-0 worker was
+        handed, as observed. None: no store port is known (init: file, or none observed)."""
+        store = self.plan.store()
         first = self.plan.ranks[0]
-        port = str((first.env or {}).get("MASTER_PORT") or self.plan.master_port)
-        if not port.isdigit():
-            port = str(self.plan.master_port)
+        port = str(store.port) if store.port is not None else ""
+        if not port and store.kind == "tcp":
+            for r in self.ranks:
+                info = r.obs.info or {}
+                if r.obs.role == "worker" and info.get("rank") == 0 and \
+                        str(info.get("use_agent_store")) != "False" and \
+                        str(info.get("master_port") or "").isdigit():
+                    return r.obs.host, f"127.0.0.1:{info['master_port']}"
+        if first.rank == 0 and first.role == "rank" and store.kind == "tcp" and \
+                not first.init.url:
+            told = str((first.env or {}).get("MASTER_PORT") or "")
+            port = told if told.isdigit() else port
+        if not port:
+            return None
+        host = store.host or first.host
         six = ":" in str(self.plan.master_addr) and not str(self.plan.master_addr).startswith("[")
-        return first.host, (f"[::1]:{port}" if six else f"127.0.0.1:{port}")
+        return host, (f"[::1]:{port}" if six else f"127.0.0.1:{port}")
 
     def _take_store(self, again: bool = False) -> None:
         """Ask the run's store what it holds (harness.storeprobe), once, in a thread: at the
@@ -674,10 +689,13 @@ class Supervisor:
             return
         from .storeprobe import StoreSnapshot, connect_and_ask
 
-        host, addr = self._store_addr()
+        where = self._store_addr()
+        host, addr = where if where is not None else ("", "")
         t = round(self.now(), 3)
 
-        def asking() -> StoreSnapshot:
+        def asking() -> Optional[StoreSnapshot]:
+            if where is None:   # no store port known: nothing to ask
+                return None
             fam = socket.AF_INET6 if addr.startswith("[") else socket.AF_INET
             try:
                 sock = self.topo.socket(host, fam, socket.SOCK_STREAM) \
@@ -747,7 +765,8 @@ class Supervisor:
         if self._store is None:
             return {}
         try:
-            return dict(self._store.result(timeout=5.0).to_dict())
+            snap = self._store.result(timeout=5.0)
+            return dict(snap.to_dict()) if snap is not None else {}
         except Exception:  # noqa: BLE001 - evidence only
             return {}
 
@@ -776,13 +795,17 @@ class Supervisor:
         line; no rank binds a port before it)."""
         if self.plan.allocation is not None:   # the master port is a node's, not ours
             return []
+        port = self.plan.store().port   # the job's store port (harness.jobstore)
+        if port is None:
+            return []
         if self.topo is None:
-            return port_owners(self.plan.master_port)
+            return port_owners(port)
         code = ("import json,sys; from harness.launch import port_owners; "
-                f"print(json.dumps(port_owners({self.plan.master_port})))")
+                f"print(json.dumps(port_owners({port})))")
         try:
             with interrupts.shield():
-                return ManagedProcess(self.prefix(self._master_host()) +
+                return ManagedProcess(self.prefix(self.plan.store().host or
+                                                  self._master_host()) +
                                       [sys.executable, "-c", code], name="port owners",
                                       record=self.rundir.pids, env=process_env(),
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)

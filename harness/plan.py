@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional
 from . import interpreters
 from .errors import PlanRefusal  # noqa: F401 - re-exported: harness.plan.PlanRefusal
 from .hostspec import HostNames, host_names
+from .jobstore import JobStore, job_store
 from .protocol import RUN_TMP, InitSpec, Variation, WorkerSpec, url_host
 from .schema import Scenario, fill_init_url, init_url_parts
 from .steps import RUN, Step
@@ -175,6 +176,24 @@ class RunPlan:
     etcd: Any = None                 # harness.faults._etcd.EtcdPlan (an etcd: block), else None
     allocation: Optional[Dict[str, Any]] = None   # the Slurm allocation whose nodes run the
     #                                  ranks (harness.allocation: job, nodes), else None
+    stores: Dict[str, JobStore] = field(default_factory=dict)   # each job's store, as
+    #                                  launched ("" the scenario's own; harness.jobstore)
+
+    def store(self, job: str = "") -> JobStore:
+        """Where ``job``'s store really is (harness.jobstore): the port that ``ports: master``
+        and the store probe mean, which may not be the lease (``master_port``)."""
+        if job in self.stores:
+            return self.stores[job]
+        return JobStore(job=job, host=self.hosts[0].name if self.hosts else "",
+                        addr=self.master_addr, port=self.master_port, source="the run's lease")
+
+    def store_ports(self) -> List[int]:
+        """The known store ports of every job planned so far (the scenario's own first)."""
+        out: List[int] = []
+        for st in [self.store(), *self.stores.values()]:
+            if st.port is not None and st.port not in out:
+                out.append(st.port)
+        return out
 
     def service_hosts(self) -> List[str]:
         """Hosts of the run's services (no ranks): the name server's, then etcd's own."""
@@ -303,6 +322,7 @@ class RunPlan:
         """A second job beside the scenario's own, started by the same launcher on the same
         master address and port (``concurrent_job``)."""
         self.launcher.plan_job(self, scn, job, world, release)
+        self.stores[job] = job_store(self, scn, job)
 
     def address_of(self, name: str) -> Optional[str]:
         """A scenario host's address in this run (127.0.0.1 without a link); None if not one."""
@@ -348,7 +368,9 @@ class RunPlan:
 
     def to_dict(self) -> Dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k not in ("take_port", "ranks", "steps",
-                                                                "hosts", "launcher")}
+                                                                "hosts", "launcher", "stores")}
+        d["store"] = self.store().to_dict()
+        d["stores"] = {job: st.to_dict() for job, st in self.stores.items() if job}
         d["launcher"] = {"kind": self.launcher.kind, **self.launcher.model_dump(
             mode="json", exclude_defaults=True)} if self.launcher is not None \
             else {"kind": "direct"}
@@ -491,6 +513,7 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
 
         plan_etcd(plan, scn)
     scn.launcher.plan(plan, scn)
+    plan.stores[""] = job_store(plan, scn, "")   # before the faults, which may misdirect ranks
     if not use_ns and allocation is None:
         plan.add_step(RUN, WriteResolverView(path=resolver_view(run_dir, hosts[0]),
                                                     target="resolver view"))

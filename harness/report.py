@@ -278,6 +278,7 @@ def timeline(run: RunObservation) -> Dict[str, Any]:
         "timeout": plan.get("timeout"),
         "wall": run.wall,
         "master_port": plan.get("master_port"),
+        "store": plan.get("store"),
         "ranks": ranks,
         "steps": step_periods(run),
     }

@@ -173,4 +173,31 @@ def test_a_torchrun_run_asks_the_store_its_workers_host_themselves_too():
     (snap,) = [StoreSnapshot.from_dict(s) for s in run.stores]
     assert snap.answered, snap.error
     assert sorted(snap.gloo) == ["0", "1"], snap.keys
-    assert snap.addr != StoreSnapshot.from_dict(run.store).addr
+    # the agents' rendezvous store is c10d on localhost:0 (a single-node launch): its port is
+    # chosen at run time, and no leased port stands in for it (harness.jobstore)
+    assert run.plan["store"]["port"] is None and run.store == {}
+
+
+def test_a_torchrun_store_port_chosen_at_run_time_is_asked_where_the_workers_were_sent():
+    """A single-node torchrun: c10d on localhost:0, the port unknown to the plan. The probe
+    asks the store at the MASTER_PORT the agent handed worker 0 (observed), not a lease."""
+    run, vs = _run("""
+        name: agent_store
+        about: two workers of one agent on its shared store; worker 1 is stopped in step 2
+        world_size: 2
+        timeout: 60
+        deadline: 12
+        launcher: torchrun
+        workload: [barrier, "sleep 1", barrier]
+        faults:
+          - {kind: stop_rank, rank: 1, phase: "workload step 2"}
+    """)
+    by = {v.label: v for v in vs}
+    assert by["0"].outcome == "hang", by["0"].reason
+    assert run.plan["store"]["port"] is None
+    told = next(r.info["master_port"] for r in run.ranks
+                if r.role == "worker" and r.info.get("rank") == 0)
+    snap = StoreSnapshot.from_dict(run.store)
+    assert snap.addr == f"127.0.0.1:{told}" and str(told) != str(run.plan["master_port"])
+    assert snap.answered, snap.error
+    assert sorted(snap.gloo) == ["0", "1"], snap.keys

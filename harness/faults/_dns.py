@@ -144,7 +144,10 @@ def plan_dns(plan: Any, scn: Any) -> DnsPlan:
             if "MASTER_ADDR" in r.env:
                 r.env["MASTER_ADDR"] = spec.master
             if r.init.method == "tcp" and r.init.url:
-                r.init = r.init.with_url(f"tcp://{url_host(spec.master)}:{plan.master_port}")
+                from ..jobstore import url_endpoint
+
+                port = url_endpoint(r.init.url)[1] or plan.master_port   # the URL's own port
+                r.init = r.init.with_url(f"tcp://{url_host(spec.master)}:{port}")
     plan.add_step(RUN, DnsUp(dns=dns, target=f"host {spec.host}"))
     plan.notes.append(f"dns: dnsmasq on host {spec.host} ({', '.join(addrs)}), records "
                       + "; ".join(f"{n} -> {', '.join(a)}" for n, a in dns.records.items())

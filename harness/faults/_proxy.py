@@ -32,8 +32,9 @@ from . import Fault
 
 MARK = 0x7468               # the firewall mark of the proxy's own connections ("th")
 NFT = Tool("nft", package="nftables", why="the proxy's redirect rules")
-TRAFFIC_HELP = ("store (connections to MASTER_PORT), data (every other TCP connection: gloo's "
-                "mesh), all, or a list of ports")
+TRAFFIC_HELP = ("store (connections to the job's store port: MASTER_PORT, init_url's, the "
+                "launcher's rdzv_endpoint or master_port), data (every other TCP connection: "
+                "gloo's mesh), all, or a list of ports")
 
 
 def proxy_name(host: str) -> str:
@@ -177,20 +178,26 @@ class ProxyFault(Fault, When):
     def target_host(self, plan: Any, scn: Any) -> str:
         return self.host or scn.master_host or plan.hosts[0].name
 
+    def store_port(self, plan: Any) -> int:
+        """The job's store port (harness.jobstore), wherever the launch puts it."""
+        from ..jobstore import known_port
+
+        return known_port(plan, f"traffic: {self.traffic}")
+
     def toxic_ports(self, plan: Any) -> Optional[Dict[str, List[int]]]:
         if self.traffic == "store":
-            return {"only": [plan.master_port]}
+            return {"only": [self.store_port(plan)]}
         if self.traffic == "data":
-            return {"except": [plan.master_port]}
+            return {"except": [self.store_port(plan)]}
         if self.traffic == "all":
             return None
         return {"only": list(self.traffic)}
 
     def capture(self, plan: Any) -> Any:
         if self.traffic == "store":
-            return [plan.master_port]
+            return [self.store_port(plan)]
         if self.traffic == "data":
-            return {"except": [plan.master_port]}
+            return {"except": [self.store_port(plan)]}
         if self.traffic == "all":
             return "all"
         return list(self.traffic)
@@ -218,7 +225,8 @@ class ProxyFault(Fault, When):
         else:
             addr = plan.host(host).addr
             step = ProxyUp(host=host, placement="front", listen=addr, listen_port=plan.new_port(),
-                           upstream=addr, upstream_port=plan.master_port, target=f"host {host}")
+                           upstream=addr, upstream_port=self.store_port(plan),
+                           target=f"host {host}")
             self.point_ranks_at(plan, step.listen_port)
         plan.add_step(self, step)
         return step

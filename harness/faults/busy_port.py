@@ -62,14 +62,17 @@ class BusyPort(Fault):
         return problems
 
     def apply(self, plan, scn):
-        step = HoldPort(port=plan.master_port, mode=self.mode, host=plan.ranks[0].host,
+        from ..jobstore import known_port
+
+        port = known_port(plan, "busy_port")   # the job's store port, wherever the launch puts it
+        step = HoldPort(port=port, mode=self.mode, host=plan.store().host or plan.ranks[0].host,
                         target="port holder")
         if self.release_after is not None:
             step.undo_trigger = Trigger.at_time(self.release_after)
         plan.add_step(self, step)
         rel = ("" if self.release_after is None
                else f", released {self.release_after:g} s after the start line")
-        plan.notes.append(f"busy_port: port {plan.master_port} held ({self.mode}){rel}")
+        plan.notes.append(f"busy_port: port {port} held ({self.mode}){rel}")
 
 
 def main() -> None:

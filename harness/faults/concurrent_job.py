@@ -40,5 +40,6 @@ class ConcurrentJob(Fault):
         # the same launcher starts it (two torchrun jobs, two spawning parents, two sets of
         # ranks), on the same master address and port
         plan.add_job(scn, job, n, release=Trigger.at_time(self.delay))
-        plan.notes.append(f"concurrent_job: another job of {n} ranks ({job}:0..{n - 1}) on "
-                          f"port {plan.master_port}, {self.delay:g} s after the first")
+        plan.notes.append(f"concurrent_job: another job of {n} ranks ({job}:0..{n - 1}), its "
+                          f"{plan.store(job).describe()} (the first job's: "
+                          f"{plan.store().endpoint()}), {self.delay:g} s after the first")

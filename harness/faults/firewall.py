@@ -5,6 +5,7 @@ from typing import Annotated, Any, List, Literal, Optional, Union
 
 from pydantic import Discriminator, Field, Tag
 
+from ..jobstore import known_port
 from ..limits import Port
 from ._net import HostNetFault, NetStep
 
@@ -43,8 +44,10 @@ class Firewall(HostNetFault):
     summary = "nftables drop/reject on a host (inbound or outbound; master port, data ports...)"
     action: Literal["drop", "reject"] = "drop"
     direction: Literal["in", "out"] = "in"
-    ports: PortSel = Field("master", description="master (MASTER_PORT), data (every new "
-                           "connection but to MASTER_PORT: gloo's mesh), all, or a list of ports")
+    ports: PortSel = Field("master", description="master (the job's store port: the lease, "
+                           "init_url's, the launcher's rdzv_endpoint or master_port), data (every "
+                           "new connection but to the store port: gloo's mesh), all, or a list "
+                           "of ports")
     port_range: Optional[List[Port]] = Field(None, min_length=2, max_length=2,
                                             description="[low, high] instead of ports")
 
@@ -54,16 +57,22 @@ class Firewall(HostNetFault):
         if self.port_range:
             ports = tuple(self.port_range)
             shown = f"ports {self.port_range[0]}-{self.port_range[1]}"
-        elif self.ports == "master":
-            ports, shown = [plan.master_port], f"master port {plan.master_port}"
+        elif self.ports == "master":   # the job's store, wherever the launch puts it
+            port = known_port(plan, "ports: master")
+            ports, shown = [port], f"master port {port}"
         elif self.ports == "data":
-            ports, shown = {"except": [plan.master_port]}, "new connections to every port " \
-                f"but {plan.master_port}"
+            port = known_port(plan, "ports: data")
+            keep = [port] + [p for p in plan.store_ports() if p != port]
+            ports, shown = {"except": keep}, "new connections to every port " \
+                f"but {', '.join(map(str, keep))}"
         elif self.ports == "all":
             ports, shown = "all", "all ports"
         else:
             ports, shown = list(self.ports), f"ports {self.ports}"
         self.add_step(plan, FirewallRule(host=host, action=self.action, direction=self.direction,
                                          ports=ports, shown=shown, target=f"host {host}"))
+        unverified = self.ports in ("master", "data") and not self.port_range and \
+            not plan.store().verified
         plan.notes.append(f"firewall: {self.action} {self.direction}bound {shown} on host "
-                          f"{host}, {self.when()}")
+                          f"{host}, {self.when()}" + (f" (the store's port {plan.store().status}"
+                                                      ")" if unverified else ""))

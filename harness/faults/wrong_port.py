@@ -25,4 +25,4 @@ class WrongPort(Fault):
             if r.init.method == "tcp":
                 r.init = r.init.with_url(f"tcp://{url_host(r.env['MASTER_ADDR'])}:{port}")
         plan.notes.append(f"wrong_port: ranks {self.ranks} dial port {port}, the master listens "
-                          f"on {plan.master_port}")
+                          f"on {plan.store().endpoint()}")
