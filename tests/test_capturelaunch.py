@@ -43,8 +43,12 @@ HANGING = textwrap.dedent("""
 
 
 def harness(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The harness as a user with its venv active runs it: capture runs the launch as written
+    first, so its torchrun is the venv's, found on PATH."""
+    path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, text=True,
-                          capture_output=True, env={**os.environ, **(env or {})}, timeout=380)
+                          capture_output=True, env={**os.environ, "PATH": path, **(env or {})},
+                          timeout=380)
 
 
 def test_failing_torchrun_captured_and_reproduced(tmp_path):
@@ -159,3 +163,109 @@ def test_every_understood_form_writes_a_scenario_that_loads(tmp_path, command, l
     scn.update(about="x", expect={"job": "ok"})
     (loaded,) = load_text(yaml.safe_dump(scn), str(tmp_path / "o.yaml"))
     assert loaded.launcher.kind == (launcher or {"kind": "direct"})["kind"]
+
+
+# -- issue 39: capture records what ran, or says it could not ---------------------------------
+
+# imports a module that lies only on PYTHONPATH (a folder beside the job's, not its own)
+NEEDS_PATH = textwrap.dedent("""
+    import mylib
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    dist.barrier()
+    print("trained with", mylib.NAME)
+    dist.destroy_process_group()
+""")
+
+# resumes from the checkpoint it writes in its working folder: trains the epochs left; every
+# start appends "<epochs trained>" to the log named by its first argument (outside the folder)
+RESUMES = textwrap.dedent("""
+    import os, sys
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    start = int(open("ckpt.txt").read()) if os.path.exists("ckpt.txt") else 0
+    for epoch in range(start, 10):
+        dist.barrier()
+        if dist.get_rank() == 0:
+            with open("ckpt.txt", "w") as f:
+                f.write(str(epoch + 1))
+    if dist.get_rank() == 0:
+        with open(sys.argv[1], "a") as f:
+            f.write(f"{10 - start}\\n")
+    dist.destroy_process_group()
+""")
+
+# reads a variable of its own, given on the command line only
+NEEDS_VAR = textwrap.dedent("""
+    import os
+    import torch.distributed as dist
+    data = os.environ["MY_DATA_DIR"]
+    dist.init_process_group("gloo")
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+def test_launch_needing_pythonpath_replays_the_original_verdicts(tmp_path):
+    """PYTHONPATH (what the launch needs to start) is written, not masked: every replay imports
+    the module as the original launch did, and the file holds the original's verdict (ok)."""
+    (tmp_path / "libs").mkdir()
+    (tmp_path / "libs" / "mylib.py").write_text("NAME = 'mylib'\n")
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.py").write_text(NEEDS_PATH)
+    p = harness("capture", "-o", "t.yaml", "--deadline", "40", "--",
+                f"PYTHONPATH={tmp_path / 'libs'}", "OMP_NUM_THREADS=1", "torchrun",
+                "--nproc-per-node", "2", "--standalone", "train.py", cwd=job)
+    assert p.returncode == 0, p.stdout + p.stderr
+    text = (job / "t.yaml").read_text()
+    scn = yaml.safe_load(text)
+    assert scn["env"]["PYTHONPATH"] == str(tmp_path / "libs")
+    assert "PYTHONPATH=..." not in text
+    assert scn["expect"]["job"] == "ok"
+    assert all(r["outcome"] == "ok" for r in scn["expect"]["ranks"].values())
+    assert "original launch: exit 0" in scn["about"]
+    again = harness("run", "t.yaml", "--no-progress", cwd=job)
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_each_run_has_its_own_copy_of_the_working_folder(tmp_path):
+    """A program that checkpoints in its working folder and resumes from it: the original
+    launch and every replay each start from the folder as it was (each trains all 10 epochs),
+    and the folder itself is never written."""
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.py").write_text(RESUMES)
+    log = tmp_path / "epochs.log"
+    before = sorted(p.name for p in job.iterdir())
+    p = harness("capture", "-o", str(tmp_path / "ckpt.yaml"), "--deadline", "40", "--runs",
+                "2", "--", "WORLD_SIZE=2", sys.executable, "train.py", str(log), cwd=job)
+    assert p.returncode == 0, p.stdout + p.stderr
+    # the original launch and both replays: 10 epochs each, none resumed from another's file
+    assert log.read_text().split() == ["10", "10", "10"], log.read_text()
+    assert sorted(p.name for p in job.iterdir()) == before    # no ckpt.txt, no .harness
+    scn = yaml.safe_load((tmp_path / "ckpt.yaml").read_text())
+    assert scn["expect"]["job"] == "ok"
+    assert "ckpt.txt" in scn["about"]      # what the launch writes in its folder is said
+
+
+def test_replay_that_cannot_reproduce_the_launch_exits_non_zero(tmp_path):
+    """The original launch trains (exit 0); a variable given on the command line only is not
+    written (not on the keep list), so every replayed rank fails with KeyError: capture says
+    which replay, which rank and what differed, names --keep-env MY_DATA_DIR, exits 1 and
+    leaves no file claiming the failure. With --keep-env the same launch is captured."""
+    (tmp_path / "train.py").write_text(NEEDS_VAR)
+    cmd = ["MY_DATA_DIR=/data", "torchrun", "--nproc-per-node", "2", "--standalone",
+           "train.py"]
+    p = harness("capture", "-o", "v.yaml", "--deadline", "40", "--", *cmd, cwd=tmp_path)
+    assert p.returncode == 1, p.stdout + p.stderr
+    out = p.stdout + p.stderr
+    assert "case passed" not in out and "Traceback" not in p.stderr
+    assert "original launch: exit 0" in out
+    assert "run 1" in out and "rank 0" in out and "KeyError" in out
+    assert "--keep-env MY_DATA_DIR" in out
+    assert not (tmp_path / "v.yaml").exists()
+    ok = harness("capture", "-o", "v.yaml", "--deadline", "40", "--runs", "1", "--keep-env",
+                 "MY_DATA_DIR", "--", *cmd, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert yaml.safe_load((tmp_path / "v.yaml").read_text())["expect"]["job"] == "ok"
