@@ -524,6 +524,10 @@ def in_copy(path: Path, root: Path, copy: Path) -> Path:
 
 ORIGINAL_TOKEN = "HARNESS_CAPTURE_ORIGINAL"   # marks every process of the original launch
 LAST_LINES = 8
+# the original launch's limit is the deadline plus this: its interpreters start and import torch
+# cold (torchrun, then its workers), which the harness's deadline, counted from the start line
+# its ranks pass once imported, leaves out
+START_ALLOWANCE = 30.0
 
 
 class Original:
@@ -633,7 +637,7 @@ def run_original(command: List[str], kind: str, world: int, cwd: Path, deadline:
                 finally:
                     os.close(w)
             while any(p.poll() is None for p in procs) and \
-                    time.monotonic() - t0 < deadline:
+                    time.monotonic() - t0 < deadline + START_ALLOWANCE:
                 time.sleep(0.1)
             seconds = time.monotonic() - t0
             hung = [i for i, p in enumerate(procs) if p.poll() is None]
@@ -691,7 +695,8 @@ def differs(orig: Original, case: Dict[str, Any], missing: List[str],
         return ""
     rows = []
     for r in failed[:6]:
-        msg = str(r.get("message") or "").strip().splitlines()
+        msg = [ln.strip() for ln in str(r.get("message") or "").splitlines()
+               if _re.search(r"[A-Za-z0-9]{2}", ln)][:1]
         rows.append(f"{'rank ' if r['label'][:1].isdigit() else ''}{r['label']} "
                     f"{r.get('outcome')}" + (f" ({r['phase']})" if r.get("phase") else "")
                     + (f" {r['exception']}" if r.get("exception") else "")
@@ -699,13 +704,22 @@ def differs(orig: Original, case: Dict[str, Any], missing: List[str],
     text = " ".join(str(r.get("message") or "") for r in failed)
     named = [n for n in left_out if n.split(" ")[0] and _re.search(
         r"\b" + _re.escape(n.split(" ")[0]) + r"\b", text)]
-    hint = named or missing
+    hint = [n.split(" ")[0] for n in named or missing]
     out = why + ("; " + "; ".join(rows) if rows else "")
-    if hint:
-        out += (". The replays run without " + ", ".join(hint[:5]) + " (the original launch "
-                "had it): " + " ".join(f"--keep-env {n.split(' ')[0]}" for n in hint[:5])
-                + " writes it into the file")
-    else:
+    if orig.state == "hang":
+        out += (f". (The original launch had the deadline + {START_ALLOWANCE:g} s for its start, "
+                "which the harness's deadline does not count: if it was still starting or "
+                "slow, give a longer --deadline)")
+    keep = [n for n in hint if not secret(n)]
+    if keep:
+        out += (". The replays ran without " + ", ".join(keep[:5]) + " (the original launch "
+                "had it; not written): if the program needs it, "
+                + " ".join(f"--keep-env {n}" for n in keep[:5]) + " writes it into the file")
+    if len(keep) < len(hint):
+        out += (". Left out for its secret-looking name, never written: "
+                + ", ".join(n for n in hint if secret(n))[:200]
+                + " (give it to the program another way)")
+    if not hint:
         out += (". If the program needs a variable that was not written, give --keep-env NAME"
                 + (f" (left out: {', '.join(left_out[:12])}"
                    + (", ..." if len(left_out) > 12 else "") + ")" if left_out else ""))
@@ -827,7 +841,7 @@ def capture(command: List[str], out: Path, *, name: Optional[str], deadline: flo
     with own_folder() as tmp_:
         tmp = Path(tmp_)
         say(f"original launch: {shown(command)[:200]} (in a copy of {workdir}, up to "
-            f"{deadline:g} s)")
+            f"{deadline:g} s + {START_ALLOWANCE:g} s for its start)")
         (tmp / "original").mkdir()
         copy = folder.copy(tmp / "original")
         orig = run_original(command, kind, int(scn["world_size"]),

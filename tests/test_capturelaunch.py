@@ -269,3 +269,67 @@ def test_replay_that_cannot_reproduce_the_launch_exits_non_zero(tmp_path):
                  "MY_DATA_DIR", "--", *cmd, cwd=tmp_path)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert yaml.safe_load((tmp_path / "v.yaml").read_text())["expect"]["job"] == "ok"
+
+
+def test_what_the_launch_needs_to_start_is_kept_secrets_never(tmp_path):
+    (tmp_path / "t.py").write_text("pass\n")
+    env = {"PYTHONPATH": "/src", "LD_LIBRARY_PATH": "/opt/lib", "VIRTUAL_ENV": "/venv",
+           "CONDA_PREFIX": "/conda", "CUDA_HOME": "/cuda", "PYTORCH_CUDA_ALLOC_CONF": "x",
+           "OMP_PROC_BIND": "true", "CUDA_TOKEN": "s", "HOME": "/root", "LD_PRELOAD": "/x.so"}
+    scn, left = cl.scenario_of(["python", "t.py"], tmp_path / "o.yaml", env=env, cwd=tmp_path)
+    assert set(scn["env"]) == {"PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX",
+                               "CUDA_HOME", "PYTORCH_CUDA_ALLOC_CONF", "OMP_PROC_BIND"}
+    assert {"CUDA_TOKEN", "HOME", "LD_PRELOAD"} <= set(left)
+
+
+def _case(job, *ranks):
+    return {"job": job, "ranks": [dict(zip(("label", "outcome", "exception", "message"), r))
+                                  for r in ranks]}
+
+
+def test_differs_names_the_rank_what_differed_and_the_hint():
+    ok = cl.Original("ok", 0, "", 3.0, "trained\n")
+    assert cl.differs(ok, _case("ok", ("0", "ok", None, "")), [], []) == ""
+    why = cl.differs(ok, _case("error", ("0", "error", "KeyError", "'MY_DATA_DIR'"),
+                               ("agent:local", "error", "ChildFailedError", "====\nt.py FAILED")),
+                     ["MY_DATA_DIR"], ["HOME", "MY_DATA_DIR"])
+    assert "original launch ended exit 0" in why and "job error" in why
+    assert "rank 0 error KeyError: 'MY_DATA_DIR'" in why
+    assert "agent:local error ChildFailedError: t.py FAILED" in why
+    assert "--keep-env MY_DATA_DIR" in why and "--keep-env HOME" not in why
+    # both failed, but with an exception the original's output never names
+    bad = cl.Original("error", 1, "", 3.0, "ValueError: bad batch\nChildFailedError\n")
+    assert cl.differs(bad, _case("error", ("1", "error", "ValueError", "bad batch")), [],
+                      []) == ""
+    why = cl.differs(bad, _case("error", ("1", "error", "ModuleNotFoundError",
+                                          "No module named 'mylib'")), ["MY_TOKEN"], [])
+    assert "never names ModuleNotFoundError" in why and "rank 1" in why
+    assert "--keep-env MY_TOKEN" not in why and "secret-looking" in why
+    # a hang is reproduced by a hang only
+    hang = cl.Original("hang", None, "torchrun still running", 90.0, "")
+    assert "longer --deadline" in cl.differs(hang, _case("ok", ("0", "ok", None, "")), [], [])
+    assert cl.differs(hang, _case("hang", ("0", "hang", None, "")), [], []) == ""
+
+
+def test_working_folder_copy_skips_refuses_and_lists_writes(tmp_path, monkeypatch):
+    root = tmp_path / "job"
+    (root / ".git").mkdir(parents=True)
+    (root / ".git" / "HEAD").write_text("ref\n")
+    (root / "env").mkdir()
+    (root / "env" / "pyvenv.cfg").write_text("home = /usr\n")
+    (root / "tools").mkdir()
+    (root / "tools" / "pyvenv.cfg").write_text("home = /usr\n")
+    (root / "tools" / "run.py").write_text("pass\n")
+    (root / "train.py").write_text("pass\n")
+    os.mkfifo(root / "pipe")
+    named = cl.named_paths(["python", "tools/run.py"], {}, root)
+    folder = cl.Folder(root, named)
+    assert folder.refusal == "" and sorted(folder.skipped) == [".git", "env"]
+    copy = folder.copy(tmp_path / "c")
+    assert sorted(p.name for p in copy.iterdir()) == ["tools", "train.py"]  # named: copied
+    (copy / "ckpt.pt").write_text("1")
+    (copy / "train.py").write_text("changed\n")
+    assert folder.written_by(copy) == ["ckpt.pt", "train.py"]
+    monkeypatch.setattr(cl, "MAX_COPY_BYTES", 4)
+    refusal = cl.Folder(root, named).refusal
+    assert "will not copy that much" in refusal and str(root) in refusal
