@@ -1,14 +1,27 @@
 """``harness capture -- COMMAND``: a user's own launch command turned into a scenario file.
 
-The command line is parsed, never run as written: it becomes a scenario (launcher and its
-options, program and its arguments, the environment torch and its launchers read, the world
-shape), the file is written, and the harness runs that file through its ordinary run path
-(``harness run FILE``), so what is observed is exactly what the file reproduces: the same
-observer, the same phases, stacks and kill at the deadline on a hang. The observed verdicts
-(job, and per rank: outcome, phase, exception, a generous time window) become the file's
-``expect:``; each further run (``--runs``, default 2) runs the written file as it is and, where
-torch raced to another verdict, widens the expectation to every verdict watched, saying so in
-``about:``. The file then holds for every run watched.
+The command line is parsed into a scenario (launcher and its options, program and its
+arguments, the environment torch and its launchers read and the launch needs to start, the
+world shape). Then, in order:
+
+1. The launch runs once as written (``run_original``): this shell's whole environment plus the
+   command's ``NAME=VALUE`` words, a direct ``python SCRIPT`` once per rank, until it ends or the
+   deadline (+ ``START_ALLOWANCE`` for its cold start). Its exit status and last lines are kept
+   (the file's ``about:``), and what it wrote in its working folder is listed.
+2. The scenario runs through the harness's ordinary run path (``harness run``, a fresh process:
+   the same observer, phases, stacks and kill at the deadline), ``--runs`` times (default 2).
+   The observed verdicts (job, and per rank: outcome, phase, exception, a generous window)
+   become the file's ``expect:``; a later run that raced to another verdict widens it to every
+   verdict watched, saying so in ``about:``.
+3. Each run, the original included, has its own copy of the working folder (``Folder``: caches,
+   version control, virtual envs and the harness's evidence are not copied unless the launch
+   names a path in them; a folder over ``MAX_COPY_BYTES`` / ``MAX_COPY_FILES`` is refused), so
+   that no run sees what another wrote (a checkpoint it would resume from) and the folder itself
+   is never written by a run.
+4. A replay whose job ends otherwise than the original launch (``AGREES``), or whose rank fails
+   with an exception the original's output never names, stops capture with exit 1 and the
+   reason (``differs``: which run, which rank, what differed, a ``--keep-env NAME`` hint for a
+   variable the original had and the replays did not); the file is not written.
 
 Understood: ``torchrun ...`` and ``python -m torch.distributed.run ...`` (flags parsed by
 torch's own argument parser), ``python -m torch.distributed.launch ...`` (the legacy
@@ -17,8 +30,10 @@ directly), each with leading ``NAME=VALUE`` assignments (and ``env NAME=VALUE ..
 else (``srun``, ``mpirun``, a shell script) is refused with the reason.
 
 The environment: only variables on the allow-list (``ENV_NAMES``, ``ENV_PREFIXES``: what
-torch, gloo, NCCL, OpenMP and the launchers read) are written; every other variable of the
-command's environment is listed by name only, as left out, in the file's ``about:``.
+torch, gloo, NCCL, CUDA, OpenMP and the launchers read; ``START_NAMES``: what the launch needs to
+start) are written, never a secret-looking name; every other variable is listed by name only,
+as left out, in the file's header and ``about:`` (those set on the command line separately:
+they are absent from every run of the file).
 """
 
 from __future__ import annotations
@@ -544,6 +559,19 @@ class Original:
         lines = [ln.rstrip()[:240] for ln in self.output.splitlines() if ln.strip()]
         return lines[-n:]
 
+    def notable(self, n: int = 3) -> List[str]:
+        """Its last exception lines (``[rank1]: ValueError: ...``), else its last lines."""
+        lines = self.last_lines(10_000)
+        exc = [ln for ln in lines if re.search(r"\b[A-Z]\w*(Error|Exception|Exit|Interrupt)\b"
+                                               r"(:|$)", ln) and not ln.startswith(" ")]
+        seen: List[str] = []
+        for ln in reversed(exc):
+            if ln not in seen:
+                seen.insert(0, ln)
+            if len(seen) == n:
+                break
+        return seen or lines[-n:]
+
     def summary(self) -> str:
         if self.state == "hang":
             what = f"alive at the deadline ({self.seconds:.0f} s), killed"
@@ -850,7 +878,7 @@ def capture(command: List[str], out: Path, *, name: Optional[str], deadline: flo
         shutil.rmtree(copy, ignore_errors=True)
         last = _mask(orig.last_lines(), env_all)
         say(f"  original launch: {orig.summary()}")
-        for ln in last[-3:]:
+        for ln in _mask(orig.notable(), env_all) if orig.state != "ok" else []:
             say(f"    | {ln}")
         about.append(f"The original launch: {orig.summary()}; its last lines:")
         about += [f"  | {ln}" for ln in last] or ["  (no output)"]

@@ -333,3 +333,15 @@ def test_working_folder_copy_skips_refuses_and_lists_writes(tmp_path, monkeypatc
     monkeypatch.setattr(cl, "MAX_COPY_BYTES", 4)
     refusal = cl.Folder(root, named).refusal
     assert "will not copy that much" in refusal and str(root) in refusal
+
+
+def test_folder_too_large_to_copy_is_refused_not_shared(tmp_path):
+    """A working folder over the copy limit: one line, exit 2, nothing run or written."""
+    (tmp_path / "t.py").write_text("open('ran', 'w').write('1')\n")
+    (tmp_path / "data.bin").write_bytes(b"x" * 4096)
+    p = harness("capture", "-o", "x.yaml", "--", sys.executable, "t.py", cwd=tmp_path,
+                env={"HARNESS_CAPTURE_MAX_COPY": "1000"})
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "will not copy that much" in p.stderr and str(tmp_path) in p.stderr
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "x.yaml").exists() and not (tmp_path / "ran").exists()
