@@ -704,8 +704,6 @@ def differs(orig: Original, case: Dict[str, Any], missing: List[str],
     ended another way, or a rank failed with an exception the original's output never names.
     ``missing``: the variables the original had and the replays have not (set on the
     command line, not written); ``left_out``: every name not written."""
-    import re as _re
-
     job = case.get("job")
     ranks = case.get("ranks") or []
     failed = [r for r in ranks if r.get("outcome") not in ("ok", None)]
@@ -713,8 +711,8 @@ def differs(orig: Original, case: Dict[str, Any], missing: List[str],
     if job not in AGREES[orig.state]:
         why = f"the original launch ended {orig.summary()}, this replay's job {job}"
     elif orig.state == "error":
-        alien = [r for r in failed if r.get("exception") and not _re.search(
-            r"\b" + _re.escape(str(r["exception"]).rsplit(".", 1)[-1]) + r"\b", orig.output)]
+        alien = [r for r in failed if r.get("exception") and not re.search(
+            r"\b" + re.escape(str(r["exception"]).rsplit(".", 1)[-1]) + r"\b", orig.output)]
         if alien:
             failed = alien
             why = (f"the original launch ended {orig.summary()} and its output never names "
@@ -724,14 +722,14 @@ def differs(orig: Original, case: Dict[str, Any], missing: List[str],
     rows = []
     for r in failed[:6]:
         msg = [ln.strip() for ln in str(r.get("message") or "").splitlines()
-               if _re.search(r"[A-Za-z0-9]{2}", ln)][:1]
+               if re.search(r"[A-Za-z0-9]{2}", ln)][:1]
         rows.append(f"{'rank ' if r['label'][:1].isdigit() else ''}{r['label']} "
                     f"{r.get('outcome')}" + (f" ({r['phase']})" if r.get("phase") else "")
                     + (f" {r['exception']}" if r.get("exception") else "")
                     + (f": {msg[-1][:200]}" if msg else ""))
     text = " ".join(str(r.get("message") or "") for r in failed)
-    named = [n for n in left_out if n.split(" ")[0] and _re.search(
-        r"\b" + _re.escape(n.split(" ")[0]) + r"\b", text)]
+    named = [n for n in left_out if n.split(" ")[0] and re.search(
+        r"\b" + re.escape(n.split(" ")[0]) + r"\b", text)]
     hint = [n.split(" ")[0] for n in named or missing]
     out = why + ("; " + "; ".join(rows) if rows else "")
     if orig.state == "hang":
