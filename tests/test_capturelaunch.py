@@ -345,3 +345,14 @@ def test_folder_too_large_to_copy_is_refused_not_shared(tmp_path):
     assert "will not copy that much" in p.stderr and str(tmp_path) in p.stderr
     assert "Traceback" not in p.stderr
     assert not (tmp_path / "x.yaml").exists() and not (tmp_path / "ran").exists()
+
+
+def test_launch_that_does_not_start_is_refused(tmp_path):
+    """Capture runs the launch as written first: a torchrun not on the command's PATH is one
+    line and exit 2, nothing written."""
+    (tmp_path / "t.py").write_text("pass\n")
+    p = harness("capture", "-o", "x.yaml", "--", "torchrun", "--nproc-per-node", "2", "t.py",
+                cwd=tmp_path, env={"PATH": str(tmp_path)})
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "torchrun: not found on its PATH" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "x.yaml").exists()
