@@ -256,6 +256,32 @@ def _program(argv: List[str], module: bool, out_dir: Path, cwd: Path) -> Dict[st
     return prog
 
 
+def _same_env(a: str, b: str) -> bool:
+    """Two interpreters of one environment: the same file, or one bin folder (a virtual env's
+    python is a link to its base interpreter: the link's folder, not its target, says which
+    site-packages, so which torch, it imports)."""
+    return os.path.abspath(a) == os.path.abspath(b) or \
+        Path(os.path.abspath(a)).parent.resolve() == Path(os.path.abspath(b)).parent.resolve()
+
+
+def _interpreter_of(script: Optional[str], env: Dict[str, str]) -> str:
+    """The Python a console script (torchrun) runs under, from its ``#!`` line ("" when it is
+    not one capture can read)."""
+    if not script:
+        return ""
+    try:
+        with open(script, "rb") as f:
+            first = f.readline(512).decode(errors="replace").strip()
+    except OSError:
+        return ""
+    if not first.startswith("#!"):
+        return ""
+    words = first[2:].split()
+    if words[:1] and os.path.basename(words[0]) == "env" and len(words) > 1:
+        return shutil.which(words[1], path=env.get("PATH")) or ""
+    return words[0] if words and PYTHON_RE.match(os.path.basename(words[0])) else ""
+
+
 def scenario_of(command: List[str], out: Path, env: Optional[Dict[str, str]] = None,
                 cwd: Optional[Path] = None, name: Optional[str] = None,
                 deadline: float = 60.0, world_size: Optional[int] = None,
@@ -298,8 +324,12 @@ def scenario_of(command: List[str], out: Path, env: Optional[Dict[str, str]] = N
         raise CaptureError(f"{argv[0]}: not a command capture understands. " + UNDERSTOOD)
     if python:
         found = shutil.which(python, path=env.get("PATH")) or python
-        if os.path.realpath(found) != os.path.realpath(sys.executable):
+        if not _same_env(found, sys.executable):
             scn["python"] = found
+    elif word == "torchrun":   # the interpreter of the torchrun the command finds: its torch
+        interp = _interpreter_of(shutil.which(argv[0], path=env.get("PATH")), env)
+        if interp and not _same_env(interp, sys.executable):
+            scn["python"] = interp
     kept, left_out = split_env(env)
     for k in keep_env:
         if secret(k):

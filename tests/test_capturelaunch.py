@@ -356,3 +356,26 @@ def test_launch_that_does_not_start_is_refused(tmp_path):
     assert p.returncode == 2, p.stdout + p.stderr
     assert "torchrun: not found on its PATH" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_the_interpreter_the_command_finds_is_written(tmp_path):
+    """The python (or the torchrun's #! python) found on the command's PATH runs the replays
+    when it is another environment's: a link to the base interpreter outside the venv's bin
+    folder imports another site-packages, so it is written, not taken for the harness's own."""
+    (tmp_path / "t.py").write_text("pass\n")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    base = os.path.realpath(sys.executable)
+    (bin_ / "python").symlink_to(base)
+    (bin_ / "torchrun").write_text(f"#!{bin_ / 'python'}\nimport sys\n")
+    (bin_ / "torchrun").chmod(0o755)
+    env = {"PATH": str(bin_), "WORLD_SIZE": "2"}
+    scn, _ = cl.scenario_of(["python", "t.py"], tmp_path / "o.yaml", env=env, cwd=tmp_path)
+    assert scn["python"] == str(bin_ / "python")
+    scn, _ = cl.scenario_of(["torchrun", "--nproc-per-node", "2", "t.py"], tmp_path / "o.yaml",
+                            env=env, cwd=tmp_path)
+    assert scn["python"] == str(bin_ / "python")
+    (bin_ / "torchrun").write_text(f"#!{sys.executable}\nimport sys\n")
+    scn, _ = cl.scenario_of(["torchrun", "--nproc-per-node", "2", "t.py"], tmp_path / "o.yaml",
+                            env=env, cwd=tmp_path)
+    assert "python" not in scn
