@@ -1191,9 +1191,11 @@ def _add_capture(sub: Any) -> None:
                         "write a scenario file that reproduces it",
                         description="harness capture -o FILE.yaml [--deadline S] -- COMMAND: "
                         "torchrun ..., python -m torch.distributed.run ..., python train.py "
-                        "(NAME=VALUE prefixes allowed). Writes the scenario, runs it --runs "
-                        "times and writes what was observed into its expect:. Exit 2: a "
-                        "command capture does not understand.")
+                        "(NAME=VALUE prefixes allowed). Runs the launch as written, then the "
+                        "scenario --runs times, each run in its own copy of the working folder, "
+                        "and writes what was observed into its expect:. Exit 1: a replay does "
+                        "not reproduce the launch (said why; no file written). Exit 2: a "
+                        "command capture does not understand, or a folder too large to copy.")
     cp.add_argument("-o", "--output", required=True, metavar="FILE.yaml",
                     help="the scenario file to write (its folder: where paths are relative to)")
     cp.add_argument("--name", metavar="NAME", help="the scenario's name (default captured_SCRIPT)")
@@ -1207,7 +1209,8 @@ def _add_capture(sub: Any) -> None:
                     "ranks run it (default: WORLD_SIZE of the command, else 1)")
     cp.add_argument("--keep-env", action="append", default=[], metavar="NAME",
                     help="write this variable too (one not on the allow-list: your program's "
-                    "own; never a secret)")
+                    "own; never a secret). Without it, a variable set on the command line is "
+                    "absent from every replay")
     cp.add_argument("-v", "--verbose", action="store_true", help="show each run's own output")
     cp.set_defaults(func=cmd_capture)
 
