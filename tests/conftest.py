@@ -81,10 +81,12 @@ def rank_obs(label: str = "0", *, reached: str = "exit", exc: Optional[Dict[str,
     then a result record (ok, or the exception ``exc``) unless ``result`` is False."""
     upto = PHASES.index(reached)
     events: List[Dict[str, Any]] = [
-        {"ev": "phase", "t": T0 - 1.2, "phase": "start", "pid": pid},
+        {"ev": "phase", "t": T0 - 1.2, "phase": "start", "pid": pid,
+         "launched": {"argv": ["/venv/bin/python", "-m", "harness.worker"], "env": {}}},
         {"ev": "phase", "t": T0 - 1.1, "phase": "import"},
         {"ev": "ready", "t": T0 - 0.1, "torch": "2.13.0+cpu", "pid": pid,
-         "python": "/venv/bin/python", "python_version": "3.11.7", "hostname": "vm"},
+         "python": "/venv/bin/python", "python_version": "3.11.7", "hostname": "vm",
+         "torch_path": "/venv/lib/python3.11/site-packages/torch"},
     ]
     if upto >= PHASES.index("init"):
         events.append({"ev": "released", "t": T0 + 0.01, "cpu_wait": 0.01})

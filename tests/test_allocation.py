@@ -417,7 +417,6 @@ def in_allocation(out: Path, steps: list, deadline: int = 500) -> dict:
         about: a user inside an allocation of the test cluster runs the harness there
         hostnames: own
         hosts: [{{name: node0, ranks: 1}}, {{name: node1, ranks: 1}}]
-        timeout: 10
         deadline: {deadline}
         launcher: slurm
         program: {{script: {driver}, args: ["{out}", "{out / 'steps.json'}"]}}

@@ -158,7 +158,6 @@ def preflight_on_cluster(out: Path, nodes: int = 3, loop: str = "", launcher: st
         name: preflight
         about: harness preflight across the run's own Slurm cluster
         hostnames: own
-        timeout: 10
         deadline: 150
         launcher: {launcher}
         program: {{module: harness.preflight, args: ["--task", "--dir", "{out}", "--timeout",
@@ -217,7 +216,6 @@ def test_inside_an_allocation_preflight_starts_its_own_step(tmp_path):
         about: task 0 runs harness preflight as a user in an allocation
         hostnames: own
         hosts: [{{name: node0, ranks: 1}}, {{name: node1, ranks: 1}}]
-        timeout: 10
         deadline: 150
         launcher: slurm
         program: {{script: {script}, args: ["{out}", "29611"]}}   # in the run's namespaces

@@ -69,7 +69,6 @@ def test_a_node_running_another_python_build_is_flagged_alone(tmp_path):
         name: preflight_stale
         about: harness preflight where node1 runs another Python build
         hostnames: own
-        timeout: 10
         deadline: 150
         launcher: slurm
         program: {{module: harness.preflight, args: ["--task", "--dir", "{out}", "--timeout",
