@@ -237,6 +237,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
             raise UsageError(f"{path}: not an observation the harness wrote: {e}") from None
         verdicts = explain_run(run, classify_run(run))
         con.rule(_text(str(path.parent), "bold"))
+        from .effects import event_lines
+        from .effects import line as effect_line
+
+        for e in run.effects:   # what each fault did, with its evidence (harness.effects)
+            con.print(_text(effect_line(e), "bold"))
+            for ln in event_lines(e):
+                con.print(_text(f"    {ln}", "dim"))
         # rows with the same outcome, phase and cause are said once ("ranks 1-7: ..."), with
         # the first one's evidence: an 8-rank hang reads on one screen
         alike: Dict[Any, List[Any]] = {}

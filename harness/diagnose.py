@@ -351,11 +351,15 @@ def syn_unanswered(c: RankContext) -> Optional[Cause]:
     return Cause(text, ev)
 
 
+COUNTER = re.compile(r"\s*\bcounter packets \d+ bytes \d+")   # a fault's rule counts (evidence)
+
+
 def _dropping_rule(rules: Dict[str, str], port: int) -> Optional[Tuple[str, str]]:
-    """(host, rule line) of an nft rule that drops ``port`` (or drops everything new)."""
+    """(host, rule line) of an nft rule that drops ``port`` (or drops everything new); the
+    rule's counter (a firewall fault's evidence, harness.effects) is left out of the line."""
     for host, text in rules.items():
         for ln in text.splitlines():
-            ln = ln.strip()
+            ln = COUNTER.sub("", ln.strip())
             if not re.search(r"\b(?:drop|reject)\b", ln):
                 continue
             if re.search(rf"dport\s*!=\s*{port}\b", ln):
@@ -370,7 +374,7 @@ def _blanket_rule(rules: Dict[str, str]) -> Optional[Tuple[str, str]]:
     but a few (``dport != P``) or to any port."""
     for host, text in rules.items():
         for ln in text.splitlines():
-            ln = ln.strip()
+            ln = COUNTER.sub("", ln.strip())
             if re.search(r"\b(?:drop|reject)\b", ln) and "policy" not in ln and (
                     re.search(r"dport\s*!=", ln) or "dport" not in ln):
                 return host, ln

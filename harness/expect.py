@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .classify import Verdict, job_outcome, mro_names
 from .patterns import PATTERN_TIMEOUT, compile_message_pattern, search  # noqa: F401
@@ -85,10 +85,15 @@ def _check_rank(e: RankExpect, v: Verdict) -> List[Mismatch]:
 
 
 def check(exp: Expect, verdicts: Sequence[Verdict],
-          counters: Optional[Mapping[str, Mapping[str, int]]] = None) -> List[Mismatch]:
+          counters: Optional[Mapping[str, Mapping[str, int]]] = None,
+          effects: Optional[Sequence[Mapping[str, Any]]] = None) -> List[Mismatch]:
     """The mismatches of one run; ``counters``: the run's kernel TCP counters per host (the
-    observation's), checked against ``exp.counters`` (None: not known, not checked)."""
+    observation's), checked against ``exp.counters`` (None: not known, not checked);
+    ``effects``: what each fault did (the observation's, harness.effects), checked against
+    ``exp.effects``, and a fault that had no effect without ``effect: optional`` is one."""
     out: List[Mismatch] = check_counters(exp, counters) if counters is not None else []
+    if effects is not None:
+        out += check_effects(exp, effects)
     if exp.job is not None:
         got = job_outcome(verdicts)
         if got not in exp.job:
@@ -103,6 +108,28 @@ def check(exp: Expect, verdicts: Sequence[Verdict],
         re_ = _rank_expect(exp, v.label)
         if re_ is not None:
             out += check_rank(re_, v)
+    return out
+
+
+NO_EFFECT_FIELD = "effect"
+REQUIRED = "an effect (effect: required)"
+
+
+def check_effects(exp: Expect, effects: Sequence[Mapping[str, Any]]) -> List[Mismatch]:
+    """A fault whose probe saw no effect fails the case unless it says ``effect: optional``;
+    ``exp.effects`` (fault number -> acted | no effect) must match what was seen."""
+    from . import effects as fx
+
+    out = [Mismatch(fx.label(e), NO_EFFECT_FIELD, REQUIRED, f"no effect: {e['summary']}")
+           for e in fx.unproven(effects)]
+    for n, want in exp.effects.items():
+        e = fx.find(effects, int(n))
+        if e is None:
+            out.append(Mismatch(f"fault {n}", NO_EFFECT_FIELD, want, "no such fault in the run",
+                                exp.line))
+        elif e.get("status") != want:
+            out.append(Mismatch(fx.label(e), NO_EFFECT_FIELD, want,
+                                f"{e.get('status')}: {e.get('summary')}", exp.line))
     return out
 
 
@@ -147,7 +174,8 @@ class RepeatedCheck:
 
 
 def check_repeated(exp: Expect, runs: Sequence[Sequence[Verdict]],
-                   counters: Optional[Sequence[Mapping[str, Mapping[str, int]]]] = None
+                   counters: Optional[Sequence[Mapping[str, Mapping[str, int]]]] = None,
+                   effects: Optional[Sequence[Sequence[Mapping[str, Any]]]] = None
                    ) -> RepeatedCheck:
     """Check N runs of a case: each run against the expectation (frequency bounds aside), then
     the outcome frequencies against the bounds, then whether a rank varied where its
@@ -155,7 +183,8 @@ def check_repeated(exp: Expect, runs: Sequence[Sequence[Verdict]],
     res = RepeatedCheck(runs=len(runs))
     for i, verdicts in enumerate(runs, start=1):
         seen = counters[i - 1] if counters is not None and i <= len(counters) else None
-        res.mismatches += [(i, m) for m in check(exp, verdicts, seen)]
+        did = effects[i - 1] if effects is not None and i <= len(effects) else None
+        res.mismatches += [(i, m) for m in check(exp, verdicts, seen, did)]
         for v in verdicts:
             c = res.counts.setdefault(v.label, {})
             c[v.outcome] = c.get(v.outcome, 0) + 1
@@ -279,8 +308,10 @@ def failure_table(verdicts: Sequence[Verdict], exp: Optional[Expect],
         t.add_row(*(Text(c) for c in cells))   # Text: gloo's "[file.cc:78]" is not markup
     buf = StringIO()
     Console(file=buf, width=width, no_color=True, highlight=False).print(t)
-    lines = [f"  {m.label}: {m.field}: expected {m.expected}, observed "
-             f"{_shorten(m.observed, 200)}" + (f"  [{m.where(source)}]" if m.line else "")
+    lines = [(f"  {m.label} had {_shorten(m.observed, 300)}"
+              if m.field == NO_EFFECT_FIELD and m.expected == REQUIRED else
+              f"  {m.label}: {m.field}: expected {m.expected}, observed "
+              f"{_shorten(m.observed, 200)}") + (f"  [{m.where(source)}]" if m.line else "")
              for m in mismatches if m.label != "job"]
     job = job_outcome(verdicts)
     if exp is not None and exp.job:

@@ -211,6 +211,8 @@ def timeline_svg(case: Dict[str, Any]) -> str:
                    f'fill="{colour}">{esc(text)}</text>')
     # the faults' steps, drawn from their declaration: a row per thing they act on (a host's
     # network, the port holder...); what a step does to a rank is a mark on the rank's row
+    seen = {str(s.get("step")): s for e in case.get("effects") or []
+            for t in e.get("targets") or [] for s in t.get("steps") or []}
     for j, (target, sts) in enumerate(groups):
         y = AXIS_H + (len(ranks) + j) * ROW_H
         by = y + (ROW_H - BAR_H) / 2
@@ -224,6 +226,16 @@ def timeline_svg(case: Dict[str, Any]) -> str:
             what = str(st.get("what") or "")
             title = f"{st.get('fault')}: {what}, {st.get('when')}" + (
                 f"; undone {st.get('undo_when')} ({b:g} s)" if undone else "")
+            eff = seen.get(str(st.get("id")))
+            if eff is not None:   # what its probe saw (harness.effects)
+                title += f"; effect: {eff.get('status')}: {eff.get('summary')}"
+                for ev in (eff.get("events") or [])[:50]:
+                    if ev.get("t") is None:
+                        continue
+                    xe_ = x(min(max(float(ev["t"]), 0.0), end_all))
+                    out.append(f'<circle class="mark effect" cx="{xe_:.2f}" cy="{by + BAR_H / 2}"'
+                               f' r="2.5" fill="#111"><title>{esc(_fmt_s(float(ev["t"])))}: '
+                               f'{esc(ev.get("what"))}</title></circle>')
             out.append(f'<rect class="bar step" data-step="{esc(st.get("id"))}" '
                        f'data-fault="{esc(st.get("fault"))}" x="{x(a)}" y="{by}" '
                        f'width="{w:.2f}" height="{BAR_H}" fill="#f4c7c3" stroke="#c62828">'
@@ -357,6 +369,26 @@ def _expect_text(exp: Optional[Dict[str, Any]]) -> str:
         return str(exp)
 
 
+EFFECT_COLOURS = {"acted": "#2e7d32", "no effect": "#c62828", "not observable": "#777"}
+
+
+def effects_html(effects: Sequence[Dict[str, Any]]) -> str:
+    """What each fault did (harness.effects): per fault and target, its status and evidence
+    with times."""
+    from .effects import event_lines
+
+    rows = []
+    for e in effects:
+        status = str(e.get("status"))
+        badge = (f'<span class="effect" data-effect="{esc(status)}" style="color:'
+                 f'{EFFECT_COLOURS.get(status, "#777")};font-weight:bold">{esc(status)}</span>'
+                 + (" (optional)" if e.get("optional") else ""))
+        rows.append([esc(e.get("n")), esc(e.get("what")), badge, esc(e.get("summary")),
+                     "<pre>" + esc("\n".join(event_lines(e))) + "</pre>"])
+    return "<h3>Fault effects</h3>" + _table(["fault", "what", "effect", "evidence",
+                                              "per target, with times"], rows, "effects")
+
+
 def case_html(i: int, c: Dict[str, Any]) -> str:
     out = [f'<section class="case" id="case-{i}">',
            f'<h2>{_badge(c.get("status"))} {esc(c.get("test_id") or c.get("id"))}</h2>',
@@ -373,6 +405,8 @@ def case_html(i: int, c: Dict[str, Any]) -> str:
             + " (the timeline and the table below are run 1's)</p>")
     if c.get("notes"):
         out.append("<ul>" + "".join(f"<li>fault: {esc(n)}</li>" for n in c["notes"]) + "</ul>")
+    if c.get("effects"):
+        out.append(effects_html(c["effects"]))
     if c.get("status") == "skipped":
         out.append(f'<p><b>skipped:</b> {esc(c.get("reason"))}</p></section>')
         return "\n".join(out)

@@ -53,6 +53,7 @@ from .protocol import (
 from .rundir import RunDir, kill_recorded, sweep
 from .schema import Scenario, launcher_spec_of
 from .services import ReadyLine, Service, ServiceError, Services, ServiceSpec
+from .effects import aggregate
 from .steps import Scheduler, StepError
 
 READY_TIMEOUT = float(os.environ.get("HARNESS_READY_TIMEOUT", "180"))
@@ -606,6 +607,8 @@ class Supervisor:
         stores = self._stores_snapshots()
         counters = {h.name: self._counters(h.name) for h in self.plan.hosts} \
             if self.topo is not None else {}
+        # what each fault did: read before teardown (nft counters go with the namespaces)
+        effects = aggregate(self.plan.faults, self.scheduler.effects(self.now()))
         problems = self.scheduler.teardown(wall)
         if problems:
             raise HarnessError("; ".join(problems))
@@ -617,7 +620,8 @@ class Supervisor:
                               step_log=list(self.scheduler.log), port_owners=owners,
                               rules=rules, counters=counters, harness_memory=memory,
                               store=store, stores=stores,
-                              servers=[o.record() for o in self.owned if hasattr(o, "record")])
+                              servers=[o.record() for o in self.owned if hasattr(o, "record")],
+                              effects=effects)
 
     def _take_sockets(self, rows: Sequence[RankProcess]) -> None:
         """The TCP sockets of ``rows``, read from /proc (harness.sockets: no process is

@@ -121,6 +121,23 @@ def rules_of(echoed: Mapping[str, Any]) -> List[Dict[str, Any]]:
     return out
 
 
+def counters_of(listing: Mapping[str, Any], rules: Any) -> Dict[str, int]:
+    """Packets and bytes counted by the rules of ``listing`` (``nft -j list table``) whose
+    (chain, handle) is in ``rules``, summed; ``rules`` found counts how many of them had a
+    counter."""
+    out = {"packets": 0, "bytes": 0, "rules": 0}
+    for r in rules_of(listing):
+        if (str(r.get("chain")), r.get("handle")) not in rules:
+            continue
+        for e in r.get("expr") or []:
+            if isinstance(e, dict) and "counter" in e:
+                c = e["counter"] or {}
+                out["packets"] += int(c.get("packets", 0))
+                out["bytes"] += int(c.get("bytes", 0))
+                out["rules"] += 1
+    return out
+
+
 def tables_of(listing: Mapping[str, Any]) -> List[Tuple[str, str]]:
     """(family, name) of every table in a ``nft -j list tables`` answer."""
     out = []

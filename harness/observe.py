@@ -159,6 +159,9 @@ class RunObservation:
     # start: fork: the run's fork servers, one per host with forked ranks: host, warm (forked
     # from the session's zygote) or not, and a fresh one's note (why not warm)
     servers: List[Dict[str, Any]] = field(default_factory=list)
+    # what each fault did, per target, with its evidence (harness.effects.aggregate), read at
+    # the end of the run before teardown
+    effects: List[Dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"plan": self.plan, "torch_version": self.torch_version,
@@ -168,7 +171,7 @@ class RunObservation:
                 "port_owners": self.port_owners, "rules": self.rules,
                 "counters": self.counters,
                 "harness_memory": self.harness_memory, "store": self.store,
-                "stores": self.stores, "servers": self.servers}
+                "stores": self.stores, "servers": self.servers, "effects": self.effects}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> RunObservation:
@@ -183,4 +186,5 @@ class RunObservation:
                    harness_memory=dict(d.get("harness_memory", {})),
                    store=dict(d.get("store") or {}),
                    stores=[dict(x) for x in d.get("stores") or []],
-                   servers=[dict(x) for x in d.get("servers") or []])
+                   servers=[dict(x) for x in d.get("servers") or []],
+                   effects=[dict(x) for x in d.get("effects") or []])

@@ -194,6 +194,9 @@ class RunPlan:
             if st.port is not None and st.port not in out:
                 out.append(st.port)
         return out
+    # the case's faults, numbered from 1: kind and whether it may have no effect (harness.effects)
+    faults: List[Dict[str, Any]] = field(default_factory=list)
+    _fault_no: int = field(default=0, repr=False, compare=False)   # the fault being applied
 
     def service_hosts(self) -> List[str]:
         """Hosts of the run's services (no ranks): the name server's, then etcd's own."""
@@ -360,15 +363,18 @@ class RunPlan:
         return rp
 
     def add_step(self, fault: Any, step: Step) -> Step:
-        """Add a fault's step; it gets its id ("<kind>#2") and its fault's kind."""
+        """Add a fault's step; it gets its id ("<kind>#2"), its fault's kind and number."""
         step.fault = getattr(fault, "kind", str(fault))
+        if fault is not RUN:
+            step.fault_no = self._fault_no
         step.id = f"{step.fault}#{len(self.steps) + 1}"
         self.steps.append(step)
         return step
 
     def to_dict(self) -> Dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k not in ("take_port", "ranks", "steps",
-                                                                "hosts", "launcher", "stores")}
+                                                                "hosts", "launcher", "stores",
+                                                                "_fault_no")}
         d["store"] = self.store().to_dict()
         d["stores"] = {job: st.to_dict() for job, st in self.stores.items() if job}
         d["launcher"] = {"kind": self.launcher.kind, **self.launcher.model_dump(
@@ -525,10 +531,14 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
         plan.add_step(RUN, MakeDir(path=str(Path(file_store_path(run_dir)).parent),
                                       target="file store"))
     for i, fault in enumerate(faults):
+        plan._fault_no = i + 1
+        plan.faults.append({"n": i + 1, "kind": fault.kind,
+                            "optional": getattr(fault, "effect", "required") == "optional"})
         try:
             fault.apply(plan, scn)
         except PlanRefusal as e:
             raise PlanRefusal(f"{fault.kind}: {e}", ("faults", i, "kind")) from None
+    plan._fault_no = 0
     if use_ns and any(not h.machine.is_plain() for h in hosts):
         # first of all: every process of the run (services included) starts on a whole host
         shape = plan.add_step(RUN, ShapeHosts(target="hosts"))

@@ -533,14 +533,16 @@ class ScenarioItem(pytest.Item):
         assert self.expectation is not None
         if len(self.runs) > 1:
             self.repeated = check_repeated(self.expectation, [v for _, v in self.runs],
-                                           [r.counters for r, _ in self.runs])
+                                           [r.counters for r, _ in self.runs],
+                                           [r.effects for r, _ in self.runs])
             if self.repeated.failed:
                 raise ScenarioMismatch(repeated_table([v for _, v in self.runs],
                                                       self.expectation, self.repeated,
                                                       source=self.shown_path()))
             return
         mismatches = check(self.expectation, self.verdicts,
-                           self.run.counters if self.run is not None else None)
+                           self.run.counters if self.run is not None else None,
+                           self.run.effects if self.run is not None else None)
         if mismatches:
             raise ScenarioMismatch(failure_table(self.verdicts, self.expectation, mismatches,
                                                  source=self.shown_path()))
@@ -563,7 +565,10 @@ class ScenarioItem(pytest.Item):
                 how = (f"flaky over {self.repeated.runs} runs" if self.repeated.flaky else
                        f"ranks did not end as expected over {self.repeated.runs} runs")
             head = f"scenario {self.scenario.test_id} ({self.path.name}) on torch {version}: {how}"
-            faults = "\n".join(f"  fault: {n}" for n in notes)
+            from .effects import line as effect_line
+
+            faults = "\n".join([f"  fault: {n}" for n in notes] + [
+                f"  effect: {effect_line(e)}" for e in (self.run.effects if self.run else [])])
             where = f"\n  evidence: {self.evidence}" if getattr(self, "evidence", None) else ""
             return f"{head}\n{faults}\n{excinfo.value}{where}".rstrip()
         if isinstance(excinfo.value, HarnessError):

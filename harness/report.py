@@ -349,6 +349,8 @@ def case_record(*, nodeid: str, file: str, name: str, scenario: Any = None,
         "port_owners": run.port_owners if run is not None else [],
         "rules": run.rules if run is not None else {},
         "counters": run.counters if run is not None else {},
+        # what each fault did, per target, with its evidence and times (harness.effects)
+        "effects": run.effects if run is not None else [],
         "store": run.store if run is not None else {},
         "stores": run.stores if run is not None else [],
         "ranks": [rank_record(v, by_label.get(v.label), run.t0 if run is not None else 0.0)
@@ -454,8 +456,9 @@ def _expectation_dict(expectation: Any) -> Any:
     if not hasattr(expectation, "model_dump"):
         return expectation
     d = expectation.model_dump(exclude_none=True)
-    if not d.get("counters"):
-        d.pop("counters", None)
+    for key in ("counters", "effects"):
+        if not d.get(key):
+            d.pop(key, None)
     return d
 
 
@@ -475,9 +478,11 @@ def item_record(item: Any) -> Dict[str, Any]:
     if len(runs) > 1 and expectation is not None:
         return repeated_record(item, runs, expectation,
                                check_repeated(expectation, [v for _, v in runs],
-                                              [getattr(r, "counters", {}) for r, _ in runs]))
+                                              [getattr(r, "counters", {}) for r, _ in runs],
+                                              [getattr(r, "effects", []) for r, _ in runs]))
     run = getattr(item, "run", None)
-    mismatches = check(expectation, verdicts, getattr(run, "counters", None)) \
+    mismatches = check(expectation, verdicts, getattr(run, "counters", None),
+                       getattr(run, "effects", None)) \
         if expectation is not None and verdicts else []
     nodeid = item.nodeid
     return case_record(

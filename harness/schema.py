@@ -322,6 +322,12 @@ class Expect(Strict):
         "(what happened on the wire: e.g. node0: {TcpExt.ListenOverflows: '>= 1'}); the "
         "counters are those of harness.hostspec.COUNTERS")
 
+    effects: Dict[int, Literal["acted", "no effect"]] = Field(
+        default_factory=dict, max_length=64,
+        description="per fault (its number in the case's faults, from 1): what its probe must "
+        "have seen: acted, or no effect (a fault that may have none says effect: optional); a "
+        "fault whose kind has no probe reads 'not observable' and matches neither")
+
     _job = field_validator("job", mode="before", json_schema_input_type=Optional[
         Union[Outcome, List[Outcome]]])(_as_outcome_set)
 

@@ -97,6 +97,21 @@ class Runtime(Protocol):
 
 
 @dataclass
+class Effect:
+    """What a step's probe saw: whether the step acted on the run, in a few words with their
+    numbers ("0 packets matched", "SIGKILL delivered to pid 812, alive"), the numbers by name,
+    and timed events (seconds after the start line) where the probe has them."""
+
+    acted: bool
+    summary: str
+    numbers: Dict[str, Any] = field(default_factory=dict)
+    events: List[Dict[str, Any]] = field(default_factory=list)   # [{"t": 1.2, "what": ...}]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
 class Step:
     """One thing done to a run at ``trigger``; undone at ``undo_trigger`` or at teardown.
 
@@ -110,6 +125,8 @@ class Step:
     undo_trigger: Optional[Trigger] = None
     id: str = ""                 # set by the plan: "<fault kind>#<fault index>.<step index>"
     fault: str = ""              # the kind of the fault that added it
+    fault_no: int = 0            # set by the plan: the fault's number in its case (1, 2...);
+    #                              0 for the run's own set-up steps
     target: str = ""             # what it acts on, for tables and the timeline: "rank 1", "host a"
     # undone at teardown when done and not undone yet; a change to the run's own network needs
     # no undo there (it goes with the namespaces), a change to the file system does
@@ -121,6 +138,19 @@ class Step:
 
     def undo(self, rt: Runtime) -> None:
         """Take back what ``do`` did (default: nothing to take back)."""
+
+    def effect(self, rt: Runtime) -> Optional[Effect]:
+        """What ``do`` achieved, read at the end of the run, before teardown (the nft counters
+        while the namespace is still there, the proxy's log while it runs): an :class:`Effect`
+        that says whether it acted, with its numbers and times. None (the default): this kind
+        has no probe yet, and its effect reads "not observable", never as proof. Called only
+        for a step that was done; a step that never fired reads "no effect" when its kind has
+        a probe. A step whose undo (a heal) takes away what it reads keeps what it read there."""
+        return None
+
+    @property
+    def probed(self) -> bool:
+        return type(self).effect is not Step.effect
 
     def can_fire(self, rt: Runtime) -> bool:
         """Whether the step may fire now that its trigger holds (default: yes). A signal to a
@@ -205,6 +235,41 @@ class Scheduler:
             elif s.undo_trigger is not None and s.id not in self.undone \
                     and s.undo_trigger.due(now, clock):
                 self._undo(s, now)
+
+    def effects(self, now: float) -> List[Dict[str, Any]]:
+        """Every fault step's effect, read now (before teardown): one record per step (its
+        fault's number, target, status and evidence; harness.effects aggregates them)."""
+        out: List[Dict[str, Any]] = []
+        for s in self.steps:
+            if s.fault_no <= 0:
+                continue
+            rec: Dict[str, Any] = {"fault_no": s.fault_no, "kind": s.fault, "step": s.id,
+                                   "target": s.target, "what": s.describe(),
+                                   "done_at": self.done.get(s.id),
+                                   "undone_at": self.undone.get(s.id), "read_at": round(now, 3)}
+            if s.id not in self.done:
+                rec.update(status="no effect" if s.probed else "not observable",
+                           summary=f"never fired: its trigger ({s.trigger.describe()}) did not "
+                           "come before the run ended"
+                           + ("" if s.probed else "; no probe for this kind"),
+                           numbers={}, events=[])
+                out.append(rec)
+                continue
+            try:
+                eff = s.effect(self.rt)
+            except Exception as e:  # noqa: BLE001 - a probe that fails proves nothing
+                rec.update(status="not observable", numbers={}, events=[],
+                           summary=f"the probe failed: {type(e).__name__}: {e}")
+                out.append(rec)
+                continue
+            if eff is None:
+                rec.update(status="not observable", numbers={}, events=[],
+                           summary=f"no probe for {s.fault} yet")
+            else:
+                rec.update(status="acted" if eff.acted else "no effect", summary=eff.summary,
+                           numbers=dict(eff.numbers), events=list(eff.events))
+            out.append(rec)
+        return out
 
     def teardown(self, now: float) -> List[str]:
         """Undo, in reverse order, every step done and not undone; return the problems."""

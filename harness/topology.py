@@ -982,6 +982,7 @@ class Topology:
         proto: Proto = "tcp",
         peer: Optional[str] = None,
         new_only: Optional[bool] = None,
+        counter: bool = False,
     ) -> str:
         """Drop or reject packets at a host; return a handle for :meth:`remove_rule`.
 
@@ -993,7 +994,8 @@ class Topology:
         connections are hit and established ones keep working; by default it is on for
         ``{"except": [...]}`` (otherwise the replies of the excepted connections, which come
         back to ephemeral ports, would be dropped too) and off otherwise (so a rule cuts live
-        connections as well).
+        connections as well). ``counter``: the rule counts the packets and bytes it matched
+        (read back with :meth:`rule_counters`: a fault's evidence that it acted).
         """
         self._require_up()
         self.host(host)
@@ -1013,6 +1015,8 @@ class Topology:
         parts.append(match)
         if is_except if new_only is None else new_only:
             parts.append(nftjson.ct_state("new"))
+        if counter:
+            parts.append({"counter": None})
         if action == "drop":
             parts.append({"drop": None})
         elif proto == "tcp":
@@ -1067,6 +1071,17 @@ class Topology:
                 ]
             },
         )
+
+    def rule_counters(self, host: str, handle: str) -> Dict[str, int]:
+        """The packets and bytes the rules behind ``handle`` (made with ``counter``) matched so
+        far, summed over them, read from the host's table (``nft -j list table``)."""
+        self._require_up()
+        rules = self._rules.get(handle)
+        if rules is None:
+            raise ValueError(f"no active rule {handle!r}; active: {sorted(self._rules)}")
+        mine = {(r.chain, r.nft_handle) for r in rules if r.host == host}
+        listing = self._nft_list(self.host(host).netns, "table", "inet", self.table)
+        return nftjson.counters_of(listing, mine)
 
     def remove_rule(self, host: str, handle: str) -> None:
         """Remove the rules behind a handle from :meth:`filter_rule` or :meth:`random_drop`."""

@@ -300,3 +300,26 @@ def test_chromium_shows_each_cause_and_one_stack_for_alike_ranks(tmp_path, rep):
         assert f"socket: ESTABLISHED #{i}" in dom
     assert dom.count("ranks 1-7, same stack") == 1
     assert dom.count("Python stacks: the same as rank 1") == 6
+
+
+def test_each_fault_effect_is_a_row_and_its_evidence_times_are_dots_on_its_bar(rep):
+    """What each fault did (harness.effects): a "Fault effects" row per fault with its status
+    and evidence, and the evidence's times as marks on the step's bar of the timeline."""
+    from harness.effects import aggregate
+
+    r = copy.deepcopy(rep)
+    c = next(c for c in r["cases"] if c["test_id"] == "busy_port_released")
+    c["timeline"]["steps"] = copy.deepcopy(STEPS)
+    steps = [{"fault_no": 1, "kind": "firewall", "step": "firewall#1", "target": "host node0",
+              "what": "drop inbound ports [29999]", "status": "no effect",
+              "summary": "0 packets (0 bytes) matched", "numbers": {"packets": 0},
+              "events": [{"t": 0.5, "what": "rule counter read <at the end>"}],
+              "done_at": 0.0}]
+    c["effects"] = aggregate([{"n": 1, "kind": "firewall", "optional": True}], steps)
+    sec = section(html.render(r), r, "busy_port_released")
+    assert "Fault effects" in sec
+    (badge,) = tags(sec, "span", **{"class": "effect"})
+    assert badge["data-effect"] == "no effect"
+    assert "0 packets (0 bytes) matched" in sec and "(optional)" in sec
+    assert "&lt;at the end&gt;" in sec and "<at the end>" not in sec     # escaped
+    assert len(tags(sec, "circle", **{"class": "mark effect"})) == 1

@@ -32,13 +32,14 @@ from typing import (
     Dict,
     Iterable,
     List,
+    Literal,
     Optional,
     Sequence,
     Tuple,
     Type,
 )
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from ..limits import Target  # noqa: F401 - a fault's rank field: a number or a label
 from ..machine import Requirement
@@ -61,6 +62,12 @@ class HarnessPluginWarning(UserWarning):
 class Fault(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     kind: str
+    # a fault proves it acted (harness.effects): its steps' probes (Step.effect) read what it
+    # did in the run; one that saw no effect fails the case unless the fault may have none
+    effect: Literal["required", "optional"] = Field(
+        "required", description="required (default): a fault whose probe saw no effect in the "
+        "run (0 packets matched, no connection met the toxic...) fails the case; optional: the "
+        "fault's point is that it may not matter (its evidence is still reported)")
     summary: ClassVar[str] = ""
     # what a user may ask for in other words ("a master name that does not resolve"); other
     # rooms point at the kind through the registry (REGISTRY.kind_for), never by its name
@@ -74,6 +81,15 @@ class Fault(BaseModel):
     # kind that needs network namespaces is skipped as needing root, any other kind as one
     # that never said it works there: never a silent pass
     ON_ALLOCATION: ClassVar[Optional[str]] = UNSAID
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        """A fault's dump says ``effect`` only where it is not the default (its parameters,
+        as written, for plugins, captures and plans)."""
+        d = handler(self)
+        if isinstance(d, dict) and d.get("effect") == "required":
+            d.pop("effect")
+        return d
 
     def check(self, scn: Any) -> List[Problem]:
         """Problems the schema cannot see (ranks outside the world, wrong init method...)."""

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional
 
 from ..services.dns import DNSMASQ, RESPONDER, SERVICE, DnsAnswers, ask  # noqa: F401
-from ..steps import RUN, Step
+from ..steps import RUN, Effect, Step
 
 
 @dataclass
@@ -249,6 +250,36 @@ class RecordFile(Step):
         return f"dns: {self.name} is NXDOMAIN (its record is gone)"
 
 
+def faulted_answers(log: Any, name: str, mode: str, addrs: List[str], start_line: float
+                    ) -> List[Dict[str, Any]]:
+    """The responder's log lines (JSON, wall-clock ``t``) of queries for ``name`` answered while
+    it was set to ``mode`` with ``addrs`` (by the fault): when (seconds after the start line,
+    ``start_line`` on the wall clock) and which record type."""
+    import json
+
+    key = name.lower().rstrip(".")
+    holds = False
+    out: List[Dict[str, Any]] = []
+    try:
+        text = Path(log).read_text(errors="replace")
+    except OSError:
+        return out
+    for ln in text.splitlines():
+        try:
+            rec = json.loads(ln)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or str(rec.get("name", "")).lower().rstrip(".") != key:
+            continue
+        if rec.get("event") == "set":
+            holds = rec.get("mode") == mode and list(rec.get("addrs") or []) == list(addrs)
+        elif rec.get("event") == "query" and holds and rec.get("mode") == mode:
+            qtype = {1: "A", 28: "AAAA", 12: "PTR"}.get(rec.get("type"), str(rec.get("type")))
+            out.append({"t": round(float(rec.get("t") or 0.0) - start_line, 3), "type": qtype,
+                        "what": f"{qtype} query for {name} answered the faulted way"})
+    return out
+
+
 @dataclass
 class ResponderMode(Step):
     """The responder's answer for one forwarded name: ``mode`` (servfail, silent, answer
@@ -267,6 +298,19 @@ class ResponderMode(Step):
     def undo(self, rt: Any) -> None:
         rt.service(RESPONDER).request({"op": "set", "name": self.name, "mode": "answer",
                                        "addrs": self.live})
+
+    def effect(self, rt: Any) -> Effect:
+        """The queries for the name the responder answered the faulted way (its log: one line
+        per query, with the mode it answered in), while the fault held."""
+        path = rt.service(RESPONDER).stderr_path
+        events = faulted_answers(path, self.name, self.mode, self.addrs,
+                                 time.time() - rt.now())
+        n = len(events)
+        what = self.describe().split(" -> ", 1)[-1]
+        return Effect(acted=n > 0,
+                      summary=f"{n} quer{'ies' if n != 1 else 'y'} for {self.name} answered "
+                              f"{what}",
+                      numbers={"queries": n}, events=events[:50])
 
     def describe(self) -> str:
         what = {"servfail": "SERVFAIL", "silent": "no answer", "nxdomain": "NXDOMAIN",

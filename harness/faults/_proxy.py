@@ -19,14 +19,16 @@ run). Its log (every connection and toxic change, one JSON line each) is the run
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Literal, Optional, Sequence, Union
 
 from pydantic import Field
 
 from ..limits import MAX_NAME, Port
 from ..machine import NAMESPACES, Requirement, Tool
-from ..steps import Step
+from ..steps import Effect, Step
 from ..triggers import When
 from . import Fault
 
@@ -35,6 +37,43 @@ NFT = Tool("nft", package="nftables", why="the proxy's redirect rules")
 TRAFFIC_HELP = ("store (connections to the job's store port: MASTER_PORT, init_url's, the "
                 "launcher's rdzv_endpoint or master_port), data (every other TCP connection: "
                 "gloo's mesh), all, or a list of ports")
+
+
+def connections_met(log: Any, toxic: str, start_line: float, limit: int = 50
+                    ) -> List[Dict[str, Any]]:
+    """The proxy's log lines (``service-proxy_<host>.err``) for the connections ``toxic`` met:
+    when (seconds after the start line, ``start_line`` on the monotonic clock), the
+    connection's number, where it went, and how it closed."""
+    import json
+
+    t0: Optional[float] = None
+    conns: Dict[int, Dict[str, Any]] = {}
+    out: List[Dict[str, Any]] = []
+    try:
+        text = Path(log).read_text(errors="replace")
+    except OSError:
+        return out
+    for ln in text.splitlines():
+        try:
+            rec = json.loads(ln)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict):
+            continue
+        ev = rec.get("ev")
+        if ev == "ready" and rec.get("t0") is not None:
+            t0 = float(rec["t0"])
+        elif ev == "open":
+            conns[int(rec.get("conn", -1))] = rec
+        elif ev == "toxic_applies" and rec.get("toxic") == toxic and len(out) < limit:
+            c = conns.get(int(rec.get("conn", -1)), {})
+            t = float(rec.get("t") or 0.0)
+            dst = c.get("dst") or ["?", "?"]
+            out.append({"t": round(t0 + t - start_line, 3) if t0 is not None else None,
+                        "conn": rec.get("conn"), "dst": f"{dst[0]}:{dst[1]}",
+                        "what": f"connection {rec.get('conn')} ({c.get('kind', '?')}bound to "
+                                f"{dst[0]}:{dst[1]}) met the toxic"})
+    return out
 
 
 def proxy_name(host: str) -> str:
@@ -121,6 +160,19 @@ class ToxicStep(Step):
 
     def undo(self, rt: Any) -> None:
         rt.service(proxy_name(self.host)).request({"op": "remove", "id": self.id})
+
+    def effect(self, rt: Any) -> Effect:
+        """The connections the toxic met: the proxy's own count, and its per-connection log
+        (each connection's destination and when the toxic first applied to it)."""
+        svc = rt.service(proxy_name(self.host))
+        stats = svc.request({"op": "stats"})
+        n = int((stats.get("applied") or {}).get(self.id, 0))
+        events = connections_met(svc.stderr_path, self.id, time.monotonic() - rt.now())
+        opened = int(stats.get("opened") or 0)
+        return Effect(acted=n > 0,
+                      summary=f"{n} connection{'s' * (n != 1)} met the toxic (of {opened} the "
+                              f"proxy carried)",
+                      numbers={"connections": n, "proxied": opened}, events=events)
 
     def describe(self) -> str:
         p = "" if self.probability >= 1 else f", {self.probability:g} of connections"

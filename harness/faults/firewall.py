@@ -1,12 +1,13 @@
 """firewall: nftables drop or reject on a host, for the master port, data ports, a range or all."""
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any, List, Literal, Optional, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 from pydantic import Discriminator, Field, Tag
 
 from ..jobstore import known_port
 from ..limits import Port
+from ..steps import Effect
 from ._net import HostNetFault, NetStep
 
 # one branch checked, chosen by the value's type: a bad port is one error, not one per branch
@@ -18,7 +19,9 @@ PortSel = Annotated[
 
 @dataclass
 class FirewallRule(NetStep):
-    """An nftables rule in a host's namespace; undone by removing it."""
+    """An nftables rule in a host's namespace, with a counter; undone by removing it. Its
+    effect: the packets and bytes the rule matched (read before a heal removes it, else at the
+    end of the run)."""
 
     host: str = ""
     action: str = "drop"
@@ -26,14 +29,30 @@ class FirewallRule(NetStep):
     ports: Any = "all"           # as Topology.firewall takes them
     shown: str = ""
     _handle: Optional[str] = field(default=None, init=False, repr=False, compare=False)
+    _seen: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False, compare=False)
 
     def do(self, rt):
         self._handle = rt.net.filter_rule(self.host, action=self.action, direction=self.direction,
-                                       ports=self.ports)
+                                       ports=self.ports, counter=True)
 
     def undo(self, rt):
         if self._handle is not None:
+            self._seen = self._read(rt)   # the counters go with the rule
             rt.net.remove_rule(self.host, self._handle)
+
+    def _read(self, rt) -> Dict[str, Any]:
+        c = rt.net.rule_counters(self.host, self._handle)
+        return {"packets": c["packets"], "bytes": c["bytes"], "t": round(rt.now(), 3)}
+
+    def effect(self, rt):
+        seen = self._seen if self._seen is not None else self._read(rt)
+        n, b = seen["packets"], seen["bytes"]
+        when = "when healed" if self._seen is not None else "at the end of the run"
+        return Effect(acted=n > 0,
+                      summary=f"{n} packet{'s' * (n != 1)} ({b} bytes) matched",
+                      numbers={"packets": n, "bytes": b},
+                      events=[{"t": seen["t"], "what": f"rule counter read {when}: {n} packets, "
+                                                       f"{b} bytes"}])
 
     def describe(self):
         return f"{self.action} {self.direction}bound {self.shown}"

@@ -6,13 +6,13 @@ the rank meets it as any program would (its default action, or the program's han
 """
 
 import signal as _signal
-from dataclasses import dataclass
-from typing import ClassVar, Literal, Optional
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, List, Literal, Optional
 
 from pydantic import Field, field_validator
 
 from ..protocol import STACK_SIGNAL, phase_problem
-from ..steps import Step
+from ..steps import Effect, Step
 from ..triggers import When
 from . import Fault, Target
 
@@ -27,6 +27,9 @@ class Signal(Step):
     signal: str = "KILL"
     heal_signal: Optional[str] = None
     UNDO_AT_TEARDOWN: ClassVar[bool] = False   # the ranks are killed at the end anyway
+    # what was sent, to which pid, and whether that pid was alive then (the effect's evidence)
+    _sent: List[Dict[str, Any]] = field(default_factory=list, init=False, repr=False,
+                                        compare=False)
 
     def can_fire(self, rt):
         try:
@@ -36,7 +39,19 @@ class Signal(Step):
         return r.released and not r.ended
 
     def do(self, rt):
-        rt.rank(self.rank).signal(self.signal)
+        r = rt.rank(self.rank)
+        self._send(rt, r, self.signal)
+        return {"pid": r.pid, "alive": self._sent[-1]["alive"]}
+
+    def _send(self, rt, r, name: str) -> None:
+        pid = r.pid
+        state = proc_state(pid)
+        # "gone": not on this machine's /proc (a rank on an allocation's node): the supervisor's
+        # word that it has not ended is all there is
+        alive = pid is not None and not r.ended and state not in ("Z", "X")
+        r.signal(name)
+        self._sent.append({"t": round(rt.now(), 3), "signal": name, "pid": pid,
+                           "alive": alive, "state": state})
 
     def undo(self, rt):
         if self.heal_signal:
@@ -45,10 +60,51 @@ class Signal(Step):
             except KeyError:
                 return
             if not r.ended:
-                r.signal(self.heal_signal)
+                self._send(rt, r, self.heal_signal)
+
+    def effect(self, rt):
+        first = self._sent[0]
+        try:
+            r = rt.rank(self.rank)
+        except KeyError:
+            r = None
+        obs = getattr(r, "obs", None)
+        end = ""
+        if obs is not None and obs.ended_at is not None:
+            rc = obs.returncode
+            how = "" if rc is None else (f", killed by {_signal.Signals(-rc).name}"
+                                         if rc < 0 and -rc in _SIGNUMS else f", exit code {rc}")
+            end = f"; it ended at {obs.ended_at:.2f} s{how}"
+        state = f", state {first['state']}" if first["state"] not in (None, "gone") else ""
+        alive = "alive" if first["alive"] else "not alive"
+        events = [{"t": s["t"], "what": f"SIG{s['signal']} to pid {s['pid']} "
+                                        f"({'alive' if s['alive'] else 'not alive'})"}
+                  for s in self._sent]
+        if obs is not None and obs.ended_at is not None:
+            events.append({"t": obs.ended_at, "what": f"{_who(self.rank)} ended{how}"})
+        return Effect(acted=bool(first["alive"]),
+                      summary=f"SIG{first['signal']} delivered to pid {first['pid']} ({alive}"
+                              f"{state}) at {first['t']:.2f} s{end}",
+                      numbers={"pid": first["pid"], "signals": len(self._sent)},
+                      events=events)
 
     def describe(self):
         return f"SIG{self.signal} to {_who(self.rank)}"
+
+
+_SIGNUMS = {int(s) for s in _signal.Signals}
+
+
+def proc_state(pid: Optional[int]) -> Optional[str]:
+    """A process's state letter from /proc (R, S, T, Z...); "gone" when this machine has no
+    such process; None when there is no pid."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
 
 
 def _who(label: str) -> str:

@@ -558,7 +558,9 @@ async def serve(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    proxy.log("ready", pid=os.getpid())
+    # t0: the proxy's clock (every line's t counts from it) on the machine's monotonic clock,
+    # so that a reader places its lines on the run's timeline
+    proxy.log("ready", pid=os.getpid(), t0=round(proxy.t0, 4))
     await stop.wait()
     proxy.log("stop", opened=proxy.opened, open=len(proxy.conns))
     server.close()
