@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import cgroups, interrupts, pyspy
 from .capture import Capture
+from .effects import aggregate
 from .errors import HarnessError
 from .launchers import Discovery, RankProcess, close_fds, process_env
 from .observe import RunObservation
@@ -53,7 +54,6 @@ from .protocol import (
 from .rundir import RunDir, kill_recorded, sweep
 from .schema import Scenario, launcher_spec_of
 from .services import ReadyLine, Service, ServiceError, Services, ServiceSpec
-from .effects import aggregate
 from .steps import Scheduler, StepError
 
 READY_TIMEOUT = float(os.environ.get("HARNESS_READY_TIMEOUT", "180"))

@@ -374,7 +374,7 @@ def missing() -> Optional[str]:
         code = ("import sys; from harness.resolver import enter; enter(sys.argv[1]); "
                 "import socket; socket.getaddrinfo('localhost.localdomain', None); print('ok')")
         env = dict(os.environ)
-        from .rundir import package_path   # the package alone: never a site-packages
+        from .rundir import package_path  # the package alone: never a site-packages
 
         env["PYTHONPATH"] = package_path() + (
             os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

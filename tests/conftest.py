@@ -128,7 +128,8 @@ def run_obs(*ranks: Dict[str, Any]) -> Dict[str, Any]:
             "torch_version": "2.13.0+cpu", "ranks": list(ranks),
             "wall": max((r["ended_at"] or 0.0) for r in ranks) if ranks else 0.0,
             "run_dir": "/tmp/torchdist-harness/run-built", "t0": T0, "step_log": [],
-            "port_owners": [], "rules": {}, "counters": {}, "store": {}, "stores": [], "effects": [],
+            "port_owners": [], "rules": {}, "counters": {}, "store": {}, "stores": [],
+            "effects": [],
             "harness_memory": {"supervisor_mb": 40.0, "servers_mb": 0.0, "ranks": 2,
                                "per_rank_mb": 20.0}, "servers": []}
 

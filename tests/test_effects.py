@@ -18,7 +18,6 @@ import pytest
 from harness import effects as fx
 from harness import topology
 from harness.classify import classify_run
-
 from harness.expect import check, check_effects, failure_table
 from harness.faults._dns import faulted_answers
 from harness.faults._proxy import connections_met
@@ -215,7 +214,7 @@ def test_the_responder_log_counts_only_answers_given_while_the_fault_held(tmp_pa
     assert ev["t"] == 1.5 and ev["type"] == "AAAA"
 
 
-# -- real runs: one per probe, acting and not -------------------------------------------------------
+# -- real runs: one per probe, acting and not ----------------------------------------------------
 TWO_HOSTS = """\
 name: e
 about: a fault's effect in a real run

@@ -41,8 +41,8 @@ from .. import interrupts, resolver
 from .. import protocol as P
 from ..observe import RankObservation, SignalSent
 from ..procs import ForeignProcess, ManagedProcess
-from ..rundir import package_path
 from ..rows import RowSet
+from ..rundir import package_path
 from ..triggers import Trigger
 
 # A planned process is a harness.plan.RankPlan; this room does not import the plan (the plan
