@@ -141,29 +141,17 @@ def test_master_addr_that_the_run_replaces_is_refused():
     assert scn.master_addr == "127.0.0.1"
 
 
+TWO_JOBS = ("name: t\nabout: a\nfaults:\n  - {kind: concurrent_job}\n"
+            "  - {kind: concurrent_job, world_size: 1}\n")
+
+
 def test_two_concurrent_jobs_have_labels_and_rows_of_their_own(counter_ports):
-    (scn,) = load("""\
-        name: t
-        about: a
-        faults:
-          - {kind: concurrent_job}
-          - {kind: concurrent_job, world_size: 1}
-        expect:
-          ranks: {"job2:1": error, "job3:0": error}
-        """)
+    (scn,) = load(TWO_JOBS + 'expect:\n  ranks: {"job2:1": error, "job3:0": error}\n')
     plan = plan_of(scn, counter_ports)
     assert [r.label for r in plan.ranks] == ["0", "1", "job2:0", "job2:1", "job3:0"]
     assert [r.job for r in plan.ranks] == ["", "", "job2", "job2", "job3"]
     # job3 has one rank: job3:1 is no row of the run
-    (line,) = problems("""\
-        name: t
-        about: a
-        faults:
-          - {kind: concurrent_job}
-          - {kind: concurrent_job, world_size: 1}
-        expect:
-          ranks: {"job3:1": error}
-        """)
+    (line,) = problems(TWO_JOBS + 'expect:\n  ranks: {"job3:1": error}\n')
     assert line.startswith("7: expect.ranks.job3:1:")
     # a second torchrun job's agents are its own too
     (scn,) = load("""\

@@ -55,9 +55,39 @@ def test_init_url_port_is_the_lease(counter_ports):
     assert plan.store().source == "init_url {port}: the run's lease"
 
 
-def test_the_cases_env_master_port_is_the_store(counter_ports):
-    plan = plan_of(ONE + "env: {MASTER_PORT: '6100'}\n", counter_ports)
-    assert (plan.store().port, plan.store().source) == (6100, "the case's env MASTER_PORT")
+# (case text, the store's port, host and source); None: the run's lease
+STORES = [
+    pytest.param(ONE + "env: {MASTER_PORT: '6100'}\n",
+                 (6100, "local", "the case's env MASTER_PORT"), id="case-env-MASTER_PORT"),
+    pytest.param(TWO + "launcher: {kind: torchrun, master_addr: node0, master_port: 5973}\n",
+                 (5973, "node0", "master_port"), id="torchrun-master_port"),
+    pytest.param(TWO + "launcher: {kind: torchrun, rdzv_endpoint: 'node0:5972', "
+                 "master_addr: node1, master_port: 5973}\n",
+                 (5972, "node0", "rdzv_endpoint"), id="endpoint-wins-over-master_port"),
+    pytest.param(TWO + "launcher: {kind: torchrun, rdzv_endpoint: node0}\n",
+                 (None, "node0", "rdzv_endpoint"), id="endpoint-without-port-is-the-lease"),
+    pytest.param(TWO + "launcher: torchrun\n",
+                 (None, "node0", "the run's lease (--master-port)"), id="static-recipe"),
+    pytest.param(TWO + "launcher:\n  kind: torchrun\n  rdzv_endpoint: 'node0:6000'\n"
+                 "  agents: {node0: {rdzv_endpoint: 'node0:6001'}}\n",
+                 (6001, "node0", "agents.node0.rdzv_endpoint"), id="per-agent-endpoint"),
+    pytest.param(TWO + "launcher:\n  kind: torchrun\n  master_addr: node0\n"
+                 "  agents: {node0: {master_port: 6002}, node1: {master_port: 6002}}\n",
+                 (6002, "node0", "agents.node0.master_port"), id="per-agent-master_port"),
+    pytest.param(TWO + "launcher: {kind: torchrun, master_addr: node0, "
+                 "args: ['--master-port=6300']}\n",
+                 (6300, "node0", "args (--master-port)"), id="verbatim-flag"),
+    pytest.param(ONE + "launcher: torchrun\nenv: {PET_MASTER_PORT: '6400'}\n",
+                 (6400, "local", "the case's env PET_MASTER_PORT"), id="torchrun-env-default"),
+]
+
+
+@pytest.mark.parametrize("text,want", STORES)
+def test_each_source_of_the_store_port(text, want, counter_ports):
+    plan = plan_of(text, counter_ports)
+    st = plan.store()
+    port, host, source = want
+    assert (st.port, st.host, st.source) == (port or plan.master_port, host, source)
 
 
 def test_torchrun_rdzv_endpoint_port_is_the_store(counter_ports):
@@ -67,55 +97,6 @@ def test_torchrun_rdzv_endpoint_port_is_the_store(counter_ports):
     assert (st.port, st.host, st.addr, st.source) == \
         (5972, "node0", plan.host("node0").addr, "rdzv_endpoint")
     assert st.verified
-
-
-def test_torchrun_endpoint_without_port_is_the_lease(counter_ports):
-    plan = plan_of(TWO + "launcher: {kind: torchrun, rdzv_endpoint: node0}\n", counter_ports)
-    assert (plan.store().port, plan.store().host) == (plan.master_port, "node0")
-
-
-def test_torchrun_master_port_is_the_store(counter_ports):
-    plan = plan_of(TWO + "launcher: {kind: torchrun, master_addr: node0, master_port: 5973}\n",
-                   counter_ports)
-    assert (plan.store().port, plan.store().host, plan.store().source) == \
-        (5973, "node0", "master_port")
-
-
-def test_torchrun_endpoint_wins_over_master_port(counter_ports):
-    plan = plan_of(TWO + "launcher: {kind: torchrun, rdzv_endpoint: 'node0:5972', "
-                   "master_addr: node1, master_port: 5973}\n", counter_ports)
-    assert (plan.store().port, plan.store().host) == (5972, "node0")
-
-
-def test_torchrun_static_recipe_is_the_lease(counter_ports):
-    plan = plan_of(TWO + "launcher: torchrun\n", counter_ports)
-    assert (plan.store().port, plan.store().host) == (plan.master_port, "node0")
-    assert plan.store().source == "the run's lease (--master-port)"
-
-
-def test_a_per_agent_option_of_the_master_host_is_the_store(counter_ports):
-    plan = plan_of(TWO + "launcher:\n  kind: torchrun\n  rdzv_endpoint: 'node0:6000'\n"
-                   "  agents: {node0: {rdzv_endpoint: 'node0:6001'}}\n", counter_ports)
-    assert (plan.store().port, plan.store().source) == (6001, "agents.node0.rdzv_endpoint")
-
-
-def test_a_per_agent_master_port_is_the_store(counter_ports):
-    plan = plan_of(TWO + "launcher:\n  kind: torchrun\n  master_addr: node0\n"
-                   "  agents: {node0: {master_port: 6002}, node1: {master_port: 6002}}\n",
-                   counter_ports)
-    assert (plan.store().port, plan.store().source) == (6002, "agents.node0.master_port")
-
-
-def test_a_verbatim_torchrun_flag_is_the_store(counter_ports):
-    plan = plan_of(TWO + "launcher: {kind: torchrun, master_addr: node0, "
-                   "args: ['--master-port=6300']}\n", counter_ports)
-    assert (plan.store().port, plan.store().source) == (6300, "args (--master-port)")
-
-
-def test_torchruns_env_default_is_the_store(counter_ports):
-    plan = plan_of(ONE + "launcher: torchrun\nenv: {PET_MASTER_PORT: '6400'}\n", counter_ports)
-    assert (plan.store().port, plan.store().addr, plan.store().source) == \
-        (6400, "127.0.0.1", "the case's env PET_MASTER_PORT")
 
 
 def test_a_port_chosen_at_run_time_is_none_and_says_why(counter_ports):

@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from wheelenv import ROOT, build_wheel, pip_install, torch_only_venv
+from wheelenv import ROOT, build_wheel, torch_only_venv, wheel_venv
 
 import harness
 from harness import catalog
@@ -34,10 +34,7 @@ def wheel(tmp_path_factory):
 @pytest.fixture(scope="module")
 def user_venv(tmp_path_factory, wheel):
     """A fresh venv with only torch, then ``pip install`` of the wheel: its python."""
-    py = torch_only_venv(tmp_path_factory.mktemp("image"))
-    p = pip_install(py, str(wheel))
-    assert p.returncode == 0, p.stderr[-3000:]
-    return py
+    return wheel_venv(tmp_path_factory.mktemp("image"), str(wheel))
 
 
 def run_in(py: Path, argv, cwd: Path, env=None, timeout=600) -> subprocess.CompletedProcess:
@@ -212,9 +209,7 @@ def test_installed_wheel_runs_the_whole_builtin_catalog(tmp_path_factory, wheel,
     cannot run are skipped with their reason)."""
     import time
 
-    py = torch_only_venv(tmp_path_factory.mktemp("image-parallel"))
-    p = pip_install(py, f"{wheel}[parallel]")
-    assert p.returncode == 0, p.stderr[-3000:]
+    py = wheel_venv(tmp_path_factory.mktemp("image-parallel"), f"{wheel}[parallel]")
     t0 = time.monotonic()
     r = run_in(py, ["harness", "run", "--builtin", "-n", "2", "--report", "r.json"], tmp_path,
                timeout=5400)

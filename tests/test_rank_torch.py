@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from wheelenv import ROOT, build_wheel, pip_install, purelib, torch_only_venv
+from wheelenv import ROOT, build_wheel, pip_install, purelib, torch_only_venv, wheel_venv
 
 from harness import protocol as P
 
@@ -66,10 +66,7 @@ def wheel(tmp_path_factory):
 @pytest.fixture(scope="module")
 def side_a(tmp_path_factory, wheel):
     """This venv's torch and the harness's wheel, nothing else: its python."""
-    py = torch_only_venv(tmp_path_factory.mktemp("side-a"))
-    p = pip_install(py, str(wheel))
-    assert p.returncode == 0, p.stderr[-3000:]
-    return py
+    return wheel_venv(tmp_path_factory.mktemp("side-a"), str(wheel))
 
 
 @pytest.fixture(scope="module")

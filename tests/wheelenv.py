@@ -104,5 +104,14 @@ def pip_install(python: Path, *what: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=900)
 
 
+def wheel_venv(where: Path, *what: str, pth_lines: Sequence[str] = ()) -> Path:
+    """A venv with only torch (:func:`torch_only_venv`), then ``pip install`` of ``what`` (the
+    wheel, with extras): its python; fails the test with pip's last lines when pip fails."""
+    py = torch_only_venv(where, pth_lines)
+    p = pip_install(py, *what)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return py
+
+
 def this_purelib() -> str:
     return sysconfig.get_paths()["purelib"]
