@@ -495,8 +495,18 @@ def case_html(i: int, c: Dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _shown_env(k: str, v: Any) -> str:
+    """One environment value as text; the ranks' torch one line per distinct answer (what the
+    ranks said from inside: version, where torch lies, their interpreter)."""
+    if k == "ranks_torch" and isinstance(v, list):
+        return "; ".join(f"torch {one.get('torch')} at {one.get('torch_path')}"
+                         + (f" (python {one['python']})" if one.get("python") else "")
+                         for one in v if isinstance(one, dict))
+    return str(v)
+
+
 def _env_html(env: Dict[str, Any]) -> str:
-    rows = [[esc(k), esc(v)] for k, v in env.items() if k != "env"]
+    rows = [[esc(k), esc(_shown_env(k, v))] for k, v in env.items() if k != "env"]
     out = _table(["", ""], rows, "env")
     envvars = env.get("env") or {}
     if envvars:

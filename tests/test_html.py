@@ -67,6 +67,16 @@ def test_summary_counts_and_environment(page, rep):
     assert rows.count("<tr>") == len(rep["cases"]) + 1
 
 
+def test_the_environment_shows_the_torch_each_rank_said_it_ran(rep):
+    seen = [{"torch": "2.13.0+cpu", "torch_path": "/a/site-packages/torch", "python": "/a/python"},
+            {"torch": "2.14.1", "torch_path": "/b/site-packages/torch", "python": ""}]
+    doc = html.render(dict(rep, environment=dict(rep["environment"], ranks_torch=seen)))
+    env = doc[doc.index('id="environment"'):]
+    assert "torch 2.13.0+cpu at /a/site-packages/torch (python /a/python); " \
+        "torch 2.14.1 at /b/site-packages/torch" in env
+    assert "{&#x27;torch&#x27;" not in env and "{'torch'" not in env
+
+
 def test_one_timeline_per_run_case_with_a_bar_per_rank(page, rep):
     ran = [c for c in rep["cases"] if c["timeline"]]
     assert len(tags(page, "svg", **{"class": "timeline"})) == len(ran)
