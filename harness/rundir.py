@@ -92,16 +92,19 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 @functools.cache
-def package_path() -> str:
+def package_path(base: Optional[Path] = None) -> str:
     """A folder that holds the harness package and nothing else (``harness``, a symbolic link
     to it), for a child's ``PYTHONPATH``. The folder above the package is never put there: for
     a wheel it is a whole site-packages, whose torch would shadow the one of the interpreter a
     rank was given (``--python``, ``python:``, ``harness compare``); for a checkout it holds
     ``tests``, ``conftest.py`` and ``benchmarks``, names a user's program may import. Kept in
-    the state folder, one per package location (not swept: it is no run's)."""
+    the state folder, one per package location (not swept: it is no run's); ``base``: another
+    state folder (an allocation's shared one, :func:`shared_base`, which its nodes see: a
+    node's own temp folder has no such link)."""
     import hashlib
 
-    d = base_dir() / f"pkgpath-{hashlib.sha256(str(PACKAGE_DIR).encode()).hexdigest()[:12]}"
+    key = hashlib.sha256(str(PACKAGE_DIR).encode()).hexdigest()[:12]
+    d = (base or base_dir()) / f"pkgpath-{key}"
     d.mkdir(mode=0o700, exist_ok=True)
     link = d / PACKAGE_DIR.name
     try:

@@ -164,3 +164,16 @@ def test_a_ranks_path_holds_the_harness_package_and_nothing_else():
     env = launchers.process_env()
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(d)
     assert str(ROOT) not in env["PYTHONPATH"].split(os.pathsep)
+
+
+def test_an_allocations_ranks_find_the_package_in_its_shared_state_folder(tmp_path):
+    """On an allocation's nodes this machine's temp folder is not there: the package's path
+    folder lies in the shared state folder the run directories use (``--shared-dir``)."""
+    from harness import launchers
+    from harness.rundir import package_path, shared_base
+
+    shared = shared_base(str(tmp_path))
+    d = Path(package_path(shared))
+    assert d.parent == shared and [p.name for p in d.iterdir()] == ["harness"]
+    env = launchers.process_env(state=shared)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(d) != package_path()

@@ -296,13 +296,15 @@ def supervisor_identity() -> str:
     return f"{os.getpid()}:{start_ticks(os.getpid()) or 0}"
 
 
-def process_env(rp: Optional[RankPlan] = None, extra: Optional[Dict[str, str]] = None
-                ) -> Dict[str, str]:
+def process_env(rp: Optional[RankPlan] = None, extra: Optional[Dict[str, str]] = None,
+                state: Optional[Path] = None) -> Dict[str, str]:
     """The environment of a process the harness starts for a rank (or, without ``rp``, a
     helper on the rank's machine): the harness's own minus what would leak into the job
     (pytest's, the harness's and torchrun's variables, a MASTER_ADDR of the caller), then the
     process's plan, the resolver view it must resolve with, and the harness importable wherever
-    it lives (the observer's sitecustomize first, for an observed process)."""
+    it lives (the observer's sitecustomize first, for an observed process). ``state``: the
+    state folder that holds the package's path folder (an allocation's shared one; default:
+    this machine's)."""
     env = dict(os.environ)
     for k in list(env):
         if k.startswith(CLEARED_PREFIXES) or k in CLEARED:
@@ -322,7 +324,7 @@ def process_env(rp: Optional[RankPlan] = None, extra: Optional[Dict[str, str]] =
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("PYTHONWARNINGS", "ignore")
     # the harness package alone, never the folder above it (rundir.package_path)
-    pkg = package_path()
+    pkg = package_path(state)
     head = [SITE_DIR, pkg] if rp is not None and rp.observed else [pkg]
     env["PYTHONPATH"] = os.pathsep.join(head + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
                                                 else []))

@@ -455,10 +455,10 @@ class AllocRun:
             paths["stacks"] = str(self.observe / f"{tag}.stacks")
             full = process_env(rp, {P.OBSERVE_ROLE_ENV: rp.role,
                                     P.OBSERVE_DIR_ENV: str(self.observe),
-                                    P.OBSERVE_JOB_ENV: rp.job})
+                                    P.OBSERVE_JOB_ENV: rp.job}, state=self.dir.parent)
             argv = [rp.python or sys.executable, *rp.argv]
         else:
-            full = process_env(rp)
+            full = process_env(rp, state=self.dir.parent)
             argv = [rp.python or sys.executable, "-m", "harness.worker",
                     sup.plan.worker_spec(rp).to_json()]
         # the task's own environment is srun's (this machine's, exported, with what Slurm
