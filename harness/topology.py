@@ -37,7 +37,9 @@ Layout
   included). Faults match the families the hosts have (``ip``/``ip6`` in nftables).
 * Each host namespace gets one nftables table ``inet thx`` (the prefix without its dash) with
   base chains ``input`` and ``output`` (filter hooks, priority 0, policy accept); every fault
-  rule goes there, inside the host's namespace.
+  rule goes there, inside the host's namespace. A regular chain ``conntrack`` holds one
+  ``ct state`` rule, never jumped to: it turns connection tracking on from the start, so that a
+  later ``ct state new`` rule sees the connections made before it as established.
 
 Owner and sweep
 ---------------
@@ -786,6 +788,14 @@ class Topology:
             nftjson.add_chain("inet", self.table, "input", type="filter", hook="input", prio=0),
             nftjson.add_chain("inet", self.table, "output", type="filter", hook="output",
                               prio=0),
+            # connection tracking from the namespace's birth: a ct expression loaded in any
+            # chain turns it on. Without it, the first `ct state new` rule (firewall ports:
+            # data, added mid-run) turned it on late and saw the mesh's live connections as
+            # new: their next inbound packet was dropped (1 packet, 100 bytes, in a catalog
+            # run under load), so "new connections only" hit an established one
+            {"add": {"chain": {"family": "inet", "table": self.table, "name": "conntrack"}}},
+            nftjson.add_rule("inet", self.table, "conntrack", [nftjson.ct_state("established")],
+                             comment="track connections from the start"),
         ]
         for host in self._hosts.values():
             self._nft(host.netns, table)
