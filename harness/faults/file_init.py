@@ -3,23 +3,57 @@ a directory that is not there, a read-only mount).
 
 ``python -m harness.faults.file_init --stale PATH WORLD_SIZE`` is the helper that leaves a
 FileStore file the way a killed job does: used, then SIGKILLed mid-run.
+
+The evidence of the steps, read at the end of the run: ``StaleFileStore``, the file's size
+when the killed job left it and at the end (it acted when the ranks wrote into the stale file:
+it grew); ``Unwritable``, the folder's mode and immutable flag read back, what is in it, and
+the ranks' errors (it acted when a rank was refused: EPERM/EACCES); ``ReadOnlyDir``, what is in
+the folder and the ranks' errors (it acted when a rank met "Read-only file system"). The
+plan-only modes (per_rank_path, missing_dir) have no step here.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, List, Literal
+from typing import Any, ClassVar, Dict, List, Literal, Optional
 
 from pydantic import Field
 
 from ..limits import MAX_WORLD
 from ..machine import RESOLVER_VIEW, Tool
 from ..resolver import ENV_READ_ONLY
-from ..steps import Step, StepError
+from ..steps import Effect, Step, StepError
 from . import Fault
+from ._rank_limit import rank_errors
+
+REFUSED = r"operation not permitted|permission denied|EPERM|EACCES"
+READ_ONLY = r"read-only file system|EROFS"
+
+
+def _ranks(rt) -> List[str]:
+    return [r.label for r in rt.plan.ranks]
+
+
+def _met(rt, pattern: str, what: str) -> Dict[str, Any]:
+    """The ranks whose own error says they met the fault, as summary words and events."""
+    hits = rank_errors(rt, _ranks(rt), pattern)
+    words = ""
+    if hits:
+        who = ", ".join(h["rank"] for h in hits)
+        words = f"{what} (rank{'s' * (len(hits) > 1)} {who}): {hits[0]['line']}"
+    return {"hits": hits, "words": words,
+            "events": [{"t": h["t"] or 0.0, "what": f"rank {h['rank']}: {h['line']}"}
+                       for h in hits]}
+
+
+def _listing(path: str) -> List[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
 
 CHATTR = Tool("chattr", package="e2fsprogs", only_as_root=True,
               ok="file_init unwritable_dir can make a directory immutable as root",
@@ -33,6 +67,7 @@ class StaleFileStore(Step):
 
     path: str = ""
     world_size: int = 1
+    _left: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False, compare=False)
 
     def do(self, rt):
         job = rt.run_helper("stale filestore", rt.python(
@@ -40,6 +75,27 @@ class StaleFileStore(Step):
         if job.returncode != -9 or not os.path.exists(self.path):
             raise StepError(f"could not make a stale FileStore at {self.path}: rc "
                             f"{job.returncode}: {job.stderr[-800:]}")
+        self._left = {"size": os.path.getsize(self.path), "t": round(rt.now(), 3)}
+        return {"size": self._left["size"]}
+
+    def effect(self, rt):
+        left = (self._left or {}).get("size", 0)
+        try:
+            now = os.path.getsize(self.path)
+        except FileNotFoundError:
+            now = None
+        t = round(rt.now(), 3)
+        nums = {"bytes_left": left, "bytes_at_end": now}
+        if now is None:
+            # the last client of a FileStore removes its file: the ranks opened this one
+            what = (f"the killed job's file ({left} bytes) was removed by the ranks' FileStore "
+                    "when they closed it")
+            return Effect(acted=True, summary=what, numbers=nums,
+                          events=[{"t": t, "what": what}])
+        what = (f"the killed job left {left} bytes at {self.path}; at the end it held {now}"
+                + (": the ranks wrote into it" if now > left else ": no rank wrote into it"))
+        return Effect(acted=now > left, summary=what, numbers=nums,
+                      events=[{"t": t, "what": what}])
 
     def describe(self):
         return f"leave a stale FileStore at {self.path}"
@@ -62,6 +118,29 @@ class Unwritable(Step):
                 raise StepError(f"could not make {self.path} immutable (chattr +i): "
                                 f"{p.stderr.strip()}")
 
+    def effect(self, rt):
+        mode = os.stat(self.path).st_mode & 0o777
+        flags = ""
+        if os.geteuid() == 0:
+            p = subprocess.run(["lsattr", "-d", self.path], capture_output=True, text=True)
+            flags = p.stdout.split()[0] if p.returncode == 0 and p.stdout.strip() else ""
+        immutable = "i" in flags
+        inside = _listing(self.path)
+        met = _met(rt, REFUSED, "it refused the ranks' writes")
+        closed = not mode & 0o222 and (immutable or os.geteuid() != 0)
+        state = (f"{self.path} mode {mode:04o}" + (", immutable" if immutable else "")
+                 + (f", {len(inside)} file(s) in it" if inside else ", empty"))
+        nums = {"mode": f"{mode:04o}", "immutable": immutable, "files": len(inside),
+                "ranks_refused": len(met["hits"])}
+        t = round(rt.now(), 3)
+        if not closed:
+            return Effect(acted=False, summary=f"{state}: it was writable", numbers=nums,
+                          events=[{"t": t, "what": state}])
+        return Effect(acted=bool(met["hits"]),
+                      summary=state + "; " + (met["words"] or "no rank was refused by it"),
+                      numbers=nums, events=[{"t": t, "what": f"read back: {state}"}]
+                      + met["events"])
+
     def undo(self, rt):
         if os.geteuid() == 0:
             subprocess.run(["chattr", "-i", self.path], capture_output=True)
@@ -80,6 +159,19 @@ class ReadOnlyDir(Step):
 
     def do(self, rt):
         os.makedirs(self.path, exist_ok=True)
+
+    def effect(self, rt):
+        inside = _listing(self.path)
+        met = _met(rt, READ_ONLY, "the read-only mount refused the ranks' writes")
+        state = f"{self.path} " + (f"holds {len(inside)} file(s)" if inside else "is empty")
+        nums = {"files": len(inside), "ranks_refused": len(met["hits"])}
+        events = [{"t": round(rt.now(), 3), "what": state}] + met["events"]
+        if inside:
+            return Effect(acted=False, summary=f"{state}: a rank wrote there, the mount was not "
+                          "read-only for it", numbers=nums, events=events)
+        return Effect(acted=bool(met["hits"]),
+                      summary=state + "; " + (met["words"] or "no rank met the read-only mount"),
+                      numbers=nums, events=events)
 
     def describe(self):
         return f"make {self.path}, mounted read-only in the ranks"
