@@ -21,7 +21,13 @@ from harness.classify import classify_run
 from harness.expect import check_effects
 from harness.faults._rank_limit import parse_limit, rank_errors, read_limit
 from harness.faults.cpu_contention import Starve, _cpu_list, affinity, cpu_seconds
-from harness.faults.file_init import ReadOnlyDir, StaleFileStore, Unwritable
+from harness.faults.file_init import (
+    MissingDir,
+    ReadOnlyDir,
+    SeparatePaths,
+    StaleFileStore,
+    Unwritable,
+)
 from harness.faults.open_files_limit import LimitOpenFiles
 from harness.launch import run_scenario
 from harness.loader import load_text
@@ -153,6 +159,31 @@ def test_the_file_steps_have_no_effect_where_the_folder_or_file_says_so(tmp_path
     assert not e.acted and e.numbers == {"bytes_left": 211, "bytes_at_end": 211}
     Path(st.path).write_bytes(b"x" * 719)
     assert st.effect(rt).acted
+
+
+def test_separate_paths_acted_when_the_ranks_stores_were_in_two_files(tmp_path):
+    rt = _Rt({"0": _ended("0"), "1": _ended("1")})
+    a, b = tmp_path / "pg", tmp_path / "pg-rank1"
+    step = SeparatePaths(paths={"0": str(a), "1": str(b)})
+    a.write_bytes(b"\x00refcount/\x00/default_pg/0//cpu//0/0\x00")
+    e = step.effect(rt)
+    assert not e.acted and f"{b} (rank 1): not made" in e.summary
+    b.write_bytes(b"\x00/default_pg/0//cpu//0/1\x00")
+    e = step.effect(rt)
+    assert e.acted and e.numbers == {"paths": 2, "files_made": 2}
+    assert f"{a} (rank 0): " in e.summary and "the keys of rank 1" in e.summary
+
+
+def test_a_missing_folder_acted_when_a_rank_went_into_init_and_nobody_made_it(tmp_path):
+    gone = tmp_path / "not-mounted"
+    into = _ended("0")
+    into.events.append(Event("phase", 0.0, {"phase": "init"}))
+    step = MissingDir(folder=str(gone))
+    assert not step.effect(_Rt({"0": _ended("0")})).acted    # no rank got to open it
+    e = step.effect(_Rt({"0": into}))
+    assert e.acted and "rank 0 went into init" in e.summary
+    gone.mkdir()
+    assert not step.effect(_Rt({"0": into})).acted
 
 
 # -- real runs ---------------------------------------------------------------------------------

@@ -9,12 +9,17 @@ when the killed job left it and at the end (it acted when the ranks wrote into t
 it grew); ``Unwritable``, the folder's mode and immutable flag read back, what is in it, and
 the ranks' errors (it acted when a rank was refused: EPERM/EACCES); ``ReadOnlyDir``, what is in
 the folder and the ranks' errors (it acted when a rank met "Read-only file system"). The
-plan-only modes (per_rank_path, missing_dir) have no step here.
+plan-only modes act through the ranks' init URLs and add a step that only reads:
+``SeparatePaths`` (per_rank_path), the FileStore files the ranks made and whose keys each holds
+(it acted when the ranks' stores were in two files or more), and ``MissingDir``, the folder
+still missing at the end and the ranks that went into init (it acted when a rank tried to open
+the store there and nobody made the folder).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +29,7 @@ from pydantic import Field
 
 from ..limits import MAX_WORLD
 from ..machine import RESOLVER_VIEW, Tool
+from ..protocol import PHASE
 from ..resolver import ENV_READ_ONLY
 from ..steps import Effect, Step, StepError
 from . import Fault
@@ -177,6 +183,89 @@ class ReadOnlyDir(Step):
         return f"make {self.path}, mounted read-only in the ranks"
 
 
+_RANK_KEY = re.compile(rb"/default_pg/\d+//\w+//\d+/(\d+)")
+
+
+@dataclass
+class SeparatePaths(Step):
+    """per_rank_path: the plan gave the ranks paths of their own and nothing is done at run
+    time; at the end this reads which of the paths the ranks' FileStores made, and the ranks
+    whose keys each file holds."""
+
+    paths: Dict[str, str] = field(default_factory=dict)   # rank label -> its FileStore file
+    UNDO_AT_TEARDOWN: ClassVar[bool] = False
+
+    def do(self, rt):
+        return None
+
+    def effect(self, rt):
+        files: Dict[str, List[str]] = {}
+        for label, path in self.paths.items():
+            files.setdefault(path, []).append(label)
+        made, words, events = [], [], []
+        t = round(rt.now(), 3)
+        for path, labels in files.items():
+            try:
+                data = Path(path).read_bytes()
+            except OSError:
+                words.append(f"{path} (rank {', '.join(labels)}): not made")
+                continue
+            keys = sorted({m.decode() for m in _RANK_KEY.findall(data)}, key=int)
+            made.append(path)
+            held = f", the keys of rank {', '.join(keys)}" if keys else ""
+            words.append(f"{path} (rank {', '.join(labels)}): {len(data)} bytes{held}")
+            events.append({"t": t, "what": f"read {path}: {len(data)} bytes{held}"})
+        acted = len(made) >= 2
+        how = ("the ranks' stores were in separate files" if acted else
+               "the ranks' stores were not in separate files")
+        return Effect(acted=acted, summary=f"{how}: " + "; ".join(words),
+                      numbers={"paths": len(files), "files_made": len(made)}, events=events)
+
+    def describe(self):
+        return f"read the ranks' separate FileStore files ({len(set(self.paths.values()))})"
+
+
+@dataclass
+class MissingDir(Step):
+    """missing_dir: nobody makes the folder; at the end this reads that it is still missing and
+    which ranks went into init (and so tried to open the store there)."""
+
+    folder: str = ""
+    UNDO_AT_TEARDOWN: ClassVar[bool] = False
+
+    def do(self, rt):
+        return {"exists": os.path.exists(self.folder)}
+
+    def effect(self, rt):
+        t = round(rt.now(), 3)
+        if os.path.exists(self.folder):
+            return Effect(acted=False, summary=f"{self.folder} exists at the end: it was made",
+                          events=[{"t": t, "what": f"{self.folder} exists"}])
+        tried: List[str] = []
+        events = [{"t": t, "what": f"{self.folder} still missing"}]
+        for label in _ranks(rt):
+            try:
+                obs = rt.rank(label).obs
+            except (KeyError, AttributeError):
+                continue
+            into = [e for e in obs.events if e.ev == PHASE and e.phase == "init"]
+            if into:
+                tried.append(label)
+                events.append({"t": obs.released_at or 0.0,
+                               "what": f"rank {label} went into init"})
+        if not tried:
+            return Effect(acted=False, summary=f"{self.folder} still missing at the end, and "
+                          "no rank went into init to open the store there",
+                          numbers={"ranks_in_init": 0}, events=events)
+        return Effect(acted=True, summary=f"{self.folder} still missing at the end (nobody "
+                      f"made it); rank{'s' * (len(tried) > 1)} {', '.join(tried)} went into "
+                      "init to open the store there", numbers={"ranks_in_init": len(tried)},
+                      events=events)
+
+    def describe(self):
+        return f"read that {self.folder} stays missing"
+
+
 class FileInit(Fault):
     kind: Literal["file_init"] = "file_init"
     ON_ALLOCATION = (
@@ -213,6 +302,9 @@ class FileInit(Fault):
         if self.mode == "per_rank_path":
             for r in plan.main_ranks(self.ranks):
                 r.init = r.init.with_url(f"file://{path}-rank{r.label}")
+            plan.add_step(self, SeparatePaths(
+                paths={r.label: r.init.url[len("file://"):] for r in plan.main_ranks()},
+                target="file store"))
             plan.notes.append(f"file_init: ranks {self.ranks} use a path of their own")
         elif self.mode == "stale_file":
             plan.add_step(self, StaleFileStore(path=path, world_size=1, target="file store"))
@@ -221,6 +313,7 @@ class FileInit(Fault):
             gone = str(Path(plan.run_dir) / "not-mounted")
             for r in plan.ranks:
                 r.init = r.init.with_url(f"file://{gone}/pg")
+            plan.add_step(self, MissingDir(folder=gone, target="file store"))
             plan.notes.append(f"file_init: {gone} does not exist (nobody makes it: torch "
                               "retries the open)")
         elif self.mode == "read_only_mount":
