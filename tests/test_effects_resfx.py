@@ -20,7 +20,7 @@ from harness import cgroups
 from harness.classify import classify_run
 from harness.expect import check_effects
 from harness.faults._rank_limit import parse_limit, rank_errors, read_limit
-from harness.faults.cpu_contention import Starve, _cpu_list, affinity, cpu_seconds
+from harness.faults.cpu_contention import Starve, _cpu_list, affinity, cpu_seconds, hog_cpu
 from harness.faults.file_init import (
     MissingDir,
     ReadOnlyDir,
@@ -265,3 +265,16 @@ def test_the_file_store_folder_faults_name_the_ranks_they_refused(tmp_path):
     obs, e = _run(base + "faults: [{kind: file_init, mode: stale_file}]\n", tmp_path)
     n = e["targets"][0]["steps"][0]["numbers"]
     assert e["status"] == "acted" and n["bytes_at_end"] > n["bytes_left"] > 0, e
+
+
+@linux
+def test_busy_processes_report_their_cpu_time_and_the_rank_its_pinned_cpu(tmp_path):
+    obs, e = _run(BASE + "workload: [barrier]\n"
+                  "faults: [{kind: cpu_contention, rank: 1, how: hogs, hogs: 2}]\n", tmp_path)
+    assert e["status"] == "acted", e
+    by = {t["target"]: t for t in e["targets"]}
+    hogs = by["CPU of rank 1"]["steps"][0]["numbers"]
+    assert hogs["processes"] == 2 and hogs["cpu_seconds"] > 0 and hogs["cpus"] == [hog_cpu()]
+    pinned = by["rank 1"]
+    assert pinned["status"] == "acted" and pinned["steps"][0]["numbers"]["cpu"] == hog_cpu()
+    assert f"pinned to CPU {hog_cpu()} alone, read back from /proc" in pinned["summary"]
