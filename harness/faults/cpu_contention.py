@@ -214,8 +214,9 @@ class Starve(RankLimit):
             st.get("throttled_usec", 0) / 1e6
         end = ended(rt, self.rank)
         nums = {"nr_periods": periods, "nr_throttled": n, "throttled_s": round(held, 2)}
-        what = (f"throttled in {n} of {periods} quota periods, {held:.2f} s held back by its "
-                f"{self.percent:g}% quota")
+        # the kernel sums the throttled time over the CPUs the group ran on: it may pass the wall
+        what = (f"its {self.percent:g}% quota throttled it in {n} of {periods} periods "
+                f"({held:.2f} s throttled, summed over CPUs)")
         return Effect(acted=n > 0, summary=what + (f"; rank {self.rank} {end}" if end else ""),
                       numbers=nums, events=[{"t": st["t"], "what": f"cpu.stat read: {what}"}]
                       + ended_event(rt, self.rank))
