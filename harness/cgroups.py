@@ -201,6 +201,25 @@ class Cgroup:
         return (num("memory.failcnt"), num("memory.max_usage_in_bytes"),
                 num("memory.limit_in_bytes"))
 
+    def cpu_stat(self) -> Dict[str, int]:
+        """The quota's own counters (``cpu.stat``): ``nr_periods``, ``nr_throttled`` and
+        ``throttled_usec``, the time its processes were held back (v1 says
+        ``throttled_time`` in ns: given in us too); {} where the kernel does not say."""
+        try:
+            text = (self.path / "cpu.stat").read_text()
+        except OSError:
+            return {}
+        out: Dict[str, int] = {}
+        for ln in text.splitlines():
+            k, _, v = ln.partition(" ")
+            try:
+                out[k] = int(v)
+            except ValueError:
+                continue
+        if "throttled_usec" not in out and "throttled_time" in out:
+            out["throttled_usec"] = out["throttled_time"] // 1000
+        return out
+
     def remove(self) -> None:
         _remove(self.path)
 

@@ -11,21 +11,28 @@ run, and its children die with it, PR_SET_PDEATHSIG).
 Where the kernel schedules by autogroup (``/proc/sys/kernel/sched_autogroup_enabled``: each
 session is one group, and every rank and helper has a session of its own), the busy processes
 share the CPU with the rank half and half whatever their number; ``nice`` is then what starves
-the rank: it is set on the rank's threads and on its autogroup (``/proc/PID/autogroup``)."""
+the rank: it is set on the rank's threads and on its autogroup (``/proc/PID/autogroup``).
+
+Its evidence: with a quota, the cgroup's own ``cpu.stat`` read at the end of the run (the
+periods in which the rank was throttled and the time held back): it acted when the rank was
+throttled at least once. With hogs, the rank's CPU affinity read back from ``/proc`` once it
+was pinned, the seconds its threads then waited for a CPU (its own count), and the busy
+processes' CPU time on that CPU (``/proc/PID/stat``, read at the end): it acted when the rank
+was pinned to the busy processes' CPU while they ran there."""
 
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Dict, List, Literal, Optional
 
 from pydantic import Field
 
 from .. import cgroups
 from ..machine import Probe
-from ..steps import Step, StepError
+from ..steps import Effect, Step, StepError
 from . import Fault
-from ._rank_limit import RankLimit, limit_before_release
+from ._rank_limit import RankLimit, ended, ended_event, limit_before_release
 
 CGROUP_CPU = Probe("cgroup cpu", ok="CPU quotas on a rank (cpu_contention how: quota)",
                    check=lambda: cgroups.missing("cpu"))
@@ -50,6 +57,58 @@ def pin(pid: int, cpu: int, nice: int = 0) -> int:
     return len(tids)
 
 
+def affinity(pid: int) -> Optional[List[int]]:
+    """The CPUs a live process may run on, as the kernel says (``Cpus_allowed_list``)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for ln in f:
+                if ln.startswith("Cpus_allowed_list:"):
+                    return _cpu_list(ln.split(":", 1)[1].strip())
+    except OSError:
+        pass
+    return None
+
+
+def _cpu_list(text: str) -> List[int]:
+    out: List[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            out += list(range(int(lo), int(hi) + 1))
+        elif part:
+            out.append(int(part))
+    return out
+
+
+def cpu_seconds(pids: List[int]) -> float:
+    """The CPU time (user + system, seconds) the live processes of ``pids`` used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])    # utime, stime (fields 14 and 15)
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / tick
+
+
+def _children(pid: int) -> List[int]:
+    """``pid`` and its children (the busy processes it forked)."""
+    kids = [pid]
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                kids.append(int(d))
+    return kids
+
+
 def hog_cpu() -> int:
     """The CPU the busy processes and the starved rank share: the harness's last one."""
     return max(os.sched_getaffinity(0))
@@ -62,13 +121,28 @@ class Hogs(Step):
     rank: str = "1"
     hogs: int = 4
     _helper: Any = field(default=None, init=False, repr=False, compare=False)
+    _start: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False,
+                                             compare=False)
 
     def do(self, rt):
         self._helper = rt.start_helper(
             f"{self.hogs} busy processes for rank {self.rank}",
             rt.python("harness.faults.cpu_contention", "hog", str(hog_cpu()), str(self.hogs)),
             host=rt.plan.rank(self.rank).host)
+        pids = _children(self._helper.pid)
+        self._start = {"t": round(rt.now(), 3), "cpu_s": cpu_seconds(pids)}
         return {"cpu": hog_cpu(), "pid": self._helper.pid}
+
+    def effect(self, rt):
+        pids = _children(self._helper.pid)
+        used = cpu_seconds(pids) - (self._start or {}).get("cpu_s", 0.0)
+        t = round(rt.now(), 3)
+        where = sorted({c for p in pids for c in (affinity(p) or [])})
+        nums = {"processes": len(pids), "cpu_seconds": round(used, 2), "cpus": where}
+        what = (f"{len(pids)} busy process(es) pinned to CPU {','.join(map(str, where))} used "
+                f"{used:.2f} s of CPU by {t:.2f} s after the start line")
+        return Effect(acted=used > 0 and len(pids) > 0, summary=what, numbers=nums,
+                      events=[{"t": t, "what": what}])
 
     def undo(self, rt):
         if self._helper is not None:
@@ -86,6 +160,8 @@ class Starve(RankLimit):
     hogs: int = 4
     nice: int = 0
     _cg: Any = field(default=None, init=False, repr=False, compare=False)
+    # hogs: the rank's CPUs read back once pinned; quota: cpu.stat read when the cgroup went
+    _seen: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False, compare=False)
 
     def do(self, rt):
         pid = rt.rank(self.rank).pid
@@ -100,12 +176,57 @@ class Starve(RankLimit):
             return {"via": how, "cgroup": str(self._cg.path)}
         cpu = hog_cpu()
         threads = pin(pid, cpu, self.nice)
+        self._seen = {"pid": pid, "cpu": cpu, "t": round(rt.now(), 3), "cpus": affinity(pid)}
         rt.rank(self.rank).note(f"pinned to CPU {cpu} with {self.hogs} busy processes"
                                 + (f", at nice {self.nice}" if self.nice else ""))
         return {"cpu": cpu, "threads_pinned": threads}
 
+    def effect(self, rt):
+        if self.how == "quota":
+            return self._quota_effect(rt)
+        seen = self._seen or {}
+        cpus = seen.get("cpus")
+        end = ended(rt, self.rank)
+        if cpus is None:
+            raise OSError(f"rank {self.rank}'s CPUs could not be read back from /proc")
+        if cpus != [seen.get("cpu")]:
+            return Effect(acted=False, summary=f"rank {self.rank}'s CPUs read back from /proc/"
+                          f"{seen.get('pid')}/status are {cpus}, not CPU {seen.get('cpu')} "
+                          "alone")
+        try:
+            wait = rt.rank(self.rank).obs.cpu_wait()
+        except (KeyError, AttributeError):
+            wait = None
+        waited = "" if wait is None else f"; its threads waited {wait:.2f} s for a CPU"
+        nums = {"cpu": seen["cpu"], "cpu_wait_s": wait}
+        return Effect(acted=True, summary=f"rank {self.rank} (pid {seen['pid']}) pinned to "
+                      f"CPU {seen['cpu']} alone, read back from /proc at {seen['t']:.2f} s"
+                      f"{waited}" + (f"; it {end}" if end else ""), numbers=nums,
+                      events=[{"t": seen["t"], "what": f"rank {self.rank}'s CPUs read back: "
+                                                       f"{cpus}"}]
+                      + ended_event(rt, self.rank))
+
+    def _quota_effect(self, rt):
+        st = self._seen if self._cg is None else self._stat(rt)
+        if not st or "nr_throttled" not in st:
+            raise OSError("the quota's cgroup gave no cpu.stat nr_throttled to read")
+        n, periods, held = st["nr_throttled"], st.get("nr_periods", 0), \
+            st.get("throttled_usec", 0) / 1e6
+        end = ended(rt, self.rank)
+        nums = {"nr_periods": periods, "nr_throttled": n, "throttled_s": round(held, 2)}
+        # the kernel sums the throttled time over the CPUs the group ran on: it may pass the wall
+        what = (f"its {self.percent:g}% quota throttled it in {n} of {periods} periods "
+                f"({held:.2f} s throttled, summed over CPUs)")
+        return Effect(acted=n > 0, summary=what + (f"; rank {self.rank} {end}" if end else ""),
+                      numbers=nums, events=[{"t": st["t"], "what": f"cpu.stat read: {what}"}]
+                      + ended_event(rt, self.rank))
+
+    def _stat(self, rt) -> Dict[str, Any]:
+        return {**self._cg.cpu_stat(), "t": round(rt.now(), 3)}
+
     def undo(self, rt):
         if self._cg is not None:
+            self._seen = self._stat(rt)
             self._cg.remove()
             self._cg = None
 

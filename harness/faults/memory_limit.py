@@ -1,20 +1,36 @@
 """memory_limit: a memory limit on one rank (cgroup memory, else RLIMIT_AS), set before it is
 released: a large model's parameter broadcast then gets it OOM-killed (a crash) or its
-allocation refused (an error)."""
+allocation refused (an error).
+
+Its evidence (``LimitMemory.effect``): with a cgroup, the cgroup's own counters read at the end
+of the run (OOM kills, how often the usage hit the limit, the peak usage): it acted when the
+usage reached the limit; with RLIMIT_AS, the limit read back from ``/proc/PID/limits`` when it
+was set and the rank's own error: it acted when an allocation was refused (ENOMEM,
+"can't allocate memory", MemoryError)."""
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Dict, Literal, Optional
 
 from pydantic import Field
 
 from .. import cgroups
 from ..limits import MAX_MODEL_MB
 from ..machine import Probe
-from ..steps import StepError
+from ..steps import Effect, StepError
 from . import Fault
-from ._rank_limit import RankLimit, limit_before_release
+from ._rank_limit import (
+    RankLimit,
+    ended,
+    ended_event,
+    limit_before_release,
+    rank_errors,
+    read_limit,
+)
 
 MIB = 1 << 20
+# the words of a refused allocation: torch's CPU allocator, Python's, the C library's
+REFUSED = (r"can't allocate memory|cannot allocate memory|MemoryError|bad_alloc|"
+           r"out of memory|Error code 12|ENOMEM")
 CGROUP_MEMORY = Probe("cgroup memory", ok="memory limits on a rank (memory_limit via cgroup)",
                       check=lambda: cgroups.missing("memory"))
 
@@ -25,6 +41,8 @@ class LimitMemory(RankLimit):
     via: str = "auto"
     _cg: Any = field(default=None, init=False, repr=False, compare=False)
     _how: str = field(default="", init=False, repr=False, compare=False)
+    # the cgroup's counters read when it was taken away (a heal), or the RLIMIT_AS read back
+    _seen: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False, compare=False)
 
     def do(self, rt):
         pid = rt.rank(self.rank).pid
@@ -42,6 +60,8 @@ class LimitMemory(RankLimit):
         vms = proc.memory_info().vms
         limit = vms + int(self.mb * MIB)
         proc.rlimit(psutil.RLIMIT_AS, (limit, limit))
+        back = read_limit(pid, "Max address space")
+        self._seen = {"limit": limit, "read_back": back, "t": round(rt.now(), 3), "pid": pid}
         self._how = (f"RLIMIT_AS {limit} (its {vms // MIB} MiB of address space at the start "
                      f"line + {self.mb:g} MiB)")
         rt.rank(self.rank).note(f"memory limit: {self._how}")
@@ -53,6 +73,7 @@ class LimitMemory(RankLimit):
         kills = self._cg.oom_kills()
         hits, peak, limit = self._cg.limit_hits()
         rp = rt.rank(self.rank)
+        self._seen = self._counters(rt)
         if kills:
             rp.note(f"the kernel's OOM killer killed it: {self._how} ({self.mb:g} MiB), "
                     f"{kills} OOM kill(s) in its cgroup")
@@ -65,6 +86,58 @@ class LimitMemory(RankLimit):
                     f"{limit // MIB} MiB); the cgroup counted no OOM kill")
         self._cg.remove()
         self._cg = None
+
+    def _counters(self, rt) -> Dict[str, Any]:
+        hits, peak, limit = self._cg.limit_hits()
+        return {"oom_kills": self._cg.oom_kills(), "limit_hits": hits, "peak": peak,
+                "limit": limit, "t": round(rt.now(), 3)}
+
+    def effect(self, rt):
+        if self._cg is None and (self._seen is None or "oom_kills" not in self._seen):
+            return self._rlimit_effect(rt)
+        c = self._seen if self._cg is None else self._counters(rt)
+        kills, hits, peak, limit = c["oom_kills"], c["limit_hits"], c["peak"], c["limit"]
+        nums = {"oom_kills": kills, "limit_hits": hits, "peak_mib": round(peak / MIB, 1),
+                "limit_mib": round(limit / MIB, 1)}
+        end = ended(rt, self.rank)
+        end = f"; rank {self.rank} {end}" if end else ""
+        events = [{"t": c["t"], "what": f"cgroup read: {kills} OOM kill(s), usage at the limit "
+                                        f"{hits} time(s), peak {peak / MIB:.0f} MiB"}]
+        if kills or hits:
+            summary = ", ".join(
+                ([f"{kills} OOM kill(s) in its cgroup"] if kills else [])
+                + ([f"its usage reached the limit {hits} time(s)"] if hits else [])) \
+                + f" (peak {peak / MIB:.0f} MiB of the {limit / MIB:.0f} MiB limit){end}"
+        else:
+            summary = (f"its usage peaked at {peak / MIB:.0f} MiB of the {limit / MIB:.0f} MiB "
+                       f"limit: it never reached it, no OOM kill{end}")
+        return Effect(acted=bool(kills or hits), summary=summary, numbers=nums,
+                      events=events + ended_event(rt, self.rank))
+
+    def _rlimit_effect(self, rt):
+        seen = self._seen or {}
+        if seen.get("read_back") is None:
+            raise OSError(f"RLIMIT_AS could not be read back from "
+                          f"/proc/{seen.get('pid')}/limits")
+        back = seen["read_back"]["soft"]      # None: unlimited
+        if back != seen.get("limit"):
+            return Effect(acted=False, summary=f"RLIMIT_AS read back from /proc/"
+                          f"{seen.get('pid')}/limits is {back}, not the {seen.get('limit')} set")
+        refused = rank_errors(rt, [self.rank], REFUSED)
+        nums = {"rlimit_as_mib": round(back / MIB, 1), "refused": len(refused)}
+        head = f"RLIMIT_AS {back / MIB:.0f} MiB read back from /proc/{seen['pid']}/limits"
+        events = [{"t": seen["t"], "what": f"{head} at the start line"}]
+        if refused:
+            r = refused[0]
+            t = f" (it ended at {r['t']:.2f} s)" if r["t"] is not None else ""
+            return Effect(acted=True, summary=f"{head}; an allocation was refused{t}: "
+                          f"{r['line']}", numbers=nums,
+                          events=events + [{"t": r["t"] or 0.0,
+                                            "what": f"rank {self.rank}: {r['line']}"}])
+        end = ended(rt, self.rank)
+        return Effect(acted=False, summary=f"{head}; no allocation of rank {self.rank} was "
+                      f"refused" + (f" (it {end})" if end else ""), numbers=nums,
+                      events=events + ended_event(rt, self.rank))
 
     def describe(self):
         return f"memory limit {self.mb:g} MiB on rank {self.rank}"
