@@ -74,6 +74,13 @@ class RankContext:
     def sockets(self) -> List[SocketRecord]:
         return list(self.obs.sockets) if self.obs is not None else []
 
+    def stderr(self) -> str:
+        """What a rule reads of the row's stderr: torch's warning, error and errno lines of the
+        whole of it (harness.stderrlines: stack frames cannot push them out), then the tail."""
+        if self.obs is None:
+            return ""
+        return "\n".join(x for x in (self.obs.stderr_key, self.obs.stderr_tail) if x)
+
     def plan_rank(self, label: str) -> Dict[str, Any]:
         return next((r for r in self.run.plan.get("ranks", []) if str(r.get("label")) == label),
                     {})
@@ -566,7 +573,7 @@ def name_unresolved(c: RankContext) -> Optional[Cause]:
     """A name the rank had to resolve did not resolve (the resolver's words in its stderr)."""
     if c.obs is None:
         return None
-    m = GAI.search(c.obs.stderr_tail or "")
+    m = GAI.search(c.stderr())
     if m is None:
         return None
     addr = c.env(c.verdict.label).get("MASTER_ADDR", "")
@@ -612,7 +619,7 @@ def reverse_lookup_stalled(c: RankContext) -> Optional[Cause]:
     v = c.verdict
     if v.outcome not in ("timeout", "hang") or c.obs is None:
         return None
-    m = NO_PEER_NAME.search(c.obs.stderr_tail or "")
+    m = NO_PEER_NAME.search(c.stderr())
     dns = [st for st in c.run.step_log if st.fault in RESOLVER_FAULTS and st.action == "do"]
     if m is None or not dns:
         return None

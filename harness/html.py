@@ -463,6 +463,10 @@ def case_html(i: int, c: Dict[str, Any]) -> str:
         if r.get("stderr_tail"):
             out.append(f'<details><summary>rank {label}: stderr (tail, with torch\'s C++ log)'
                        f'</summary><pre>{esc(r["stderr_tail"])}</pre></details>')
+        if r.get("stderr_key"):
+            out.append(f'<details><summary>rank {label}: stderr, torch\'s warning, error and '
+                       f'errno lines (all of it)</summary><pre>{esc(r["stderr_key"])}</pre>'
+                       '</details>')
         if r.get("stdout_tail"):
             out.append(f'<details><summary>rank {label}: stdout (tail)</summary><pre>'
                        f'{esc(r["stdout_tail"])}</pre></details>')

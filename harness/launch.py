@@ -54,6 +54,7 @@ from .protocol import (
 from .rundir import RunDir, kill_recorded, sweep
 from .schema import Scenario, launcher_spec_of
 from .services import ReadyLine, Service, ServiceError, Services, ServiceSpec
+from .stderrlines import key_lines
 from .steps import Scheduler, StepError
 
 READY_TIMEOUT = float(os.environ.get("HARNESS_READY_TIMEOUT", "180"))
@@ -597,6 +598,7 @@ class Supervisor:
         for r in self.ranks:
             r.obs.stdout_tail = _tail(r.out_path) if r.out_path else ""
             r.obs.stderr_tail = _tail(r.err_path) if r.err_path else ""
+            r.obs.stderr_key = key_lines(r.err_path) if r.err_path else ""
             if not r.obs.stacks and r.stacks_path.exists():
                 r.obs.stacks = _read_stacks(r.stacks_path)
         wall = self.now()

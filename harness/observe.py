@@ -61,6 +61,8 @@ class RankObservation:
     stacks: str = ""                     # faulthandler's dump (all threads) of a hung rank
     stdout_tail: str = ""
     stderr_tail: str = ""
+    stderr_key: str = ""                 # torch's warning/error and errno lines of the whole
+    #                                      stderr (harness.stderrlines), which the tail may lose
     native_stacks: str = ""              # py-spy's native stacks of a hung rank, as text
     native_threads: List[Dict[str, Any]] = field(default_factory=list)   # the same, as read
     #                                      (harness.pyspy.trim of py-spy dump --native --json)
@@ -104,6 +106,7 @@ class RankObservation:
                 "killed_at_deadline": self.killed_at_deadline,
                 "signals": [s.to_dict() for s in self.signals], "stacks": self.stacks,
                 "stdout_tail": self.stdout_tail, "stderr_tail": self.stderr_tail,
+                "stderr_key": self.stderr_key,
                 "native_stacks": self.native_stacks,
                 "native_threads": [dict(t) for t in self.native_threads],
                 "released_at": self.released_at,
@@ -123,6 +126,7 @@ class RankObservation:
                                        str(s.get("why", ""))) for s in d.get("signals", [])],
                    stacks=d.get("stacks", ""), stdout_tail=d.get("stdout_tail", ""),
                    stderr_tail=d.get("stderr_tail", ""),
+                   stderr_key=d.get("stderr_key", ""),
                    native_stacks=d.get("native_stacks", ""),
                    native_threads=[dict(t) for t in d.get("native_threads") or []
                                    if isinstance(t, dict)],

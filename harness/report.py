@@ -229,7 +229,8 @@ def rank_record(verdict: Verdict, obs: Optional[RankObservation], t0: float) -> 
                        ("stacks", (obs.stacks if obs is not None else "") or verdict.stacks),
                        ("native_stacks", obs.native_stacks if obs is not None else ""),
                        ("stdout_tail", obs.stdout_tail if obs is not None else ""),
-                       ("stderr_tail", obs.stderr_tail if obs is not None else "")):
+                       ("stderr_tail", obs.stderr_tail if obs is not None else ""),
+                       ("stderr_key", obs.stderr_key if obs is not None else "")):
         if value:
             rec[key] = value
     return rec

@@ -99,6 +99,17 @@ def test_an_unresolved_name_is_taken_from_stderr(obs):
     assert "gai error: -2" in v1.cause_evidence[0]
 
 
+def test_an_unresolved_name_is_found_when_stack_frames_filled_the_tail(obs):
+    """The gai line is only in the key lines (harness.stderrlines): the tail is C++ frames."""
+    r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
+    r1.stderr_tail = "".join(f"frame #{i}: c10d::TCPStore::doWait() + 0x10\n" for i in range(60))
+    r1.stderr_key = "[W socket.cpp:752] [c10d] The IPv6 network addresses of (nohost, 29500) " \
+        "cannot be retrieved (gai error: -2 - Name or service not known)."
+    _, (v1,) = _run(obs, r1)
+    assert v1.cause.startswith("a name did not resolve")
+    assert "gai error: -2" in v1.cause_evidence[0]
+
+
 def test_the_store_host_says_which_rank_never_joined_and_why(obs):
     r0 = obs.rank("0", reached="init", end=7.0, exc=obs.exc("DistStoreError", JOINED))
     r1 = obs.rank("1", reached="init", end=17.0, exc=obs.exc("DistNetworkError", CLIENT))
