@@ -107,8 +107,11 @@ class HoldPort(Step):
             head = f"the port holder (pid {seen['pid']}) never said it held port {self.port}"
         else:
             head = f"port {self.port} no longer held by pid {seen['pid']}"
-        parts = [f"rank {label}: {how}" for label, how in met.items()] or \
-            ["no rank bound it or connected to it"]
+        grouped: Dict[str, List[str]] = {}
+        for label, how in met.items():
+            grouped.setdefault(how, []).append(label)
+        parts = [f"rank{'s' * (len(labels) > 1)} {', '.join(labels)}: {how}"
+                 for how, labels in grouped.items()] or ["no rank bound it or connected to it"]
         if self.mode == "listening":
             parts.append(f"{seen['waiting']} connection{'s' * (seen['waiting'] != 1)} waiting "
                          "in its backlog")
