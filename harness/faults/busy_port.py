@@ -119,8 +119,22 @@ class HoldPort(Step):
             parts.append(f"{len(acc)} connection{'s' * (len(acc) != 1)} accepted"
                          + (f" ({len(mine)} of them the harness's own store probe)"
                             if mine else ""))
-        events = [{"t": a["t"], "what": f"accepted a connection from {a['peer']} "
-                                        f"({a.get('who') or 'pid unknown'})"} for a in acc[:20]]
+        labels = {}
+        for rp in getattr(rt.plan, "ranks", []) or []:
+            try:
+                labels[rt.rank(rp.label).pid] = f"rank {rp.label}, pid"
+            except KeyError:
+                continue
+        labels[os.getpid()] = "the harness's store probe, pid"
+
+        def who(a: Dict[str, Any]) -> str:
+            if not a.get("pid"):
+                return "its process not found"
+            return f"{labels[a['pid']]} {a['pid']}" if a["pid"] in labels else \
+                str(a.get("who") or f"pid {a['pid']}")
+
+        events = [{"t": a["t"], "what": f"accepted a connection from {a['peer']} ({who(a)})"}
+                  for a in acc[:20]]
         events.append({"t": seen["t"], "what": f"holder read {when}: "
                                                f"{'held' if seen['held'] else 'not held'}, "
                                                f"{seen['waiting']} connections waiting"})
