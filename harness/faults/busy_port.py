@@ -39,7 +39,6 @@ class HoldPort(Step):
     mode: str = "listening"
     host: str = "local"
     _helper: Any = field(default=None, init=False, repr=False, compare=False)
-
     _seen: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False, compare=False)
 
     def do(self, rt):
@@ -114,7 +113,7 @@ class HoldPort(Step):
                  for how, labels in grouped.items()] or ["no rank bound it or connected to it"]
         if self.mode == "listening":
             parts.append(f"{seen['waiting']} connection{'s' * (seen['waiting'] != 1)} waiting "
-                         "in its backlog")
+                         "in its backlog (the ranks' and the harness's own store probe's)")
         elif self.mode == "accepting":
             parts.append(f"{len(acc)} connection{'s' * (len(acc) != 1)} accepted"
                          + (f" ({len(mine)} of them the harness's own store probe)"
