@@ -2039,6 +2039,7 @@ def partitioned(c: RankContext) -> Optional[Cause]:
     cuts = []
     for host, text in c.run.rules.items():
         for ln in text.splitlines():
+            ln = COUNTER.sub("", ln)
             m = SADDR_DROP.search(ln)
             if m is not None and m.group(1) in names:
                 cuts.append((host, names[m.group(1)], ln.strip()))

@@ -1082,14 +1082,17 @@ class Topology:
             },
         )
 
-    def rule_counters(self, host: str, handle: str) -> Dict[str, int]:
+    def rule_counters(self, host: str, handle: str,
+                      chain: Optional[str] = None) -> Dict[str, int]:
         """The packets and bytes the rules behind ``handle`` (made with ``counter``) matched so
-        far, summed over them, read from the host's table (``nft -j list table``)."""
+        far, summed over them (``chain``: only that chain's), read from the host's table (``nft
+        -j list table``)."""
         self._require_up()
         rules = self._rules.get(handle)
         if rules is None:
             raise ValueError(f"no active rule {handle!r}; active: {sorted(self._rules)}")
-        mine = {(r.chain, r.nft_handle) for r in rules if r.host == host}
+        mine = {(r.chain, r.nft_handle) for r in rules
+                if r.host == host and (chain is None or r.chain == chain)}
         listing = self._nft_list(self.host(host).netns, "table", "inet", self.table)
         return nftjson.counters_of(listing, mine)
 
@@ -1104,11 +1107,12 @@ class Topology:
         self._delete_rules(rules)
         del self._rules[handle]
 
-    def cut(self, group_a: Sequence[str], group_b: Sequence[str]) -> str:
+    def cut(self, group_a: Sequence[str], group_b: Sequence[str], counter: bool = False) -> str:
         """Cut every packet between the two groups (both ways, live connections too).
 
         Each host drops inbound packets from the other group's addresses, so senders see
-        silence, not errors. Returns a handle for :meth:`heal`.
+        silence, not errors. Returns a handle for :meth:`heal`. ``counter``: each host's rule
+        counts what it dropped (:meth:`rule_counters`).
         """
         self._require_up()
         if not self.link:
@@ -1128,7 +1132,8 @@ class Topology:
                 if all(found):
                     saddr = nftjson.match(nftjson.payload(family, "saddr"),
                                           found[0] if len(found) == 1 else found)
-                    out.append(("input", [saddr, {"drop": None}]))
+                    out.append(("input", [saddr, *([{"counter": None}] if counter else []),
+                                          {"drop": None}]))
             return out
 
         rules: Dict[str, List[Tuple[str, List[nftjson.Expr]]]] = {}
@@ -1146,11 +1151,14 @@ class Topology:
             raise ValueError(f"no active rule {handle!r}; active: {sorted(self._rules)}")
         self._delete_rules(rules)
 
-    def random_drop(self, host: str, percent: float, direction: LossDirection = "both") -> str:
+    def random_drop(self, host: str, percent: float, direction: LossDirection = "both",
+                    counter: bool = False) -> str:
         """Drop ``percent`` % of the packets on the host's link, at random; returns a handle.
 
         Uses ``numgen random mod 10000 < percent*100`` (0.01 % steps); 100 % is a plain drop.
         On a loopback-only host both directions are the same packets, so ``both`` compounds.
+        ``counter``: each rule (chain ``input`` for in, ``output`` for out) counts the packets
+        it dropped (:meth:`rule_counters`).
         """
         self._require_up()
         net = self.host(host)
@@ -1161,7 +1169,8 @@ class Topology:
         if direction not in ("in", "out", "both"):
             raise ValueError(f"direction must be 'in', 'out' or 'both', got {direction!r}")
         threshold = round(percent * 100)
-        verdict: List[nftjson.Expr] = [{"drop": None}]
+        verdict: List[nftjson.Expr] = [*([{"counter": None}] if counter else []),
+                                       {"drop": None}]
         if threshold < 10000:
             verdict.insert(0, nftjson.match(
                 {"numgen": {"mode": "random", "mod": 10000, "offset": 0}}, threshold, "<"))
@@ -1218,6 +1227,40 @@ class Topology:
         for netns, dev in self._shaped_links(host, direction):
             _in_netns(netns, f"limiting {dev} to {rate}", functools.partial(tbf, dev=dev))
 
+    def rate_limit_stats(self, host: str,
+                         direction: LossDirection = "out") -> List[Dict[str, Any]]:
+        """The statistics of the root qdisc of each link :meth:`rate_limit` shapes that way, as
+        the kernel keeps them (``tc -s qdisc``): ``{"link": "eth0", "way": "out", "kind": "tbf",
+        "packets",
+        "bytes", "drops", "overlimits", "requeues", "backlog", "qlen"}``; a link without a qdisc
+        of the harness's has ``"kind": None`` and no numbers."""
+        self._require_up()
+
+        def read(ipr: Any, dev: str) -> Dict[str, Any]:
+            q = _root_qdisc(ipr, _index(ipr, dev))
+            if q is None:
+                return {"link": dev, "kind": None}
+            basic = dict(q.get_nested("TCA_STATS2", "TCA_STATS_BASIC") or {})
+            queue = dict(q.get_nested("TCA_STATS2", "TCA_STATS_QUEUE") or {})
+            old = dict(q.get_attr("TCA_STATS") or {})
+            def num(d: Dict[str, Any], key: str, old_key: str) -> int:
+                v = d.get(key)
+                return int(v if v is not None else old.get(old_key) or 0)
+
+            return {"link": dev, "kind": q.get_attr("TCA_KIND"),
+                    "packets": num(basic, "packets", "packets"),
+                    "bytes": num(basic, "bytes", "bytes"),
+                    "drops": num(queue, "drops", "drop"),
+                    "overlimits": num(queue, "overlimits", "overlimits"),
+                    "requeues": num(queue, "requeues", "requeues"),
+                    "backlog": num(queue, "backlog", "backlog"),
+                    "qlen": num(queue, "qlen", "qlen")}
+
+        return [{**(_in_netns(netns, f"reading the qdisc of {dev}",
+                              functools.partial(read, dev=dev)) or {}),
+                 "way": "in" if netns == self.switch_netns else "out" if self.link else "both"}
+                for netns, dev in self._shaped_links(host, direction)]
+
     def clear_rate_limit(self, host: str, direction: LossDirection = "both") -> None:
         """Remove a limit set by :meth:`rate_limit` (no error if there is none)."""
         self._require_up()
@@ -1263,6 +1306,52 @@ class Topology:
 
         _in_netns(net.netns, f"adding the spare link {ifname}", make)
         return addr
+
+    def count_link(self, host: str, ifname: str) -> str:
+        """Count the IPv4 packets the host sends out of ``ifname`` (chain ``output``) and
+        receives on it (chain ``input``), with two nft rules that only count (no verdict);
+        returns a handle for :meth:`rule_counters` and :meth:`remove_rule`. IPv4 only: an
+        interface that is up sends IPv6 neighbour and router messages of its own, which are not
+        traffic of the run's programs."""
+        ipv4 = nftjson.match(nftjson.meta("nfproto"), "ipv4")
+        return self._add_rules("count", {host: [
+            ("output", [nftjson.match(nftjson.meta("oifname"), ifname), ipv4,
+                        {"counter": None}]),
+            ("input", [nftjson.match(nftjson.meta("iifname"), ifname), ipv4,
+                       {"counter": None}])]})
+
+    def link_stats(self, host: str, ifname: str) -> Dict[str, Any]:
+        """An interface of the host as the kernel has it: ``{"up": bool, "operstate": "UP",
+        "addrs": [...], "rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "tx_dropped",
+        "tx_errors"}`` (the link's own counters: every protocol, ARP included); ``{}`` when the
+        host has no such interface."""
+        self._require_up()
+
+        def read(ipr: Any) -> Dict[str, Any]:
+            links = ipr.link_lookup(ifname=ifname)
+            if not links:
+                return {}
+            (link,) = ipr.get_links(links[0])
+            stats = dict(link.get_attr("IFLA_STATS64") or link.get_attr("IFLA_STATS") or {})
+            addrs = [a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(index=links[0])]
+            out: Dict[str, Any] = {"up": bool(link["flags"] & 1),
+                                   "operstate": link.get_attr("IFLA_OPERSTATE"),
+                                   "addrs": [a for a in addrs if a]}
+            for k in ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "tx_dropped",
+                      "tx_errors"):
+                out[k] = int(stats.get(k, 0))
+            return out
+
+        return dict(_in_netns(self.host(host).netns, f"reading the link {ifname}", read) or {})
+
+    def snmp(self, host: str) -> Dict[str, int]:
+        """Every counter of the host's ``/proc/net/snmp`` and ``netstat`` (``"Ip.OutNoRoutes"``,
+        zeros included), read by a thread inside its namespace (:meth:`counters` keeps the few
+        TCP ones a verdict needs)."""
+        h = self.host(host)
+        text = _in_netns_files(h.netns, "reading the kernel's counters", lambda: "".join(
+            Path("/proc/thread-self/net", name).read_text() for name in ("snmp", "netstat")))
+        return parse_counters(text, every=True)
 
     def remove_spare_link(self, host: str, ifname: str) -> None:
         """Remove a link made by :meth:`add_spare_link` (no error if it is gone)."""
@@ -1463,9 +1552,10 @@ class Topology:
 # --------------------------------------------------------------------------------------------
 # counters
 
-def parse_counters(text: str) -> Dict[str, int]:
+def parse_counters(text: str, every: bool = False) -> Dict[str, int]:
     """``/proc/net/snmp`` and ``/proc/net/netstat`` (header line, value line per protocol) ->
-    the non-zero counters of ``harness.hostspec.COUNTERS``: ``{"TcpExt.ListenOverflows": 3}``."""
+    the non-zero counters of ``harness.hostspec.COUNTERS``: ``{"TcpExt.ListenOverflows": 3}``
+    (``every``: all of them, zeros included)."""
     from .hostspec import COUNTERS
 
 
@@ -1478,7 +1568,9 @@ def parse_counters(text: str) -> Dict[str, int]:
         proto = h[0][:-1]
         for name, value in zip(h[1:], v[1:]):
             key = f"{proto}.{name}"
-            if key in COUNTERS and value.lstrip("-").isdigit() and int(value) != 0:
+            if not value.lstrip("-").isdigit():
+                continue
+            if every or (key in COUNTERS and int(value) != 0):
                 out[key] = int(value)
     return out
 

@@ -1,12 +1,13 @@
 """wrong_interface: GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME unset, missing, wrong, or a list
 with one bad entry (a missing interface, a wrong one, or a NIC that is configured but down)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Literal, Optional
 
 from pydantic import Field
 
 from ..limits import MAX_WORLD
+from ..steps import Effect
 from ..triggers import Trigger
 from . import Fault
 from ._net import NetStep
@@ -18,17 +19,67 @@ SPARE_IFNAME = "eth1"
 @dataclass
 class SpareLink(NetStep):
     """A second interface on a host, with an address of a subnet of the run's that no link
-    joins, left down (or ``up``, with carrier); it goes with the host's namespace."""
+    joins, left down (or ``up``, with carrier); it goes with the host's namespace.
+
+    Its effect, read at the end of the run: the interface as the kernel has it (up or down,
+    its address, its own packet counters) and whether the run's traffic took it. Up: the IPv4
+    packets the host sent out of it or received on it (nft counters that only count; the
+    connects of a rank that dials a peer's address there leave by it, and are never answered).
+    Down: no packet can take it; a connect towards its subnet finds no route, so the evidence is
+    the host's ``Ip OutNoRoutes`` counter since the card was added (the namespace's own, whose
+    only other unrouted destinations would be addresses outside the run's networks)."""
 
     host: str = ""
     ifname: str = SPARE_IFNAME
     up: bool = False
+    _handle: Optional[str] = field(default=None, init=False, repr=False, compare=False)
+    _noroutes: Optional[int] = field(default=None, init=False, repr=False, compare=False)
 
     def do(self, rt):
-        return {"addr": rt.net.add_spare_link(self.host, self.ifname, up=self.up)}
+        addr = rt.net.add_spare_link(self.host, self.ifname, up=self.up)
+        self._handle = rt.net.count_link(self.host, self.ifname)
+        self._noroutes = rt.net.snmp(self.host).get("Ip.OutNoRoutes")
+        return {"addr": addr}
 
     def undo(self, rt):
+        if self._handle is not None:
+            rt.net.remove_rule(self.host, self._handle)
+            self._handle = None
         rt.net.remove_spare_link(self.host, self.ifname)
+
+    def effect(self, rt):
+        link = rt.net.link_stats(self.host, self.ifname)
+        if not link:
+            raise RuntimeError(f"host {self.host} has no {self.ifname} any more")
+        if self._handle is None:
+            raise RuntimeError(f"the counters of {self.ifname} were removed with it")
+        out = rt.net.rule_counters(self.host, self._handle, chain="output")["packets"]
+        inn = rt.net.rule_counters(self.host, self._handle, chain="input")["packets"]
+        noroutes = rt.net.snmp(self.host).get("Ip.OutNoRoutes")
+        missed = None if noroutes is None or self._noroutes is None \
+            else noroutes - self._noroutes
+        state = "up" if link["up"] else "down"
+        addr = ", ".join(a for a in link["addrs"] if not a.startswith("fe80:")) \
+            or "no address"
+        numbers = {"ipv4_out": out, "ipv4_in": inn, "tx_packets": link["tx_packets"],
+                   "rx_packets": link["rx_packets"]}
+        if missed is not None:
+            numbers["no_route"] = missed
+        took = f"{out} IPv4 packet{'s' * (out != 1)} sent out of it, {inn} received"
+        if link["up"]:
+            acted = out + inn > 0
+            summary = f"{self.ifname} ({addr}) up on host {self.host}: {took}"
+        else:
+            acted = bool(missed)
+            summary = (f"{self.ifname} ({addr}) down on host {self.host}: {took}; "
+                       f"{'?' if missed is None else missed} send{'s' * (missed != 1)} on the "
+                       "host found no route "
+                       "(Ip OutNoRoutes since it was added)")
+        return Effect(acted=acted, summary=summary, numbers=numbers,
+                      events=[{"t": round(rt.now(), 3),
+                               "what": f"{self.ifname} read at the end of the run: {state}, "
+                                       f"{addr}, link counters tx {link['tx_packets']} rx "
+                                       f"{link['rx_packets']} packets; {took}"}])
 
     def describe(self):
         return f"add {self.ifname} ({'up' if self.up else 'down'}) on {self.host}"
