@@ -347,6 +347,8 @@ class ResponderMode(Step):
                                  time.time() - rt.now())
         n = len(events)
         what = self.describe().split(" -> ", 1)[-1]
+        if self.mode == "answer":     # dead_first: "answered with 10.0.0.9, 10.0.0.1"
+            what = "with " + ", ".join(self.addrs)
         return Effect(acted=n > 0,
                       summary=f"{n} quer{'ies' if n != 1 else 'y'} for {self.name} answered "
                               f"{what}",
