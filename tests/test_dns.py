@@ -168,6 +168,9 @@ class _Rt:
         self.net, self.run_dir, self.services = topo, run_dir, Services(run_dir)
         self.pids = pids
 
+    def now(self) -> float:
+        return 0.0
+
     def python(self, module: str, *args: str) -> List[str]:
         return [sys.executable, "-m", module, *args]
 

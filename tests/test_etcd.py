@@ -205,6 +205,10 @@ class _Rt:
 
     def __init__(self, run_dir: Path, plan: Any):
         self.run_dir, self.plan, self.services = run_dir, plan, Services(run_dir)
+        self.t0 = time.monotonic()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
 
     def python(self, module: str, *args: str) -> List[str]:
         return [sys.executable, "-m", module, *args]

@@ -38,6 +38,8 @@ from typing import Any, ClassVar, Dict, List, Optional
 
 from ..services.dns import DNSMASQ, RESPONDER, SERVICE, DnsAnswers, ask  # noqa: F401
 from ..steps import RUN, Effect, Step
+from . import _probe
+from ._probe import json_lines
 
 
 @dataclass
@@ -227,24 +229,71 @@ class DnsUp(Step):
                    else "") + "; hosts resolve through it")
 
 
+def nxdomain_answers(lines: List[str], name: str) -> Dict[str, int]:
+    """dnsmasq's log lines (``log-queries``): per client address, the queries for ``name``
+    it answered NXDOMAIN from its own records (``query[A] NAME from ADDR`` then ``config NAME
+    is NXDOMAIN``)."""
+    key = name.lower().rstrip(".")
+    out: Dict[str, int] = {}
+    asked: Optional[str] = None
+    for ln in lines:
+        msg = ln.split(": ", 1)[-1].split()
+        if len(msg) >= 4 and msg[0].startswith("query[") and msg[2] == "from":
+            asked = msg[3] if msg[1].lower().rstrip(".") == key else None
+        elif len(msg) >= 4 and msg[0] == "config" and msg[2:4] == ["is", "NXDOMAIN"]:
+            if asked is not None and msg[1].lower().rstrip(".") == key:
+                out[asked] = out.get(asked, 0) + 1
+            asked = None
+    return out
+
+
 @dataclass
 class RecordFile(Step):
     """A record's file in the server's records folder: removed by ``do`` (the name is then
-    NXDOMAIN), written back by ``undo`` (dnsmasq sees either at its next query)."""
+    NXDOMAIN), written back by ``undo`` (dnsmasq sees either at its next query). Its effect:
+    the queries for the name dnsmasq answered NXDOMAIN while the file was gone (its own log,
+    ``log-queries``, between the two moments: which client asked, how often)."""
 
     UNDO_AT_TEARDOWN: ClassVar[bool] = False
     dns: Optional[DnsPlan] = None
     name: str = ""
+    _window: List[Any] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def do(self, rt: Any) -> Dict[str, Any]:
         assert self.dns is not None
+        log = rt.service(SERVICE).stderr_path
+        self._window = [_probe.size(log), None, round(rt.now(), 3), None]
         self.dns.record_path(self.name).unlink(missing_ok=True)
         return {"name": self.name, "answer": "NXDOMAIN"}
 
     def undo(self, rt: Any) -> None:
         assert self.dns is not None
+        if self._window:
+            self._window[1] = _probe.size(rt.service(SERVICE).stderr_path)
+            self._window[3] = round(rt.now(), 3)
         _write(self.dns.record_path(self.name),
                self.dns.record_text(self.name, self.dns.records[self.name]))
+
+    def effect(self, rt: Any) -> Effect:
+        start, end, t0, t1 = self._window
+        log = rt.service(SERVICE).stderr_path
+        lines = _probe.text_lines(log, (start, -1 if end is None else end))
+        gone = any("inotify:" in ln and ln.rstrip().endswith(f"/{self.name} removed")
+                   for ln in lines)
+        by = nxdomain_answers(lines, self.name)
+        n = sum(by.values())
+        until = f"until {t1:.2f} s (healed)" if t1 is not None else "until the end of the run"
+        events = [{"t": t0, "what": f"record file of {self.name} removed"
+                   + ("; dnsmasq saw it go (inotify)" if gone else "")}]
+        if n:
+            events.append({"t": t1 if t1 is not None else round(rt.now(), 3),
+                           "what": f"{n} NXDOMAIN answers for {self.name} from {t0:.2f} s "
+                                   f"{until}: " + ", ".join(f"{a} x{c}" for a, c in by.items())})
+        who = f" (from {', '.join(f'{a} x{c}' for a, c in by.items())})" if by else ""
+        return Effect(acted=n > 0,
+                      summary=f"{n} quer{'ies' if n != 1 else 'y'} for {self.name} answered "
+                              f"NXDOMAIN by dnsmasq{who}, from {t0:.2f} s {until}",
+                      numbers={"queries": n, "clients": len(by)}, events=events)
 
     def describe(self) -> str:
         return f"dns: {self.name} is NXDOMAIN (its record is gone)"
@@ -255,26 +304,17 @@ def faulted_answers(log: Any, name: str, mode: str, addrs: List[str], start_line
     """The responder's log lines (JSON, wall-clock ``t``) of queries for ``name`` answered while
     it was set to ``mode`` with ``addrs`` (by the fault): when (seconds after the start line,
     ``start_line`` on the wall clock) and which record type."""
-    import json
-
     key = name.lower().rstrip(".")
     holds = False
     out: List[Dict[str, Any]] = []
-    try:
-        text = Path(log).read_text(errors="replace")
-    except OSError:
-        return out
-    for ln in text.splitlines():
-        try:
-            rec = json.loads(ln)
-        except ValueError:
-            continue
-        if not isinstance(rec, dict) or str(rec.get("name", "")).lower().rstrip(".") != key:
+    for rec in json_lines(log):
+        if str(rec.get("name", "")).lower().rstrip(".") != key:
             continue
         if rec.get("event") == "set":
             holds = rec.get("mode") == mode and list(rec.get("addrs") or []) == list(addrs)
         elif rec.get("event") == "query" and holds and rec.get("mode") == mode:
-            qtype = {1: "A", 28: "AAAA", 12: "PTR"}.get(rec.get("type"), str(rec.get("type")))
+            rtype: Any = rec.get("type")
+            qtype = {1: "A", 28: "AAAA", 12: "PTR"}.get(rtype, str(rtype))
             out.append({"t": round(float(rec.get("t") or 0.0) - start_line, 3), "type": qtype,
                         "what": f"{qtype} query for {name} answered the faulted way"})
     return out
@@ -307,6 +347,8 @@ class ResponderMode(Step):
                                  time.time() - rt.now())
         n = len(events)
         what = self.describe().split(" -> ", 1)[-1]
+        if self.mode == "answer":     # dead_first: "answered with 10.0.0.9, 10.0.0.1"
+            what = "with " + ", ".join(self.addrs)
         return Effect(acted=n > 0,
                       summary=f"{n} quer{'ies' if n != 1 else 'y'} for {self.name} answered "
                               f"{what}",
@@ -321,32 +363,96 @@ class ResponderMode(Step):
 @dataclass
 class ServerFault(Step):
     """The whole server stops answering: ``frozen`` (SIGSTOP to dnsmasq, SIGCONT to heal) or
-    ``dropped`` (an nftables drop of port 53 on its host, removed to heal)."""
+    ``dropped`` (an nftables drop of port 53 on its host, removed to heal). Its effect, read
+    before the heal (else at the end of the run): frozen, the kernel's state of dnsmasq (T,
+    stopped) and the queries waiting unread in its port-53 sockets (the bytes the kernel holds
+    for them, and datagrams dropped on a full queue); dropped, the packets the rules matched."""
 
     mode: str = "frozen"
     host: str = ""
     handles: List[str] = field(default_factory=list)
+    _seen: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False, compare=False)
+    _stopped: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False,
+                                               compare=False)
 
     def do(self, rt: Any) -> Dict[str, Any]:
         import signal
 
+        from ._etcd import STOP_WAIT, _wait_state
+
         if self.mode == "frozen":
             svc = rt.service(SERVICE)
             svc.proc.signal_group(signal.SIGSTOP)
-            return {"pid": svc.pid, "signal": "SIGSTOP"}
+            stopped = _wait_state(svc.pid, "T", STOP_WAIT)
+            self._stopped = {"pid": svc.pid, "stopped": stopped, "t": round(rt.now(), 3)}
+            return {"pid": svc.pid, "signal": "SIGSTOP", "stopped": stopped}
         self.handles = [rt.net.filter_rule(self.host, action="drop", direction="in",
-                                           ports=[53], proto=p) for p in ("udp", "tcp")]
+                                           ports=[53], proto=p, counter=True)
+                        for p in ("udp", "tcp")]
         return {"rules": self.handles}
 
     def undo(self, rt: Any) -> None:
         import signal
 
+        self._seen = self._read(rt)
         if self.mode == "frozen":
             rt.service(SERVICE).proc.signal_group(signal.SIGCONT)
             return
         for h in self.handles:
             rt.net.remove_rule(self.host, h)
         self.handles = []
+
+    def _read(self, rt: Any) -> Dict[str, Any]:
+        t = round(rt.now(), 3)
+        if self.mode == "frozen":
+            pid = rt.service(SERVICE).pid
+            socks = _probe.sockets(pid, 53, "udp") + _probe.sockets(pid, 53, "tcp")
+            udp = [s for s in socks if s["state"] == "UDP"]
+            tcp = [s for s in socks if s["state"] != "UDP"]
+            return {"t": t, "state": _probe.process_state(pid),
+                    "udp_bytes": sum(s["rx"] for s in udp),
+                    "udp_drops": sum(s.get("drops", 0) for s in udp),
+                    "tcp_waiting": sum(s["rx"] for s in tcp if s["state"] == "LISTEN"),
+                    "tcp_bytes": sum(s["rx"] for s in tcp if s["state"] != "LISTEN")}
+        packets = bytes_ = 0
+        for h in self.handles:
+            c = rt.net.rule_counters(self.host, h)
+            packets, bytes_ = packets + c["packets"], bytes_ + c["bytes"]
+        return {"t": t, "packets": packets, "bytes": bytes_}
+
+    def effect(self, rt: Any) -> Effect:
+        seen = self._seen if self._seen is not None else self._read(rt)
+        when = "when healed" if self._seen is not None else "at the end of the run"
+        if self.mode == "dropped":
+            n, b = seen["packets"], seen["bytes"]
+            return Effect(acted=n > 0,
+                          summary=f"{n} packet{'s' * (n != 1)} ({b} bytes) to port 53 dropped",
+                          numbers={"packets": n, "bytes": b},
+                          events=[{"t": seen["t"], "what": f"rule counters read {when}: {n} "
+                                   f"packets, {b} bytes"}])
+        st = self._stopped or {}
+        waiting = seen["udp_bytes"] + seen["tcp_bytes"] + seen["tcp_waiting"] \
+            + seen["udp_drops"]
+        nums = {k: seen[k] for k in ("udp_bytes", "udp_drops", "tcp_waiting", "tcp_bytes")}
+        events = [{"t": st.get("t", 0.0), "what": f"SIGSTOP to dnsmasq (pid {st.get('pid')}): "
+                   + ("the kernel says stopped" if st.get("stopped") else
+                      "NOT seen stopped within 2 s")},
+                  {"t": seen["t"], "what": f"its port-53 sockets read {when}: "
+                   f"{seen['udp_bytes']} bytes of UDP queries unread, {seen['udp_drops']} "
+                   f"dropped, {seen['tcp_waiting']} TCP connections not accepted"}]
+        acted = bool(st.get("stopped")) and waiting > 0
+        if not st.get("stopped"):
+            summary = f"dnsmasq (pid {st.get('pid')}) was not seen stopped after SIGSTOP"
+        elif waiting:
+            summary = (f"dnsmasq stopped from {st['t']:.2f} s; {when}, its sockets held "
+                       f"{seen['udp_bytes']} bytes of unread UDP queries"
+                       + (f", {seen['udp_drops']} dropped" if seen["udp_drops"] else "")
+                       + (f", {seen['tcp_waiting']} TCP connections waiting"
+                          if seen["tcp_waiting"] else ""))
+        else:
+            summary = (f"dnsmasq stopped from {st['t']:.2f} s, but no query waited in its "
+                       f"sockets {when}")
+        return Effect(acted=acted, summary=summary, numbers=nums, events=events)
 
     def describe(self) -> str:
         return "dns: the server is frozen (SIGSTOP)" if self.mode == "frozen" else \

@@ -27,10 +27,11 @@ import shutil
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Dict, List, Optional
+from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 from ..services.etcd import DATA_DIR, ETCD, SERVICE, EtcdAnswers, argv, plain_socket, url
-from ..steps import RUN, Step
+from ..steps import RUN, Effect, Step
+from . import _probe
 
 
 @dataclass
@@ -142,6 +143,38 @@ def _wait_state(pid: int, state: str, limit: float) -> bool:
         time.sleep(0.005)
 
 
+def _waiting(rt: Any, etcd: EtcdPlan) -> Dict[str, Any]:
+    """What waits on etcd's client port now, as the kernel counts it (etcd's own namespace):
+    connections not yet accepted, and connections with request bytes etcd has not read."""
+    socks = _probe.sockets(rt.service(etcd.service).pid, etcd.client_port, "tcp")
+    unread = [s for s in socks if s["state"] != "LISTEN" and s["rx"] > 0]
+    return {"t": round(rt.now(), 3),
+            "not_accepted": sum(s["rx"] for s in socks if s["state"] == "LISTEN"),
+            "unread_connections": len(unread), "unread_bytes": sum(s["rx"] for s in unread)}
+
+
+def _waiting_text(w: Dict[str, Any]) -> str:
+    return (f"{w['unread_connections']} connection{'s' * (w['unread_connections'] != 1)} with "
+            f"{w['unread_bytes']} unread request bytes, {w['not_accepted']} not accepted")
+
+
+def _refused(rt: Any, etcd: EtcdPlan) -> Tuple[bool, str]:
+    """Whether a connection to etcd's endpoint is refused now (asked from where the agents
+    ask: its host's namespace), and what happened."""
+    import socket
+
+    fam = socket.AF_INET6 if ":" in etcd.addr else socket.AF_INET
+    try:
+        with _factory(rt, etcd)(fam, socket.SOCK_STREAM) as s:
+            s.settimeout(2.0)
+            s.connect((etcd.addr, etcd.client_port))
+    except ConnectionRefusedError:
+        return True, "connection refused"
+    except OSError as e:
+        return False, f"{type(e).__name__}: {e}"
+    return False, "a connection was accepted"
+
+
 @dataclass
 class EtcdUp(Step):
     """Set-up: start the run's etcd and wait until it answers (nothing when the scenario's
@@ -176,6 +209,18 @@ class EtcdAbsent(Step):
         assert self.etcd is not None
         return {"endpoint": self.etcd.endpoint}
 
+    def effect(self, rt: Any) -> Effect:
+        """Nothing listens at the endpoint the agents were given: a connection asked at the end
+        of the run, from etcd's host, is refused."""
+        assert self.etcd is not None
+        refused, what = _refused(rt, self.etcd)
+        return Effect(acted=refused,
+                      summary=f"a connection to {self.etcd.endpoint} at the end of the run: "
+                              f"{what}" + ("" if refused else " (something listens there)"),
+                      numbers={"refused": int(refused)},
+                      events=[{"t": round(rt.now(), 3),
+                               "what": f"connect to {self.etcd.endpoint}: {what}"}])
+
     def describe(self) -> str:
         assert self.etcd is not None
         return f"etcd not started: nothing listens at {self.etcd.endpoint}"
@@ -190,6 +235,7 @@ class EtcdKill(Step):
     UNDO_AT_TEARDOWN: ClassVar[bool] = False
     etcd: Optional[EtcdPlan] = None
     wipe: bool = False
+    _seen: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False, compare=False)
 
     def do(self, rt: Any) -> Dict[str, Any]:
         etcd = self.etcd
@@ -197,12 +243,34 @@ class EtcdKill(Step):
         svc = rt.service(etcd.service)
         pid = svc.pid
         svc.proc.kill()
+        # the process reaped by kill(): its status says how it ended
+        self._seen = {"t": round(rt.now(), 3), "pid": pid, "status": svc.proc.returncode,
+                      "was": svc.name}
         info: Dict[str, Any] = {"pid": pid, "signal": "SIGKILL"}
         if self.wipe:
             shutil.rmtree(etcd.data_dir, ignore_errors=True)
+            self._seen["data_left"] = Path(etcd.data_dir).exists()
             etcd.generation += 1
             info["restarted"] = start_etcd(rt, etcd)
+            self._seen["new_pid"] = info["restarted"]["pid"]
         return info
+
+    def effect(self, rt: Any) -> Effect:
+        """How the killed etcd ended (its exit status, reaped by the supervisor); wiped: its
+        data directory gone and the new etcd that answered."""
+        assert self._seen is not None
+        seen = self._seen
+        killed = seen["status"] == -signal.SIGKILL
+        ended = "ended by SIGKILL" if killed else f"exit status {seen['status']}"
+        summary = f"etcd (pid {seen['pid']}) {ended} at {seen['t']:.2f} s"
+        ok = killed
+        if self.wipe:
+            ok = ok and not seen.get("data_left")
+            summary += ("; its data directory removed" if not seen.get("data_left") else
+                        "; its data directory NOT removed") + \
+                f"; a new empty etcd (pid {seen.get('new_pid')}) answered"
+        return Effect(acted=ok, summary=summary, numbers={"pid": seen["pid"]},
+                      events=[{"t": seen["t"], "what": summary}])
 
     def undo(self, rt: Any) -> None:
         assert self.etcd is not None
@@ -216,9 +284,14 @@ class EtcdKill(Step):
 
 @dataclass
 class EtcdFreeze(Step):
-    """etcd frozen: SIGSTOP to its group; SIGCONT heals (also at teardown)."""
+    """etcd frozen: SIGSTOP to its group; SIGCONT heals (also at teardown). Its effect: the
+    kernel saw it stopped, and what waited for it, read before the heal (else at the end of
+    the run): requests unread on its client port's connections, connections not accepted."""
 
     etcd: Optional[EtcdPlan] = None
+    _stopped: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False,
+                                               compare=False)
+    _seen: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False, compare=False)
 
     def do(self, rt: Any) -> Dict[str, Any]:
         assert self.etcd is not None
@@ -228,11 +301,38 @@ class EtcdFreeze(Step):
         # answered a request after kill() had returned (watched once in the real test), so
         # the step is done when the kernel says the process is stopped (bounded)
         stopped = _wait_state(svc.pid, "T", STOP_WAIT)
+        self._stopped = {"t": round(rt.now(), 3), "pid": svc.pid, "stopped": stopped}
         return {"pid": svc.pid, "signal": "SIGSTOP", "stopped": stopped}
 
     def undo(self, rt: Any) -> None:
         assert self.etcd is not None
+        if self._seen is None:
+            try:
+                self._seen = _waiting(rt, self.etcd)
+            except OSError:
+                pass
         rt.service(self.etcd.service).proc.signal_group(signal.SIGCONT)
+
+    def effect(self, rt: Any) -> Effect:
+        assert self.etcd is not None and self._stopped is not None
+        st = self._stopped
+        seen = self._seen if self._seen is not None else _waiting(rt, self.etcd)
+        when = "when healed" if self._seen is not None else "at the end of the run"
+        n = seen["unread_connections"] + seen["not_accepted"]
+        events = [{"t": st["t"], "what": f"SIGSTOP to etcd (pid {st['pid']}): "
+                   + ("the kernel says stopped" if st["stopped"] else
+                      "NOT seen stopped within 2 s")},
+                  {"t": seen["t"], "what": f"its client port {when}: {_waiting_text(seen)}"}]
+        if not st["stopped"]:
+            summary = f"etcd (pid {st['pid']}) was not seen stopped after SIGSTOP"
+        elif n:
+            summary = f"etcd stopped from {st['t']:.2f} s; {when}: {_waiting_text(seen)}"
+        else:
+            summary = (f"etcd stopped from {st['t']:.2f} s, but no request waited on its "
+                       f"client port {when}")
+        return Effect(acted=bool(st["stopped"]) and n > 0, summary=summary,
+                      numbers={k: seen[k] for k in ("unread_connections", "unread_bytes",
+                                                   "not_accepted")}, events=events)
 
     def describe(self) -> str:
         return "etcd frozen (SIGSTOP)"
@@ -250,21 +350,35 @@ class EtcdSlow(Step):
     running_ms: int = 50
     _stop: Any = field(default=None, init=False, repr=False, compare=False)
     _thread: Any = field(default=None, init=False, repr=False, compare=False)
+    _cycles: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False,
+                                              compare=False)
 
     def do(self, rt: Any) -> Dict[str, Any]:
         import threading
 
         assert self.etcd is not None
-        proc = rt.service(self.etcd.service).proc
+        etcd = self.etcd
+        proc = rt.service(etcd.service).proc
         stop = threading.Event()
-        cycles = [0]
+        self._cycles = cycles = {"stops": 0, "waited": 0, "first": None, "max_bytes": 0,
+                                 "from": round(rt.now(), 3)}
 
         def cycle() -> None:
             while not stop.is_set():
                 proc.signal_group(signal.SIGSTOP)
-                cycles[0] += 1
+                cycles["stops"] += 1
                 if stop.wait(self.stopped_ms / 1000.0):
                     break
+                # at the end of each stop: did a request wait for etcd? (the kernel's count)
+                try:
+                    w = _waiting(rt, etcd)
+                except OSError:
+                    w = None
+                if w is not None and (w["unread_bytes"] or w["not_accepted"]):
+                    cycles["waited"] += 1
+                    cycles["max_bytes"] = max(cycles["max_bytes"], w["unread_bytes"])
+                    if cycles["first"] is None:
+                        cycles["first"] = w["t"]
                 proc.signal_group(signal.SIGCONT)
                 stop.wait(self.running_ms / 1000.0)
             proc.signal_group(signal.SIGCONT)
@@ -282,6 +396,20 @@ class EtcdSlow(Step):
         assert self.etcd is not None
         rt.service(self.etcd.service).proc.signal_group(signal.SIGCONT)
 
+    def effect(self, rt: Any) -> Effect:
+        """The stops delivered, and in how many a request was waiting for etcd at the stop's
+        end (unread bytes on its client port's connections, or a connection not accepted)."""
+        c = dict(self._cycles or {})
+        n, w = int(c.get("stops") or 0), int(c.get("waited") or 0)
+        summary = (f"{n} stop{'s' * (n != 1)} of {self.stopped_ms} ms from "
+                   f"{c.get('from', 0.0):.2f} s; a request waited for etcd in {w} of them")
+        events = [{"t": c.get("from", 0.0), "what": "duty cycle of SIGSTOP/SIGCONT begins"}]
+        if c.get("first") is not None:
+            events.append({"t": c["first"], "what": "first stop with a request waiting "
+                           f"(largest unread: {c.get('max_bytes', 0)} bytes)"})
+        return Effect(acted=w > 0, summary=summary,
+                      numbers={"stops": n, "stops_with_requests": w}, events=events)
+
     def describe(self) -> str:
         return f"etcd slow (stopped {self.stopped_ms} ms, running {self.running_ms} ms, again)"
 
@@ -295,6 +423,7 @@ class EtcdDrop(Step):
     etcd: Optional[EtcdPlan] = None
     peers: List[str] = field(default_factory=list)   # only from these hosts (none: from all)
     _handles: List[str] = field(default_factory=list, init=False, repr=False, compare=False)
+    _seen: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False, compare=False)
 
     def _host(self, rt: Any) -> str:
         assert self.etcd is not None
@@ -304,14 +433,37 @@ class EtcdDrop(Step):
         assert self.etcd is not None
         peers: List[Optional[str]] = list(self.peers) or [None]   # None: from everyone
         self._handles = [rt.net.filter_rule(self._host(rt), action="drop", direction="in",
-                                            ports=[self.etcd.client_port], peer=p)
+                                            ports=[self.etcd.client_port], peer=p,
+                                            counter=True)
                          for p in peers]
         return {"rules": list(self._handles), "port": self.etcd.client_port}
 
     def undo(self, rt: Any) -> None:
+        if self._handles:
+            self._seen = self._read(rt)   # the counters go with the rules
         for h in self._handles:
             rt.net.remove_rule(self._host(rt), h)
         self._handles = []
+
+    def _read(self, rt: Any) -> Dict[str, Any]:
+        packets = bytes_ = 0
+        for h in self._handles:
+            c = rt.net.rule_counters(self._host(rt), h)
+            packets, bytes_ = packets + c["packets"], bytes_ + c["bytes"]
+        return {"t": round(rt.now(), 3), "packets": packets, "bytes": bytes_}
+
+    def effect(self, rt: Any) -> Effect:
+        """The packets to etcd's client port the rules dropped (their counters, read before
+        the heal removes them, else at the end of the run)."""
+        seen = self._seen if self._seen is not None else self._read(rt)
+        n, b = seen["packets"], seen["bytes"]
+        when = "when healed" if self._seen is not None else "at the end of the run"
+        return Effect(acted=n > 0,
+                      summary=f"{n} packet{'s' * (n != 1)} ({b} bytes) to etcd's client port "
+                              "dropped",
+                      numbers={"packets": n, "bytes": b},
+                      events=[{"t": seen["t"], "what": f"rule counters read {when}: {n} "
+                               f"packets, {b} bytes"}])
 
     def describe(self) -> str:
         assert self.etcd is not None

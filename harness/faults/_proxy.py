@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Literal, Optional, Sequence, Union
 
 from pydantic import Field
@@ -31,6 +30,7 @@ from ..machine import NAMESPACES, Requirement, Tool
 from ..steps import Effect, Step
 from ..triggers import When
 from . import Fault
+from ._probe import json_lines
 
 MARK = 0x7468               # the firewall mark of the proxy's own connections ("th")
 NFT = Tool("nft", package="nftables", why="the proxy's redirect rules")
@@ -44,22 +44,10 @@ def connections_met(log: Any, toxic: str, start_line: float, limit: int = 50
     """The proxy's log lines (``service-proxy_<host>.err``) for the connections ``toxic`` met:
     when (seconds after the start line, ``start_line`` on the monotonic clock), the
     connection's number, where it went, and how it closed."""
-    import json
-
     t0: Optional[float] = None
     conns: Dict[int, Dict[str, Any]] = {}
     out: List[Dict[str, Any]] = []
-    try:
-        text = Path(log).read_text(errors="replace")
-    except OSError:
-        return out
-    for ln in text.splitlines():
-        try:
-            rec = json.loads(ln)
-        except ValueError:
-            continue
-        if not isinstance(rec, dict):
-            continue
+    for rec in json_lines(log):
         ev = rec.get("ev")
         if ev == "ready" and rec.get("t0") is not None:
             t0 = float(rec["t0"])

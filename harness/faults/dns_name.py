@@ -6,6 +6,11 @@ attempts), ``dead_first`` (an address of the run where no host is, before the li
 The last three go through the harness's responder (dnsmasq forwards the name to it, on the
 server's own loopback), and so does ``nxdomain`` with ``ptr: false`` (every name is the
 responder's there). dns_server: the whole server frozen (SIGSTOP) or its port dropped.
+
+Evidence (harness.faults._dns): a name through the responder, the queries it answered the
+faulted way (its log); a removed dnsmasq record, the queries dnsmasq answered NXDOMAIN while the
+file was gone, per client (dnsmasq's query log); dns_server frozen, dnsmasq seen stopped and the
+queries left unread in its port-53 sockets; dropped, the packets its rules dropped.
 """
 
 from __future__ import annotations

@@ -11,6 +11,12 @@ rendezvous is gone), ``slow`` (a duty cycle: SIGSTOP for ``stopped_ms``, SIGCONT
 usual trigger (``at``, or ``phase`` + ``rank`` + ``after``): "during rendezvous" is
 ``{phase: rendezvous, rank: "agent:node0"}``, "in training step k" ``{phase: "train step k",
 rank: 0}`` (a ``ddp`` workload).
+
+Evidence (harness.faults._etcd, per step): absent, a connection to the endpoint refused at the
+end; killed / wiped, etcd's exit status (SIGKILL), its data gone, the new etcd's pid; frozen,
+the kernel saw it stopped and requests waited unread on its client port before the heal (0:
+nobody asked it anything while frozen); slow, the stops and how many a request waited through;
+dropped, the packets its rules dropped.
 """
 
 from __future__ import annotations

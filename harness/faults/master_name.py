@@ -9,6 +9,9 @@ address of the run's own networks where no host is: for ``first`` the number aft
 last host's, which glibc's address sorting (RFC 6724 rule 9) puts before the master's address
 on the last host; for ``last`` one far off (``.250`` / ``::fa``), sorted after it. The name
 must end in ``.test`` (RFC 6761: never a real name); no DNS is asked in any case.
+
+Evidence (harness.faults._names.WriteHosts): each host's hosts file read back as written, and
+glibc's answer for the name inside a host's namespace at the end of the run.
 """
 
 from __future__ import annotations

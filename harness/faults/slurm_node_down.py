@@ -1,9 +1,14 @@
 """slurm_node_down: the run's Slurm controller sets a node DOWN while the job runs
 (``scontrol update NodeName=N State=DOWN``), as an administrator or a health check does; a
-heal (``heal_after``) resumes it. Only with ``launcher: slurm`` (its test cluster)."""
+heal (``heal_after``) resumes it. Only with ``launcher: slurm`` (its test cluster).
 
-from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, Literal, Optional, Sequence
+Evidence: the node's state as the controller gives it back right after the update
+(``scontrol show node``: DOWN, with the fault's reason), and at the end of the run the jobs
+the controller failed for a node (``scontrol show job``: JobState NODE_FAIL, on a node list
+with this node). It acted when the node read back DOWN and a job running on it was failed."""
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, List, Literal, Optional, Sequence
 
 from pydantic import Field
 
@@ -22,6 +27,7 @@ class NodeState(Step):
     controller: str = ""
     reason: str = "harness: slurm_node_down"
     UNDO_AT_TEARDOWN: ClassVar[bool] = False   # the cluster goes with the run
+    _seen: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False, compare=False)
 
     def _update(self, rt: Any, state: str) -> Dict[str, Any]:
         argv = ["scontrol", "update", f"NodeName={self.node}", f"State={state}"]
@@ -33,14 +39,80 @@ class NodeState(Step):
                             f"(status {done.returncode}): {done.stderr.strip()[-300:]}")
         return {"node": self.node, "state": state}
 
+    def _show(self, rt: Any, what: List[str]) -> str:
+        done = rt.run_helper("scontrol show", ["scontrol", "show", "-o", *what],
+                             host=self.controller, timeout=30)
+        if done.returncode != 0:
+            raise StepError(f"scontrol show {' '.join(what)} failed (status {done.returncode})"
+                            f": {done.stderr.strip()[-300:]}")
+        return done.stdout
+
     def do(self, rt: Any) -> Optional[Dict[str, Any]]:
-        return self._update(rt, "DOWN")
+        info = self._update(rt, "DOWN")
+        try:
+            fields = scontrol_fields(self._show(rt, ["node", self.node]))
+            self._seen = {"t": round(rt.now(), 3), "state": fields[0].get("State", "?")
+                          if fields else "?", "reason": fields[0].get("Reason", "")
+                          if fields else ""}
+        except StepError as e:
+            self._seen = {"t": round(rt.now(), 3), "state": "?", "reason": str(e)}
+        info["read_back"] = self._seen["state"]
+        return info
+
+    def effect(self, rt: Any) -> Any:
+        from ..steps import Effect
+
+        assert self._seen is not None
+        seen = self._seen
+        down = "DOWN" in str(seen["state"]).split("+")
+        jobs = []
+        for j in scontrol_fields(self._show(rt, ["job"])):
+            if j.get("JobState") == "NODE_FAIL" and self.node in self._hostnames(
+                    rt, j.get("NodeList", "")):
+                jobs.append(f"job {j.get('JobId')} NODE_FAIL ({j.get('Reason', '?')})")
+        events = [{"t": seen["t"], "what": f"scontrol show node {self.node}: "
+                   f"State={seen['state']}" + (f" Reason={seen['reason']}"
+                                               if seen["reason"] else "")}]
+        events += [{"t": round(rt.now(), 3), "what": f"scontrol show job: {j}"} for j in jobs]
+        if not down:
+            summary = f"node {self.node} read back State={seen['state']}, not DOWN"
+        else:
+            summary = (f"node {self.node} read back DOWN at {seen['t']:.2f} s; "
+                       + ("; ".join(jobs) if jobs else "no job was failed for a node"))
+        return Effect(acted=down and bool(jobs), summary=summary,
+                      numbers={"failed_jobs": len(jobs)}, events=events)
+
+    def _hostnames(self, rt: Any, nodelist: str) -> List[str]:
+        """A Slurm node list (``node[0-1]``) in names (``scontrol show hostnames``)."""
+        if "[" not in nodelist:
+            return [n for n in nodelist.split(",") if n]
+        done = rt.run_helper("scontrol show", ["scontrol", "show", "hostnames", nodelist],
+                             host=self.controller, timeout=30)
+        return done.stdout.split()
 
     def undo(self, rt: Any) -> None:
         self._update(rt, "RESUME")
 
     def describe(self) -> str:
         return f"set Slurm node {self.node} DOWN"
+
+
+def scontrol_fields(text: str) -> List[Dict[str, str]]:
+    """``scontrol show -o``'s lines (one record a line, ``Key=Value`` words) as dicts (pure).
+    A value with spaces (a Reason) keeps the words up to the next ``Key=``."""
+    out: List[Dict[str, str]] = []
+    for ln in text.splitlines():
+        rec: Dict[str, str] = {}
+        key = None
+        for word in ln.split():
+            k, eq, v = word.partition("=")
+            if eq and k and k[0].isalpha() and k.replace(":", "").replace("/", "").isalnum():
+                key, rec[k] = k, v
+            elif key is not None:
+                rec[key] += " " + word
+        if rec:
+            out.append(rec)
+    return out
 
 
 class SlurmNodeDown(Fault, When):
