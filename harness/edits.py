@@ -153,7 +153,7 @@ def _show(v: Optional[str]) -> str:
 
 def _silent(obs: Any) -> str:
     rc = f", exit code {obs.returncode}" if obs.returncode is not None else ""
-    return (f"{_who(obs.label)} (pid {obs.pid}) sent no start record{rc}: what it got is not "
+    return (f"its process (pid {obs.pid}) sent no start record{rc}: what it got is not "
             "known")
 
 
@@ -167,11 +167,11 @@ def _read_env(e: Edit, obs: Any, t0: Optional[float]) -> Tuple[str, str, Dict, L
     t = _rel(_start_t(obs), t0)
     if off:
         said = ", ".join(f"{k}={_show(off[k])}, not {_show(want[k])}" for k in off)
-        return NO_EFFECT, f"{_who(obs.label)} started with {said}", nums, []
+        return NO_EFFECT, f"started with {said}", nums, []
     said = ", ".join(f"{k}={_show(v)}" if v is not None else f"{k} unset"
                      for k, v in want.items())
     ev = [{"t": t, "what": f"started (pid {obs.pid}) with {said}"}] if t is not None else []
-    return ACTED, f"{_who(obs.label)} started with {said}", nums, ev
+    return ACTED, f"started with {said}", nums, ev
 
 
 def _read_init(e: Edit, obs: Any, t0: Optional[float]) -> Tuple[str, str, Dict, List]:
@@ -179,7 +179,7 @@ def _read_init(e: Edit, obs: Any, t0: Optional[float]) -> Tuple[str, str, Dict, 
     if init is None:
         return _unreached(obs, "init")
     if "init_method" not in init.data:
-        return NOT_OBSERVABLE, (f"{_who(obs.label)} does not say its init arguments (a "
+        return NOT_OBSERVABLE, ("it does not say its init arguments (a "
                                 "program's own call to init_process_group)"), {}, []
     got = {"url": init.data.get("init_method"), "rank": init.data.get("init_rank"),
            "world_size": init.data.get("init_world_size")}
@@ -189,10 +189,10 @@ def _read_init(e: Edit, obs: Any, t0: Optional[float]) -> Tuple[str, str, Dict, 
     off = {k: got[k] for k, v in want.items() if got[k] != v}
     if off:
         said = ", ".join(f"{k} {off[k]!r}, not {want[k]!r}" for k in off)
-        return NO_EFFECT, f"{_who(obs.label)} called init_process_group with {said}", {}, []
+        return NO_EFFECT, f"called init_process_group with {said}", {}, []
     said = ", ".join(f"{k} {v!r}" for k, v in want.items())
     t = _rel(init.t, t0)
-    return ACTED, f"{_who(obs.label)} called init_process_group with {said}", {}, \
+    return ACTED, f"called init_process_group with {said}", {}, \
         [{"t": t, "what": f"init_process_group({said})"}] if t is not None else []
 
 
@@ -200,23 +200,22 @@ def _read_release(e: Edit, obs: Any, t0: Optional[float],
                   now: float) -> Tuple[str, str, Dict, List]:
     at = e.detail["release"].get("at")
     planned = e.detail["released"]
-    who = _who(obs.label)
     if obs.released_at is None:
         if not obs.ready():
             ended = f", ended at {obs.ended_at:g} s" if obs.ended_at is not None else ""
-            return NO_EFFECT, (f"{who} never reached the start line (never ready{ended}): the "
+            return NO_EFFECT, (f"never reached the start line (never ready{ended}): the "
                                f"release {planned} held nothing"), {}, []
         end = obs.ended_at if obs.ended_at is not None else now
-        return ACTED, (f"{who} was held for the whole run: not released by its end at "
+        return ACTED, (f"held for the whole run: not released by its end at "
                        f"{end:g} s (release {planned})"), {"held_until_s": end}, \
             [{"t": end, "what": "still held at its end"}]
     nums: Dict[str, Any] = {"released_at_s": obs.released_at}
     if at is not None:
         nums["planned_s"] = at
         if obs.released_at < float(at) - EARLY:
-            return NO_EFFECT, (f"{who} was released at {obs.released_at:g} s, before its "
+            return NO_EFFECT, (f"released at {obs.released_at:g} s, before its "
                                f"planned {at:g} s"), nums, []
-    return ACTED, f"{who} was released at {obs.released_at:g} s (planned {planned})", nums, \
+    return ACTED, f"released at {obs.released_at:g} s (planned {planned})", nums, \
         [{"t": obs.released_at, "what": f"released (planned {planned})"}]
 
 
@@ -227,7 +226,7 @@ def _phase_event(obs: Any, phase: str) -> Optional[Any]:
 def _unreached(obs: Any, what: str) -> Tuple[str, str, Dict, List]:
     if not obs.events:
         return NOT_OBSERVABLE, _silent(obs), {}, []
-    return NO_EFFECT, (f"{_who(obs.label)} never reached {what} (its last phase: "
+    return NO_EFFECT, (f"never reached {what} (its last phase: "
                        f"{P.last_phase(obs.events)})"), {}, []
 
 
@@ -237,10 +236,10 @@ def _read_skip(e: Edit, obs: Any, t0: Optional[float]) -> Tuple[str, str, Dict, 
     if ev is None:
         return _unreached(obs, ph)
     if "skipped" not in ev.data:
-        return NO_EFFECT, f"{_who(obs.label)} entered {ph} and did not skip it", {}, []
+        return NO_EFFECT, f"entered {ph} and did not skip it", {}, []
     t = _rel(ev.t, t0)
     what = f"skipped {ev.data['skipped']} in {ph}"
-    return ACTED, f"{_who(obs.label)} {what}" + (f" at {t:g} s" if t is not None else ""), \
+    return ACTED, what + (f" at {t:g} s" if t is not None else ""), \
         {}, [{"t": t, "what": what}] if t is not None else []
 
 
@@ -255,10 +254,10 @@ def _read_raise(e: Edit, obs: Any, t0: Optional[float]) -> Tuple[str, str, Dict,
         how = "sent no result" if res is None else (
             f"ended {res.data.get('status')}" if res.data.get("status") != P.EXCEPTION else
             f"raised {got.get('type')} in {res.data.get('phase')}")
-        return NO_EFFECT, f"{_who(obs.label)} entered {ph} but {how}, not {exc} there", {}, []
+        return NO_EFFECT, f"entered {ph} but {how}, not {exc} there", {}, []
     t = _rel(res.t, t0)
     what = f"raised {exc} entering {ph}"
-    return ACTED, f"{_who(obs.label)} {what}" + (f" at {t:g} s" if t is not None else ""), \
+    return ACTED, what + (f" at {t:g} s" if t is not None else ""), \
         {}, [{"t": t, "what": what}] if t is not None else []
 
 
@@ -283,12 +282,12 @@ def _read_slow(e: Edit, obs: Any, t0: Optional[float],
     nums = {"phases_slowed": len(slow), "phases_reached": len(seen)}
     if not slow:
         said = ", ".join(f"{p} {m:g} s (planned {s:g} s)" for p, s, m, _ in seen[:3])
-        return NO_EFFECT, f"{_who(obs.label)} spent less than planned: {said}", nums, []
+        return NO_EFFECT, f"spent less than planned: {said}", nums, []
     said = ", ".join(f"{m:g} s in {p}" for p, _, m, _ in slow[:3]) + \
         (f" and {len(slow) - 3} more phases" if len(slow) > 3 else "")
     evs = [{"t": t, "what": f"{p}: {m:g} s (planned sleep {s:g} s)"}
            for p, s, m, t in slow if t is not None]
-    return ACTED, f"{_who(obs.label)} spent {said}", nums, evs
+    return ACTED, f"spent {said}", nums, evs
 
 
 def model_params(entry: str, change: str = "") -> int:
@@ -310,11 +309,11 @@ def _read_model(e: Edit, obs: Any, t0: Optional[float]) -> Tuple[str, str, Dict,
     plain = model_params(entry)
     nums = {"params": got, "planned_params": want, "others_params": plain}
     if got != want:
-        return NO_EFFECT, (f"{_who(obs.label)} built a model of {got} parameters, not the "
+        return NO_EFFECT, (f"built a model of {got} parameters, not the "
                            f"changed {want} ({e.detail['change']})"), nums, []
     t = _rel(ev.t, t0)
     what = f"built its model {e.detail['change']}: {got} parameters (the others' {plain})"
-    return ACTED, f"{_who(obs.label)} {what}", nums, \
+    return ACTED, what, nums, \
         [{"t": t, "what": what}] if t is not None else []
 
 
@@ -322,7 +321,6 @@ def _read_steps(e: Edit, obs: Any, t0: Optional[float]) -> Tuple[str, str, Dict,
     own, shared = list(e.detail["steps"]), list(e.detail["shared"])
     d = next((i for i, (a, b) in enumerate(zip(own, shared)) if a != b), min(len(own),
                                                                             len(shared)))
-    who = _who(obs.label)
     if d < len(own):   # it runs another entry at position d + 1
         ph = f"workload step {d + 1}"
         ev = next((x for x in obs.events if x.ev == P.PHASE and x.data.get("step") == own[d]
@@ -332,20 +330,20 @@ def _read_steps(e: Edit, obs: Any, t0: Optional[float]) -> Tuple[str, str, Dict,
         t = _rel(ev.t, t0)
         what = f"ran its own entry {d + 1}: {own[d]} (the others: " + \
             (f"{shared[d]})" if d < len(shared) else "none)")
-        return ACTED, f"{who} {what}", {}, [{"t": t, "what": what}] if t is not None else []
+        return ACTED, what, {}, [{"t": t, "what": what}] if t is not None else []
     if d >= len(shared):   # the same entries: nothing to tell apart
-        return NOT_OBSERVABLE, f"{who}'s own workload is the shared one", {}, []
+        return NOT_OBSERVABLE, "its own workload is the shared one", {}, []
     # its workload is a prefix of the shared one: it ends after entry d
     past = _phase_event(obs, f"workload step {d + 1}")
     if past is not None:
-        return NO_EFFECT, f"{who} entered workload step {d + 1}, past its own {d} entries", {}, []
+        return NO_EFFECT, f"entered workload step {d + 1}, past its own {d} entries", {}, []
     end = next((x for x in obs.events if x.ev == P.PHASE and x.phase in ("destroy", "exit")),
                None)
     if end is None:
         return _unreached(obs, f"the end of its own {d} entries")
     t = _rel(end.t, t0)
     what = f"ended its workload after its own {d} entries (the others run {len(shared)})"
-    return ACTED, f"{who} {what}", {}, [{"t": t, "what": what}] if t is not None else []
+    return ACTED, what, {}, [{"t": t, "what": what}] if t is not None else []
 
 
 def _describe(e: Edit) -> str:
@@ -383,14 +381,14 @@ def read_one(e: Edit, rows: Mapping[str, Any], t0: Optional[float],
     started = obs is not None and (obs.pid is not None or bool(obs.events))
     if e.what == "absent":
         if started:
-            return NO_EFFECT, f"a process ran as {_who(e.target)} (pid {obs.pid})", {}, []
-        return ACTED, f"{_who(e.target)} never started: no process ran as it", {}, []
+            return NO_EFFECT, f"a process ran as it (pid {obs.pid})", {}, []
+        return ACTED, "never started: no process ran as it", {}, []
     if not started:
-        return NO_EFFECT, f"{_who(e.target)} never started", {}, []
+        return NO_EFFECT, "never started", {}, []
     if e.what == "process":
         rel = f", released at {obs.released_at:g} s" if obs.released_at is not None else \
             ", never released"
-        return ACTED, f"{_who(e.target)} started (pid {obs.pid}){rel}", \
+        return ACTED, f"started (pid {obs.pid}){rel}", \
             {"pid": obs.pid, "released_at_s": obs.released_at}, \
             [{"t": obs.released_at, "what": f"{e.target} released"}] \
             if obs.released_at is not None else []

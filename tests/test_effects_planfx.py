@@ -94,14 +94,14 @@ def test_an_env_edit_acted_when_the_process_had_the_value_and_not_when_it_had_an
                                                              "WORLD_SIZE": None}})
     rec = one(e, [row("1", [start({"MASTER_PORT": "abc", "WORLD_SIZE": None})])])
     assert rec["status"] == "acted"
-    assert rec["summary"] == "rank 1 started with MASTER_PORT='abc', WORLD_SIZE unset"
+    assert rec["summary"] == "started with MASTER_PORT='abc', WORLD_SIZE unset"
     assert rec["events"] == [{"t": -0.5, "what": "started (pid 100) with MASTER_PORT='abc', "
                                                 "WORLD_SIZE unset"}]
     rec = one(e, [row("1", [start({"MASTER_PORT": "29500", "WORLD_SIZE": None})])])
     assert rec["status"] == "no effect"
-    assert rec["summary"] == "rank 1 started with MASTER_PORT='29500', not 'abc'"
+    assert rec["summary"] == "started with MASTER_PORT='29500', not 'abc'"
     # no process as rank 1: it never started; one that said nothing: not known, never acted
-    assert one(e, [])["summary"] == "rank 1 never started"
+    assert one(e, [])["summary"] == "never started"
     assert one(e, [])["status"] == "no effect"
     silent = one(e, [row("1", [], returncode=1)])
     assert silent["status"] == "not observable" and "sent no start record" in silent["summary"]
@@ -124,16 +124,16 @@ def test_phases_say_whether_a_skip_a_raise_a_sleep_or_a_model_change_happened():
     skip = edits.Edit(1, "skip_collective", "1", "skip", {"phase": "workload step 2"})
     ev = [{"ev": "phase", "t": 3.0, "phase": "workload step 2", "skipped": "all_reduce"}]
     assert one(skip, [row("1", ev)])["summary"] == \
-        "rank 1 skipped all_reduce in workload step 2 at 2 s"
+        "skipped all_reduce in workload step 2 at 2 s"
     unreached = one(skip, [row("1", [{"ev": "phase", "t": 2.0, "phase": "init"}])])
     assert unreached["status"] == "no effect"
-    assert unreached["summary"] == "rank 1 never reached workload step 2 (its last phase: init)"
+    assert unreached["summary"] == "never reached workload step 2 (its last phase: init)"
 
     slow = edits.Edit(1, "slow_rank", "0", "slow", {"phases": {"workload step 1": 2.0}})
     evs = [{"ev": "phase", "t": 2.0, "phase": "workload step 1"},
            {"ev": "phase", "t": 4.1, "phase": "exit"}]
     rec = one(slow, [row("0", evs)])
-    assert rec["status"] == "acted" and rec["summary"] == "rank 0 spent 2.1 s in workload step 1"
+    assert rec["status"] == "acted" and rec["summary"] == "spent 2.1 s in workload step 1"
     evs[1]["t"] = 2.5
     assert one(slow, [row("0", evs)])["status"] == "no effect"
 
@@ -150,7 +150,7 @@ def test_phases_say_whether_a_skip_a_raise_a_sleep_or_a_model_change_happened():
     res = {"ev": "result", "t": 2.2, "status": "exception", "phase": "init",
            "exc": {"type": "ValueError"}}
     evs = [{"ev": "phase", "t": 2.0, "phase": "init"}, res]
-    assert one(rse, [row("1", evs)])["summary"] == "rank 1 raised ValueError entering init at 1.2 s"
+    assert one(rse, [row("1", evs)])["summary"] == "raised ValueError entering init at 1.2 s"
     res["exc"] = {"type": "RuntimeError"}
     assert one(rse, [row("1", [{"ev": "phase", "t": 2.0, "phase": "init"}, res])])["status"] \
         == "no effect"
@@ -182,10 +182,10 @@ def test_plan_faults_that_act_say_so_from_the_ranks_own_words(tmp_path):
     assert [e["status"] for e in obs.effects] == ["acted"] * 4, obs.effects
     released = next(r.released_at for r in obs.ranks if r.label == "1")
     assert released is not None and released >= 1.0 - edits.EARLY
-    assert delayed["summary"].startswith(f"rank 1 was released at {released:g} s")
-    assert skip["summary"].startswith("rank 1 skipped all_reduce in workload step 2 at ")
-    assert missing["summary"] == "rank 1 started with LOCAL_WORLD_SIZE unset"
-    assert malformed["summary"] == "rank 0 started with LOCAL_RANK='x7'"
+    assert delayed["summary"].startswith(f"released at {released:g} s")
+    assert skip["summary"].startswith("skipped all_reduce in workload step 2 at ")
+    assert missing["summary"] == "started with LOCAL_WORLD_SIZE unset"
+    assert malformed["summary"] == "started with LOCAL_RANK='x7'"
     pid = next(r.pid for r in obs.ranks if r.label == "0")
     assert malformed["targets"][0]["steps"][0]["numbers"] == {"pid": pid}
 
@@ -197,16 +197,16 @@ def test_a_plan_fault_whose_rank_never_gets_there_had_no_effect_and_fails_its_ca
                "  - {kind: skip_collective, rank: 1, phase: workload step 2}\n", tmp_path)
     raised, skip = obs.effects
     assert raised["status"] == "acted"
-    assert raised["summary"].startswith("rank 1 raised ValueError entering init at ")
+    assert raised["summary"].startswith("raised ValueError entering init at ")
     assert skip["status"] == "no effect"
-    assert skip["summary"] == "rank 1 never reached workload step 2 (its last phase: init)"
+    assert skip["summary"] == "never reached workload step 2 (its last phase: init)"
     verdicts = classify_run(obs)
     assert {v.label: v.outcome for v in verdicts}["1"] == "error"
     mism = check(Expect(), verdicts, obs.counters, obs.effects)
     (m,) = mism
     assert m.label == ("fault 2 (skip_collective on rank 1, skips the collective of workload "
                        "step 2)")
-    assert m.observed == "no effect: rank 1 never reached workload step 2 (its last phase: init)"
+    assert m.observed == "no effect: never reached workload step 2 (its last phase: init)"
 
 
 @linux
@@ -216,8 +216,8 @@ def test_an_absent_rank_and_a_second_job_are_read_from_the_processes_that_ran(tm
                "  - {kind: concurrent_job, world_size: 1, delay: 0.5}\n", tmp_path)
     absent, job = obs.effects
     assert absent["status"] == "acted"
-    assert absent["summary"] == "rank 2 never started: no process ran as it"
+    assert absent["summary"] == "never started: no process ran as it"
     assert job["status"] == "acted", job
     row = next(r for r in obs.ranks if r.label == "job2:0")
-    assert job["summary"] == f"job2:0 started (pid {row.pid}), released at {row.released_at:g} s"
+    assert job["summary"] == f"started (pid {row.pid}), released at {row.released_at:g} s"
     assert row.released_at >= 0.5 - edits.EARLY
