@@ -264,7 +264,8 @@ def _read_raise(e: Edit, obs: Any, t0: Optional[float]) -> Tuple[str, str, Dict,
 def _read_slow(e: Edit, obs: Any, t0: Optional[float],
                now: float) -> Tuple[str, str, Dict, List]:
     phases: Dict[str, float] = e.detail["phases"]
-    seen: List[Tuple[str, float, float, Optional[float]]] = []   # phase, planned, measured, t
+    # phase, planned, measured, t, whether it was its last word
+    seen: List[Tuple[str, float, float, Optional[float], bool]] = []
     for i, ev in enumerate(obs.events):
         if ev.ev != P.PHASE or ev.phase not in phases:
             continue
@@ -275,18 +276,26 @@ def _read_slow(e: Edit, obs: Any, t0: Optional[float],
             end = obs.ended_at if obs.ended_at is not None else now
             start = _rel(ev.t, t0)
             took = end - start if start is not None else 0.0
-        seen.append((str(ev.phase), phases[str(ev.phase)], round(took, 3), _rel(ev.t, t0)))
+        seen.append((str(ev.phase), phases[str(ev.phase)], round(took, 3), _rel(ev.t, t0),
+                     nxt is None))
     if not seen:
         return _unreached(obs, " or ".join(list(phases)[:3]))
-    slow = [s for s in seen if s[2] >= s[1] - SLOW_GRAIN]
+    # the sleep comes first as it enters the phase: a phase that was its last word and lasted
+    # less than the sleep ended in the sleep (killed, or the run's end), which still acted
+    slow = [s for s in seen if s[2] >= s[1] - SLOW_GRAIN or s[4]]
     nums = {"phases_slowed": len(slow), "phases_reached": len(seen)}
     if not slow:
-        said = ", ".join(f"{p} {m:g} s (planned {s:g} s)" for p, s, m, _ in seen[:3])
+        said = ", ".join(f"{p} {m:g} s (planned {s:g} s)" for p, s, m, _, _ in seen[:3])
         return NO_EFFECT, f"spent less than planned: {said}", nums, []
-    said = ", ".join(f"{m:g} s in {p}" for p, _, m, _ in slow[:3]) + \
+
+    def one(p: str, s: float, m: float, last: bool) -> str:
+        cut = " (it ended in its sleep)" if last and m < s - SLOW_GRAIN else ""
+        return f"{m:g} s in {p}{cut}"
+
+    said = ", ".join(one(p, s, m, last) for p, s, m, _, last in slow[:3]) + \
         (f" and {len(slow) - 3} more phases" if len(slow) > 3 else "")
     evs = [{"t": t, "what": f"{p}: {m:g} s (planned sleep {s:g} s)"}
-           for p, s, m, t in slow if t is not None]
+           for p, s, m, t, _ in slow if t is not None]
     return ACTED, f"spent {said}", nums, evs
 
 

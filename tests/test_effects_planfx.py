@@ -136,6 +136,10 @@ def test_phases_say_whether_a_skip_a_raise_a_sleep_or_a_model_change_happened():
     assert rec["status"] == "acted" and rec["summary"] == "spent 2.1 s in workload step 1"
     evs[1]["t"] = 2.5
     assert one(slow, [row("0", evs)])["status"] == "no effect"
+    # killed in its sleep: the phase was its last word, shorter than the sleep, and it acted
+    cut = one(slow, [row("0", evs[:1], ended_at=2.1)])
+    assert cut["status"] == "acted"
+    assert cut["summary"] == "spent 1.1 s in workload step 1 (it ended in its sleep)"
 
     model = edits.Edit(1, "model_mismatch", "1", "model", {"change": "wider"})
     want = edits.model_params("ddp", "wider")
