@@ -20,8 +20,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 ACTED, NO_EFFECT, NOT_OBSERVABLE = "acted", "no effect", "not observable"
 STATUSES = (ACTED, NO_EFFECT, NOT_OBSERVABLE)
-NO_STEP = ("no step at run time: it acts through the plan (the ranks' environment, arguments "
-           "or processes), which no probe reads yet")
+NO_STEP = ("no step at run time, and no change to a planned process that the processes report "
+           "(harness.edits): nothing to read")
 
 
 def combine(statuses: Sequence[str]) -> str:

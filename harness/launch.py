@@ -31,7 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from . import cgroups, interrupts, pyspy
+from . import cgroups, edits, interrupts, pyspy
 from .capture import Capture
 from .effects import aggregate
 from .errors import HarnessError
@@ -610,7 +610,10 @@ class Supervisor:
         counters = {h.name: self._counters(h.name) for h in self.plan.hosts} \
             if self.topo is not None else {}
         # what each fault did: read before teardown (nft counters go with the namespaces)
-        effects = aggregate(self.plan.faults, self.scheduler.effects(self.now()))
+        # (a fault without steps: what it changed in the plan, from what the processes said)
+        effects = aggregate(self.plan.faults, self.scheduler.effects(self.now()) + edits.read(
+            self.plan.edits, [r.obs for r in self.ranks], self.t0, self.now(),
+            absent=[r.label for r in self.plan.ranks if r.absent]))
         problems = self.scheduler.teardown(wall)
         if problems:
             raise HarnessError("; ".join(problems))

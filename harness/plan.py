@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional
 
-from . import interpreters
+from . import edits, interpreters
 from .errors import PlanRefusal  # noqa: F401 - re-exported: harness.plan.PlanRefusal
 from .hostspec import HostNames, host_names
 from .jobstore import JobStore, job_store
@@ -197,6 +197,9 @@ class RunPlan:
     # the case's faults, numbered from 1: kind and whether it may have no effect (harness.effects)
     faults: List[Dict[str, Any]] = field(default_factory=list)
     _fault_no: int = field(default=0, repr=False, compare=False)   # the fault being applied
+    # what each fault without steps of its own changed in the planned processes, per process
+    # (harness.edits): its effect is read from what the processes said at the end of the run
+    edits: List[Any] = field(default_factory=list)
 
     def service_hosts(self) -> List[str]:
         """Hosts of the run's services (no ranks): the name server's, then etcd's own."""
@@ -374,7 +377,7 @@ class RunPlan:
     def to_dict(self) -> Dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k not in ("take_port", "ranks", "steps",
                                                                 "hosts", "launcher", "stores",
-                                                                "_fault_no")}
+                                                                "_fault_no", "edits")}
         d["store"] = self.store().to_dict()
         d["stores"] = {job: st.to_dict() for job, st in self.stores.items() if job}
         d["launcher"] = {"kind": self.launcher.kind, **self.launcher.model_dump(
@@ -534,10 +537,15 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
         plan._fault_no = i + 1
         plan.faults.append({"n": i + 1, "kind": fault.kind,
                             "optional": getattr(fault, "effect", "required") == "optional"})
+        before, steps_before = edits.snapshot(plan), len(plan.steps)
         try:
             fault.apply(plan, scn)
         except PlanRefusal as e:
             raise PlanRefusal(f"{fault.kind}: {e}", ("faults", i, "kind")) from None
+        if not any(s.fault_no == i + 1 for s in plan.steps[steps_before:]):
+            # no step of its own proves it: what it changed in the plan, read back at the end
+            plan.edits += edits.diff(before, edits.snapshot(plan), i + 1, fault.kind,
+                                     plan.workload)
     plan._fault_no = 0
     if use_ns and any(not h.machine.is_plain() for h in hosts):
         # first of all: every process of the run (services included) starts on a whole host

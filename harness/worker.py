@@ -147,7 +147,6 @@ def reinit(step: str, spec: P.WorkerSpec, dist: Any, kwargs: dict) -> None:
 
 
 def run_workload(spec: P.WorkerSpec, dist: Any, torch: Any) -> None:
-    phase("init")
     kwargs: dict = {"timeout": timedelta(seconds=spec.timeout)}
     if spec.backend is not None:    # None: omitted, as a user who leaves it to torch
         kwargs["backend"] = spec.backend
@@ -159,6 +158,9 @@ def run_workload(spec: P.WorkerSpec, dist: Any, torch: Any) -> None:
         kwargs["rank"] = init.rank
     if init.world_size is not None:
         kwargs["world_size"] = init.world_size
+    # the init phase says what it passes (a fault's plan edit is read back from it)
+    phase("init", init_method=kwargs["init_method"], init_rank=init.rank,
+          init_world_size=init.world_size)
     device = torch.device("cpu")
     # a rank that may use NCCL takes its own GPU, as a training script does: the backend names
     # nccl, or is omitted (torch then takes cpu:gloo,cuda:nccl where CUDA is there)

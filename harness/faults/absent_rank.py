@@ -1,4 +1,8 @@
-"""absent_rank: ranks that are part of the world but are never started ("only rank 0 came up")."""
+"""absent_rank: ranks that are part of the world but are never started ("only rank 0 came up").
+
+Its evidence (harness.edits, read back from what the processes said): no process ran under the
+absent rank's label.
+"""
 
 from typing import List, Literal
 

@@ -1,6 +1,10 @@
 """concurrent_job: a second job with the same MASTER_ADDR/MASTER_PORT starts beside the first
 (started by the scenario's own launcher: a second torchrun job has its own agents). Each
-concurrent_job of a case is a job of its own: job2, job3... in the order they are written."""
+concurrent_job of a case is a job of its own: job2, job3... in the order they are written.
+
+Its evidence (harness.edits, read back from what the processes said): the second job's processes
+started (their pids) and when each was released.
+"""
 
 from typing import Literal, Optional
 

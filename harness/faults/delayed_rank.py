@@ -1,4 +1,8 @@
-"""delayed_rank: chosen ranks start late, measured from the common start line."""
+"""delayed_rank: chosen ranks start late, measured from the common start line.
+
+Its evidence (harness.edits, read back from what the processes said): the supervisor's release
+time of each target against the planned delay (or that it was still held when it ended).
+"""
 
 from typing import List, Literal
 

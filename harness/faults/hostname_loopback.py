@@ -6,7 +6,12 @@ dials it reaches itself (127.0.0.0/8 is local everywhere). Each host's hosts fil
 machine's host name to ``addr``; the chosen ranks have GLOO_SOCKET_IFNAME and
 NCCL_SOCKET_IFNAME removed (a user who never set them). It is the host model's
 ``resolves_self: 127.0.1.1`` on every host (harness.hostspec), for hosts with names of their own
-and for hosts that share the machine's."""
+and for hosts that share the machine's.
+
+Its evidence (harness.edits, read back from what the processes said): each target started with
+GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME unset (its start record); the hosts files are the run's
+own set-up (ShapeHosts).
+"""
 
 from __future__ import annotations
 

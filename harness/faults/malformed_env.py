@@ -1,4 +1,8 @@
-"""malformed_env: garbage values (made by faker from a recorded seed) in torch's env variables."""
+"""malformed_env: garbage values (made by faker from a recorded seed) in torch's env variables.
+
+Its evidence (harness.edits, read back from what the processes said): the value each target
+started with, from its own start record.
+"""
 
 from typing import Dict, List, Literal, Optional
 

@@ -1,4 +1,8 @@
-"""missing_env: variables torch's env:// init needs are not set for chosen ranks."""
+"""missing_env: variables torch's env:// init needs are not set for chosen ranks.
+
+Its evidence (harness.edits, read back from what the processes said): each target started with
+the variables unset, from its own start record.
+"""
 
 from typing import List, Literal, Optional
 

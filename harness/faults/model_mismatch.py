@@ -1,4 +1,8 @@
-"""model_mismatch: one rank builds a model of another shape (DDP's parameter-shape check)."""
+"""model_mismatch: one rank builds a model of another shape (DDP's parameter-shape check).
+
+Its evidence (harness.edits, read back from what the processes said): the parameter count the
+rank's ddp phase says, against the changed model's.
+"""
 
 from typing import Literal
 

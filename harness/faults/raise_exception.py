@@ -1,4 +1,8 @@
-"""raise_exception: a rank raises an exception as it enters a phase (a bug in one rank's code)."""
+"""raise_exception: a rank raises an exception as it enters a phase (a bug in one rank's code).
+
+Its evidence (harness.edits, read back from what the processes said): the rank's result: the
+exception it raised, in the planned phase.
+"""
 
 import re
 from typing import Literal

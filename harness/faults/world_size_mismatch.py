@@ -1,4 +1,8 @@
-"""world_size_mismatch: chosen ranks are told another WORLD_SIZE."""
+"""world_size_mismatch: chosen ranks are told another WORLD_SIZE.
+
+Its evidence (harness.edits, read back from what the processes said): the WORLD_SIZE each target
+started with (its start record) and the world size it passed to init_process_group.
+"""
 
 from typing import List, Literal
 
