@@ -240,9 +240,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         from .effects import event_lines
         from .effects import line as effect_line
 
-        for e in run.effects:   # what each fault did, with its evidence (harness.effects)
-            con.print(_text(effect_line(e), "bold"))
-            for ln in event_lines(e):
+        for eff in run.effects:   # what each fault did, with its evidence (harness.effects)
+            con.print(_text(effect_line(eff), "bold"))
+            for ln in event_lines(eff):
                 con.print(_text(f"    {ln}", "dim"))
         # rows with the same outcome, phase and cause are said once ("ranks 1-7: ..."), with
         # the first one's evidence: an 8-rank hang reads on one screen

@@ -45,7 +45,7 @@ def aggregate(faults: Sequence[Mapping[str, Any]],
         targets: Dict[str, List[Dict[str, Any]]] = {}
         for s in mine:
             targets.setdefault(str(s.get("target") or ""), []).append(s)
-        trecs = []
+        trecs: List[Dict[str, Any]] = []
         for target, ss in targets.items():
             status = combine([str(s.get("status")) for s in ss])
             said = [s for s in ss if s.get("status") == status] or ss

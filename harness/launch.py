@@ -373,7 +373,7 @@ class Supervisor:
         for r in self.ranks:
             e = ready_event(r.obs.events)
             got = e.data.get("torch_path") if e is not None else None
-            if not got or r.label in self._torch_checked:
+            if e is None or not got or r.label in self._torch_checked:
                 continue
             self._torch_checked.add(r.label)
             if r.plan is not None and "PYTHONPATH" in r.plan.env:
