@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import protocol as P
 
@@ -383,6 +383,13 @@ def _describe(e: Edit) -> str:
     return e.what
 
 
+
+# the readers of a plan edit, by its kind of change (release and slow also take the run's end)
+_READERS: Dict[str, Callable[[Edit, Any, Optional[float]], Tuple[str, str, Dict, List]]] = {
+    "env": _read_env, "init": _read_init, "skip": _read_skip, "raise": _read_raise,
+    "model": _read_model, "steps": _read_steps}
+
+
 def read_one(e: Edit, rows: Mapping[str, Any], t0: Optional[float],
              now: float) -> Tuple[str, str, Dict[str, Any], List[Dict[str, Any]]]:
     """(status, summary, numbers, events) of one edit, from the run's rows by label."""
@@ -401,22 +408,11 @@ def read_one(e: Edit, rows: Mapping[str, Any], t0: Optional[float],
             {"pid": obs.pid, "released_at_s": obs.released_at}, \
             [{"t": obs.released_at, "what": f"{e.target} released"}] \
             if obs.released_at is not None else []
-    if e.what == "env":
-        return _read_env(e, obs, t0)
-    if e.what == "init":
-        return _read_init(e, obs, t0)
-    if e.what == "release":
-        return _read_release(e, obs, t0, now)
-    if e.what == "skip":
-        return _read_skip(e, obs, t0)
-    if e.what == "raise":
-        return _read_raise(e, obs, t0)
-    if e.what == "slow":
-        return _read_slow(e, obs, t0, now)
-    if e.what == "model":
-        return _read_model(e, obs, t0)
-    if e.what == "steps":
-        return _read_steps(e, obs, t0)
+    if e.what in ("release", "slow"):      # they compare with the time the run ended
+        return (_read_release if e.what == "release" else _read_slow)(e, obs, t0, now)
+    reader = _READERS.get(e.what)
+    if reader is not None:
+        return reader(e, obs, t0)
     return NOT_OBSERVABLE, f"no reader for a plan edit of {e.what}", {}, []
 
 
