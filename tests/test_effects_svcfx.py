@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+from servicert import ServiceRuntime
 
 from harness import topology
 from harness.classify import classify_run
@@ -25,8 +26,6 @@ from harness.faults.slurm_node_down import NodeState, scontrol_fields
 from harness.launch import run_scenario
 from harness.loader import load_text
 from harness.plan import make_plan
-from harness.procs import ManagedProcess
-from harness.services import Services
 from harness.services.etcd import ETCD, SERVICE
 
 _MISSING = topology.missing()
@@ -293,27 +292,6 @@ def test_a_dropped_name_server_counts_the_packets_dropped(tmp_path):
 
 
 # -- the run's etcd, for real (no namespaces: etcd on the machine's loopback) --------------------
-class _Rt:
-    """The little of the supervisor's Runtime that the etcd steps use (no namespaces)."""
-
-    def __init__(self, run_dir: Path, plan: Any):
-        self.run_dir, self.plan, self.services = run_dir, plan, Services(run_dir)
-        self.t0 = time.monotonic()
-
-    def now(self) -> float:
-        return time.monotonic() - self.t0
-
-    def python(self, module: str, *args: str) -> List[str]:
-        return [sys.executable, "-m", module, *args]
-
-    def start_service(self, spec: Any) -> Any:
-        def spawn(argv: Any, out: Any, err: Any) -> ManagedProcess:
-            return ManagedProcess(argv, name=spec.name, cwd=str(self.run_dir), stdout=out,
-                                  stderr=err)
-        return self.services.start(spec, spawn).wait_ready()
-
-    def service(self, name: str) -> Any:
-        return self.services.get(name)
 
 
 def _etcd(tmp_path: Path, faults: str):
@@ -325,7 +303,7 @@ def _etcd(tmp_path: Path, faults: str):
                        f"faults: [{faults}]\n", "e.yaml")
     lease = PortLease()
     plan = make_plan(scn, str(tmp_path), lease.take, netns=False, run_id="t9")
-    return lease, plan, _Rt(tmp_path, plan)
+    return lease, plan, ServiceRuntime(tmp_path, plan)
 
 
 def _request(plan: Any) -> socket.socket:

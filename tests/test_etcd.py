@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any, List
 
 import pytest
+from servicert import ServiceRuntime
 
 from harness import topology
 from harness.loader import ScenarioFileError, load_text
 from harness.plan import make_plan
-from harness.procs import ManagedProcess, alive
+from harness.procs import alive
 from harness.requirements import skip_reason
-from harness.services import Services
 from harness.services import etcd as etcd_service
 from harness.services.etcd import ETCD, SERVICE, EtcdAnswers, get, plain_socket
 
@@ -200,27 +200,6 @@ def test_a_missing_etcd_program_is_the_skip_reason():
 
 # ---- etcd for real ---------------------------------------------------------------------------
 
-class _Rt:
-    """The little of the supervisor's Runtime that the etcd steps use (no namespaces)."""
-
-    def __init__(self, run_dir: Path, plan: Any):
-        self.run_dir, self.plan, self.services = run_dir, plan, Services(run_dir)
-        self.t0 = time.monotonic()
-
-    def now(self) -> float:
-        return time.monotonic() - self.t0
-
-    def python(self, module: str, *args: str) -> List[str]:
-        return [sys.executable, "-m", module, *args]
-
-    def start_service(self, spec: Any) -> Any:
-        def spawn(argv: Any, out: Any, err: Any) -> ManagedProcess:
-            return ManagedProcess(argv, name=spec.name, cwd=str(self.run_dir), stdout=out,
-                                  stderr=err)
-        return self.services.start(spec, spawn).wait_ready()
-
-    def service(self, name: str) -> Any:
-        return self.services.get(name)
 
 
 def _answers(plan: Any) -> bool:
@@ -239,7 +218,7 @@ def test_etcd_starts_answers_v2_freezes_restarts_wiped_and_stops(tmp_path):
     lease = PortLease()
     try:
         plan = make_plan(scn, str(tmp_path), lease.take, netns=False, run_id="t2")
-        rt = _Rt(tmp_path, plan)
+        rt = ServiceRuntime(tmp_path, plan)
         etcd = plan.etcd
         try:
             (up,) = [s for s in plan.steps if type(s).__name__ == "EtcdUp"]
@@ -416,7 +395,7 @@ def test_a_slow_etcd_is_stopped_most_of_the_time_and_runs_after_the_heal(tmp_pat
     lease = PortLease()
     try:
         plan = make_plan(scn, str(tmp_path), lease.take, netns=False, run_id="t3")
-        rt = _Rt(tmp_path, plan)
+        rt = ServiceRuntime(tmp_path, plan)
         try:
             (up,) = [s for s in plan.steps if type(s).__name__ == "EtcdUp"]
             up.do(rt)
