@@ -100,6 +100,11 @@ def rank_obs(label: str = "0", *, reached: str = "exit", exc: Optional[Dict[str,
                                "world_size": 2})
             n = int(ph.rsplit(" ", 1)[1])
             events.append({"ev": "phase", "t": t, "phase": ph, "step": steps[n - 1]})
+        elif ph == "init":   # the worker says what it passes to init_process_group
+            rank = label.split(":")[-1].split("@")[0]
+            events.append({"ev": "phase", "t": t, "phase": ph, "init_method": "env://",
+                           "init_rank": int(rank) if rank.isdigit() else None,
+                           "init_world_size": 2})
         else:
             events.append({"ev": "phase", "t": t, "phase": ph})
     if result:
@@ -115,7 +120,7 @@ def rank_obs(label: str = "0", *, reached: str = "exit", exc: Optional[Dict[str,
         "label": label, "pid": pid, "host": host, "addr": addr, "events": events,
         "returncode": returncode, "killed_at_deadline": killed_at_deadline,
         "signals": list(signals), "stacks": stacks, "native_stacks": "", "native_threads": [],
-        "stdout_tail": "", "stderr_tail": "",
+        "stdout_tail": "", "stderr_tail": "", "stderr_key": "",
         "released_at": 0.0, "ended_at": round(end + 0.04, 3), "notes": [],
         "role": role, "node": node, "attempt": attempt, "info": {}, "sockets": [],
         "waited_at_deadline": None,

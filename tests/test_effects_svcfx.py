@@ -8,6 +8,7 @@ dropped packets, and the run's etcd killed, frozen, slowed or never started."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import time
@@ -379,6 +380,37 @@ def test_an_absent_etcd_refuses_and_a_slow_one_counts_the_stops_a_request_waited
             assert eff.acted and eff.numbers["stops_with_requests"] >= 1, eff
             for c in clients:
                 c.close()
+        finally:
+            assert rt.services.stop_all() == []
+    finally:
+        lease.release()
+
+
+@needs_etcd
+def test_etcds_own_gateway_connection_is_no_clients_request(tmp_path):
+    """etcd dials its own client port (its gRPC gateway): that connection is found as its own
+    and never counted as a request that waited, while a client's unread request is."""
+    from harness.faults._etcd import _waiting
+
+    lease, plan, rt = _etcd(tmp_path, "{kind: etcd_server, mode: frozen, at: 1}")
+    try:
+        up = next(s for s in plan.steps if type(s).__name__ == "EtcdUp")
+        up.do(rt)
+        try:
+            pid = rt.service(plan.etcd.service).pid
+            assert _probe.own_connections(pid, plan.etcd.client_port), \
+                _probe.sockets(pid, plan.etcd.client_port)
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                client = _request(plan)
+                end = time.monotonic() + 5
+                while time.monotonic() < end and not _waiting(rt, plan.etcd)["unread_bytes"]:
+                    time.sleep(0.05)
+                w = _waiting(rt, plan.etcd)
+                assert w["unread_connections"] == 1 and w["unread_bytes"] > 0, w
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            client.close()
         finally:
             assert rt.services.stop_all() == []
     finally:

@@ -146,8 +146,13 @@ def _wait_state(pid: int, state: str, limit: float) -> bool:
 def _waiting(rt: Any, etcd: EtcdPlan) -> Dict[str, Any]:
     """What waits on etcd's client port now, as the kernel counts it (etcd's own namespace):
     connections not yet accepted, and connections with request bytes etcd has not read."""
-    socks = _probe.sockets(rt.service(etcd.service).pid, etcd.client_port, "tcp")
-    unread = [s for s in socks if s["state"] != "LISTEN" and s["rx"] > 0]
+    pid = rt.service(etcd.service).pid
+    socks = _probe.sockets(pid, etcd.client_port, "tcp")
+    # etcd's own gateway connections to its client port (HTTP/2 frames it reads when it runs
+    # again) are no client's request
+    own = {s["inode"] for s in _probe.own_connections(pid, etcd.client_port)}
+    unread = [s for s in socks if s["state"] != "LISTEN" and s["rx"] > 0
+              and s["inode"] not in own]
     return {"t": round(rt.now(), 3),
             "not_accepted": sum(s["rx"] for s in socks if s["state"] == "LISTEN"),
             "unread_connections": len(unread), "unread_bytes": sum(s["rx"] for s in unread)}

@@ -10,8 +10,9 @@ never an error (a probe that finds nothing says so in its summary)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 
 def read_text(path: Any, start: int = 0, end: int = -1) -> str:
@@ -59,12 +60,43 @@ TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5:
               11: "CLOSING"}
 
 
-def sockets(pid: int, port: int, proto: str = "tcp") -> List[Dict[str, Any]]:
+def socket_inodes(pid: int) -> Set[int]:
+    """The inodes of the sockets ``pid`` holds open (its /proc fd links): empty when gone."""
+    out: Set[int] = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            out.add(int(link[8:-1]))
+    return out
+
+
+def own_connections(pid: int, port: int) -> List[Dict[str, Any]]:
+    """The TCP connections to ``pid``'s ``port`` whose other end ``pid`` holds itself (etcd's
+    gateway dials its own client port): a probe that counts clients leaves them out."""
+    peers: Dict[Tuple[str, str], int] = {}
+    socks = sockets(pid, port, "tcp", peer_of=peers)
+    mine = socket_inodes(pid)
+    return [s for s in socks if s["state"] != "LISTEN"
+            and peers.get((s["remote"], s["local"])) in mine]
+
+
+def sockets(pid: int, port: int, proto: str = "tcp",
+            peer_of: Optional[Dict[Tuple[str, str], int]] = None) -> List[Dict[str, Any]]:
     """The sockets of ``pid``'s network namespace whose local port is ``port`` (IPv4 and IPv6),
     as the kernel counts them now: state, bytes waiting to be read (``rx``: for a listening
     TCP socket, the connections waiting to be accepted; for UDP the memory its queued
     datagrams take), bytes not yet acknowledged (``tx``), and for UDP the datagrams dropped
-    (a full queue). A process that is gone: OSError."""
+    (a full queue), the kernel's ``local``/``remote`` endpoints (hex, as /proc writes them) and
+    the socket's ``inode``. ``peer_of``: filled with (local, remote) -> inode of every other
+    socket of the namespace, to find a connection's other end. A process that is gone:
+    OSError."""
     out: List[Dict[str, Any]] = []
     read_any = False
     for fam in ("", "6"):
@@ -83,10 +115,15 @@ def sockets(pid: int, port: int, proto: str = "tcp") -> List[Dict[str, Any]]:
                 state = int(f[3], 16)
             except (ValueError, IndexError):
                 continue
-            if lport != port:
+            if lport != port and peer_of is None:
                 continue
             rec: Dict[str, Any] = {"state": TCP_STATES.get(state, str(state)) if proto == "tcp"
-                                   else "UDP", "rx": rx, "tx": tx}
+                                   else "UDP", "rx": rx, "tx": tx, "local": f[1],
+                                   "remote": f[2], "inode": int(f[9]) if f[9].isdigit() else 0}
+            if lport != port:       # kept only to name the peers of the port's connections
+                assert peer_of is not None
+                peer_of[(f[1], f[2])] = rec["inode"]
+                continue
             if proto == "udp" and len(f) >= 13:
                 rec["drops"] = int(f[12]) if f[12].isdigit() else 0
             out.append(rec)
