@@ -56,8 +56,22 @@ class NodeState(Step):
                           if fields else ""}
         except StepError as e:
             self._seen = {"t": round(rt.now(), 3), "state": "?", "reason": str(e)}
+        # the jobs on the node as it went down: whether slurmctld then records NODE_FAIL or
+        # the job's own end (srun failed, the batch script exited: FAILED) first is Slurm's race
+        try:
+            self._seen["jobs"] = self._jobs_on_node(rt, ("RUNNING", "COMPLETING",
+                                                         "NODE_FAIL", "CONFIGURING"))
+        except StepError:
+            self._seen["jobs"] = []
         info["read_back"] = self._seen["state"]
         return info
+
+    def _jobs_on_node(self, rt: Any, states: Sequence[str]) -> List[str]:
+        """``job N STATE (reason)`` of the jobs on this node in one of ``states``."""
+        return [f"job {j.get('JobId')} {j.get('JobState')} ({j.get('Reason', '?')})"
+                for j in scontrol_fields(self._show(rt, ["job"]))
+                if j.get("JobState") in states
+                and self.node in self._hostnames(rt, j.get("NodeList", ""))]
 
     def effect(self, rt: Any) -> Any:
         from ..steps import Effect
@@ -65,22 +79,22 @@ class NodeState(Step):
         assert self._seen is not None
         seen = self._seen
         down = "DOWN" in str(seen["state"]).split("+")
-        jobs = []
-        for j in scontrol_fields(self._show(rt, ["job"])):
-            if j.get("JobState") == "NODE_FAIL" and self.node in self._hostnames(
-                    rt, j.get("NodeList", "")):
-                jobs.append(f"job {j.get('JobId')} NODE_FAIL ({j.get('Reason', '?')})")
+        on = list(seen.get("jobs") or [])              # on the node as it went down
+        jobs = self._jobs_on_node(rt, ("NODE_FAIL",))  # failed for it by the end
         events = [{"t": seen["t"], "what": f"scontrol show node {self.node}: "
                    f"State={seen['state']}" + (f" Reason={seen['reason']}"
                                                if seen["reason"] else "")}]
+        events += [{"t": seen["t"], "what": f"on the node as it went down: {j}"} for j in on]
         events += [{"t": round(rt.now(), 3), "what": f"scontrol show job: {j}"} for j in jobs]
         if not down:
             summary = f"node {self.node} read back State={seen['state']}, not DOWN"
         else:
+            said = jobs or [f"{j} as it went down" for j in on]
             summary = (f"node {self.node} read back DOWN at {seen['t']:.2f} s; "
-                       + ("; ".join(jobs) if jobs else "no job was failed for a node"))
-        return Effect(acted=down and bool(jobs), summary=summary,
-                      numbers={"failed_jobs": len(jobs)}, events=events)
+                       + ("; ".join(said) if said else "no job was on the node"))
+        return Effect(acted=down and bool(jobs or on), summary=summary,
+                      numbers={"failed_jobs": len(jobs), "jobs_on_node": len(on)},
+                      events=events)
 
     def _hostnames(self, rt: Any, nodelist: str) -> List[str]:
         """A Slurm node list (``node[0-1]``) in names (``scontrol show hostnames``)."""
