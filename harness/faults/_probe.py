@@ -10,9 +10,10 @@ never an error (a probe that finds nothing says so in its summary)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from ..sockets import socket_inodes
 
 
 def read_text(path: Any, start: int = 0, end: int = -1) -> str:
@@ -60,29 +61,12 @@ TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5:
               11: "CLOSING"}
 
 
-def socket_inodes(pid: int) -> Set[int]:
-    """The inodes of the sockets ``pid`` holds open (its /proc fd links): empty when gone."""
-    out: Set[int] = set()
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return out
-    for fd in fds:
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            out.add(int(link[8:-1]))
-    return out
-
-
 def own_connections(pid: int, port: int) -> List[Dict[str, Any]]:
     """The TCP connections to ``pid``'s ``port`` whose other end ``pid`` holds itself (etcd's
     gateway dials its own client port): a probe that counts clients leaves them out."""
     peers: Dict[Tuple[str, str], int] = {}
     socks = sockets(pid, port, "tcp", peer_of=peers)
-    mine = socket_inodes(pid)
+    mine = set(socket_inodes(pid))   # harness.sockets: the pid's open socket inodes
     return [s for s in socks if s["state"] != "LISTEN"
             and peers.get((s["remote"], s["local"])) in mine]
 
