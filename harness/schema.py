@@ -51,6 +51,7 @@ from .limits import (  # noqa: F401 - the limits are part of the format's vocabu
     MAX_TEXT,
     MAX_TRAIN_STEPS,
     MAX_WORLD,
+    MIN_RACE_REPEAT,
     MIN_TIMEOUT,
     EnvName,
     EnvValue,
@@ -418,6 +419,9 @@ def _marker(m: str) -> str:
         raise ValueError(f"{m!r} is a marker {RESERVED_MARKS[m]} gives a meaning to (it would "
                          "skip, time out or abort the test, not label it): marks: are plain "
                          "labels for -m, pick another name")
+    if m == "race":
+        raise ValueError("'race' is the marker of race cases: declare one with race: (what "
+                         "races, the frequencies measured), not with marks:")
     if m in ("and", "or", "not"):
         raise ValueError(f"{m!r} is a word of pytest's -m expressions: -m could never select "
                          "it; pick another name")
@@ -764,6 +768,13 @@ class Scenario(Strict):
         default_factory=lambda: [Expect()], max_length=MAX_EXPECT_BLOCKS,
         description="one block, or a list of torch-scoped blocks (the first whose 'torch' range "
         "holds is used)")
+    race: Optional[str] = Field(
+        None, min_length=1, max_length=MAX_TEXT,
+        description="declares a race case: what races (inside torch, not the harness's own "
+        "timing) and the frequencies measured; its rows with several outcomes give a "
+        f"frequency bound for each, it runs repeat: >= {MIN_RACE_REPEAT} times and gets the "
+        "pytest marker 'race'. Without it a case is deterministic: one outcome per row "
+        "(harness validate --strict)")
     repeat: int = Field(1, ge=1, le=MAX_REPEAT, description="run the case this many times: "
                         "its ranks' outcome frequencies are reported and checked against "
                         "frequency bounds, and a rank that varies where its expectation "
@@ -792,6 +803,28 @@ class Scenario(Strict):
         if self.init_args is not None and self.init_url is None:
             raise located("init_args", "init_args goes with init_url (init: tcp and file pass "
                           "both, env none)")
+        return self
+
+    @model_validator(mode="after")
+    def _race(self) -> Scenario:
+        """A race case runs often enough to measure, and each of its racing rows says how
+        often each outcome may come (a row whose every bound is 'any' checks nothing)."""
+        if self.race is None:
+            return self
+        if self.repeat < MIN_RACE_REPEAT:
+            raise located("repeat", f"a race case runs repeat: >= {MIN_RACE_REPEAT} times "
+                          f"(got {self.repeat}): fewer runs measure no frequency")
+        for i, block in enumerate(self.expect):
+            for label, row in block.ranks.items():
+                if len(row.outcome or ()) < 2:
+                    continue
+                where = ("expect", i, "ranks", label, "outcome")
+                bounds = row.frequency or {}
+                if set(bounds) != set(row.outcome or ()) or \
+                        all(b == "any" for b in bounds.values()):
+                    raise located(where, "a racing row of a race case gives each outcome a "
+                                  "frequency bound, at least one of them not 'any' "
+                                  "({ok: '>= 0.3', timeout: '<= 0.7'})")
         return self
 
     @field_validator("ip", mode="before",
