@@ -449,10 +449,13 @@ class ScenarioItem(pytest.Item):
         why = skip_reason(self.started(), env, on_allocation=alloc is not None)
         if why:
             pytest.skip(why)
-        self.expectation = self.scenario.expectation_for(env["torch"])
+        self.expectation = self.scenario.expectation_for(env["torch"], env.get("cuda"))
         if self.expectation is None:
-            ranges = ", ".join(str(b.torch) for b in self.scenario.expect)
-            pytest.skip(f"no expectation for torch {env['torch']} (blocks cover: {ranges})")
+            ranges = ", ".join(f"{b.torch or 'any'}{f' {b.build} build' if b.build else ''}"
+                               for b in self.scenario.expect)
+            build = "a CPU build" if env.get("cuda") is None else f"CUDA {env['cuda']}"
+            pytest.skip(f"no expectation for torch {env['torch']} ({build}; blocks cover: "
+                        f"{ranges})")
         self.evidence = self._evidence_dir()
         n = self.repeat()
         for i in range(1, n + 1):   # a repeated case keeps each run's evidence in run-<i>/

@@ -309,6 +309,9 @@ class Expect(Strict):
     torch: Optional[str] = Field(
         None, max_length=MAX_SHORT,
         description="torch version range this block holds for, e.g. '>=2.4' or '>=2.2,<2.5'")
+    build: Optional[Literal["cpu", "cuda"]] = Field(
+        None, description="the build of torch this block holds for: cpu (torch.version.cuda "
+        "is None) or cuda; what torch does without a GPU differs between the two builds")
     job: Optional[List[Outcome]] = Field(
         None, description="allowed job outcome(s); the job's outcome is the most severe of its "
         "ranks' (hang > crash > timeout > error > ok; an absent rank does not count)")
@@ -374,12 +377,18 @@ class Expect(Strict):
     def summary(self) -> str:
         """One line: '[torch >=2.4] job timeout; 0: timeout DistStoreError; 1: ...'."""
         parts = [f"[torch {self.torch}]"] if self.torch else []
+        if self.build:
+            parts.append(f"[{self.build} build]")
         if self.job:
             parts.append("job " + "|".join(self.job))
         parts += [f"{label}: {' '.join(e.words()) or 'any'}" for label, e in self.ranks.items()]
         return "; ".join(parts) or "(nothing checked)"
 
-    def applies_to(self, torch_version: str) -> bool:
+    def applies_to(self, torch_version: str, cuda: Optional[str] = None) -> bool:
+        """This block holds for torch ``torch_version`` built with CUDA ``cuda`` (None: a CPU
+        build)."""
+        if self.build is not None and self.build != ("cpu" if cuda is None else "cuda"):
+            return False
         if self.torch is None:
             return True
         return SpecifierSet(self.torch).contains(base_version(torch_version), prereleases=True)
@@ -1070,8 +1079,9 @@ class Scenario(Strict):
     def test_id(self) -> str:
         return self.name if self.case is None else f"{self.name}[{self.case}]"
 
-    def expectation_for(self, torch_version: str) -> Optional[Expect]:
+    def expectation_for(self, torch_version: str, cuda: Optional[str] = None
+                        ) -> Optional[Expect]:
         for block in self.expect:
-            if block.applies_to(torch_version):
+            if block.applies_to(torch_version, cuda):
                 return block
         return None
