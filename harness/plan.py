@@ -391,9 +391,11 @@ class RunPlan:
 
 
 def needs_port2(scn: Scenario) -> bool:
-    """A second reserved port: for init_url's {port2}, or a workload (the scenario's or a
-    rank's own) that re-initialises on a new port."""
+    """A second reserved port: for init_url's {port2}, a program argument's {port2}, or a
+    workload (the scenario's or a rank's own) that re-initialises on a new port."""
     if scn.init_url is not None and "{port2}" in scn.init_url:
+        return True
+    if scn.program is not None and any("{port2}" in a for a in scn.program.args):
         return True
     steps = list(scn.workload.steps)
     for f in scn.faults:
@@ -506,7 +508,7 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
     if not link and scn.ip == "6" and "master_addr" not in scn.model_fields_set:
         addr = "::1"
     port = take_port()
-    # a second reserved port: init_url's {port2}, reinit new_port
+    # a second reserved port: init_url's or a program argument's {port2}, reinit new_port
     port2 = take_port() if needs_port2(scn) else None
     plan = RunPlan(
         scenario=scn.name, case=scn.case, backend=scn.backend, world_size=scn.world_size,
@@ -558,5 +560,8 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
             rp.resolver_view = resolver_view(run_dir, host)
         # and none leaves a temp file behind (a scenario's own TMPDIR is kept)
         rp.env.setdefault("TMPDIR", run_tmp(run_dir))
+    if port2 is not None:   # a program's argument {port2}: the run's second leased port
+        for rp in plan.ranks:
+            rp.argv = [a.replace("{port2}", str(port2)) for a in rp.argv]
     scn.launcher.assign_start(plan, scn)   # fresh or forked, each process, with the reason
     return plan

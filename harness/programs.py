@@ -34,7 +34,9 @@ class Program(BaseModel):
     module: Optional[str] = Field(None, min_length=1, max_length=MAX_ADDR,
                                   description="a module run as python -m MODULE")
     args: List[str] = Field(default_factory=list, max_length=MAX_STEPS,
-                            description="its command-line arguments")
+                            description="its command-line arguments; {port2} in one becomes a "
+                            "second port leased for the run (not MASTER_PORT), e.g. "
+                            "--init-port {port2}")
     cwd: Optional[str] = Field(None, max_length=MAX_SHORT, description="where it runs, relative "
                                "to the scenario file (default: the scenario file's folder)")
 

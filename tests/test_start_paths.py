@@ -71,6 +71,17 @@ def test_port2_is_a_second_reserved_port_only_when_asked(counter_ports):
     assert plan(counter_ports, init_url="tcp://{addr}:{port}").url_port is None
 
 
+@pytest.mark.parametrize("launcher", ["direct", "torchrun"])
+def test_a_programs_port2_argument_is_a_second_reserved_port(counter_ports, launcher):
+    p = plan(counter_ports, launcher=launcher,
+             program={"module": "train", "args": ["--port", "{port2}", "{port}"]})
+    assert p.url_port is not None and p.url_port != p.master_port
+    for rp in p.ranks:   # the ranks (direct) or the agent (torchrun) run it so
+        assert rp.argv[-3:] == ["--port", str(p.url_port), "{port}"]   # only {port2} is filled
+    p = plan(counter_ports, launcher=launcher, program={"module": "train", "args": ["--x"]})
+    assert p.url_port is None
+
+
 def test_file_url_in_the_run_dir(counter_ports):
     p = plan(counter_ports, init_url="file://{run_dir}/store")
     assert p.rank("0").init.url == f"file://{RUN_DIR}/store"
