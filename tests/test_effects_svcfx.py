@@ -127,6 +127,13 @@ def test_a_node_set_down_acted_only_when_a_job_was_on_it():
     step.do(_SlurmRt("NodeName=node1 State=IDLE Reason=(null)\n", ""))
     eff = step.effect(_SlurmRt("", ""))
     assert not eff.acted and eff.summary == "node node1 read back State=IDLE, not DOWN"
+    # the read-back came before the update showed, and the controller then failed the job on
+    # the node all the same (the fresh-clone catalog run of 2026-11-28, load 20): it acted
+    step.do(_SlurmRt("NodeName=node1 State=IDLE Reason=(null)\n", ""))
+    eff = step.effect(_SlurmRt("", "JobId=1 JobState=NODE_FAIL Reason=NodeDown "
+                                   "NodeList=node[0-1]\n"))
+    assert eff.acted and eff.summary == ("node node1 read back State=IDLE at 4.00 s, yet job 1 "
+                                         "NODE_FAIL (NodeDown) by the end")
 
 
 def test_a_hosts_file_gives_each_name_its_addresses_in_order():
