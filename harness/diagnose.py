@@ -2598,6 +2598,30 @@ def waiting_for_a_peer_stuck_dialling(c: RankContext) -> Optional[Cause]:
                   "in connectFullMesh)"])
 
 
+def sigint_held_in_torch(c: RankContext) -> Optional[Cause]:
+    """A hung row the scenario's fault sent SIGINT to while it blocked in torch's C++ (its
+    native stack at the deadline): the signal only set Python's flag, torch's loop retried
+    through the interruption (EINTR), and KeyboardInterrupt waits for control to come back to
+    Python, which it never did. What it blocked in follows (the other rules' cause)."""
+    v, o = c.verdict, c.obs
+    if v.outcome != "hang" or o is None:
+        return None
+    sent = [x for x in o.signals if x.signal.removeprefix("SIG") == "INT"]
+    frames = _main_frames(o)
+    native = [f for f in frames if "::" in f and not f.startswith(("pybind11", "std::"))]
+    if not sent or not native:
+        return None
+    then = diagnose(c, [r for r in RULES if r is not sigint_held_in_torch])
+    return Cause(f"SIGINT, sent by the scenario's fault at {sent[0].t:g} s, did not end it: it "
+                 f"blocks in torch's C++ ({native[0]}, in {v.phase}), which retries through "
+                 "the interruption, and Python raises KeyboardInterrupt only when control "
+                 "comes back to it"
+                 + (f"; {'it ' * then.text.startswith('dials ')}{then.text}"
+                    if then is not None and then.text != UNKNOWN else ""),
+                 [v.reason, f"native stack: main thread in {native[0]}"]
+                 + (then.evidence[1:] if then is not None else []))
+
+
 def still_progressing(c: RankContext) -> Optional[Cause]:
     """A row cut by the deadline while it was still at work, not stuck: it entered a new step
     of its workload shortly before the deadline (after others since init), or its CPU time rose
@@ -2638,6 +2662,7 @@ RULES: List[Rule] = [
     torch_refused_the_setup,
     raised_by_the_fault,
     interrupted_by_the_fault,
+    sigint_held_in_torch,
     out_of_memory,
     file_store_unusable,
     file_store_never_opened,

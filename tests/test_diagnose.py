@@ -1424,3 +1424,17 @@ def test_a_single_recent_step_without_cpu_is_not_progress(obs):
     run.plan.update({"deadline": 20, "ranks": [{"label": "1", "env": {"RANK": "1"}}]})
     (v,) = explain_run(run, classify_run(run))
     assert not v.cause.startswith("still progressing")
+
+
+def test_hang_a_sigint_held_by_torchs_connect_loop_says_so_and_why_it_blocks():
+    from harness.observe import SignalSent
+
+    run, _ = _hang_kept("wrong_port")
+    run.ranks[1].signals.append(SignalSent("INT", 3.0, "kill_rank"))
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert vs["1"].cause.startswith("SIGINT, sent by the scenario's fault at 3 s, did not end "
+                                    "it: it blocks in torch's C++ (c10d::")
+    assert "; it dials port " in vs["1"].cause
+    run.ranks[1].native_threads = []        # no native stack: where it blocked is not known
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert not vs["1"].cause.startswith("SIGINT")
