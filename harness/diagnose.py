@@ -2634,8 +2634,10 @@ def still_progressing(c: RankContext) -> Optional[Cause]:
              and str(e.data.get("phase") or "") not in ("start", "import", "init", "exit")]
     if len(steps) < 2 or not deadline:
         return None
+    # the deadline as the supervisor met it (its last CPU read): a loaded machine is late
+    deadline = max([deadline] + [t for t, _ in o.cpu_samples])
     last = steps[-1]
-    ago = deadline - c.at(last)
+    ago = max(0.0, deadline - c.at(last))
     recent = [e for e in steps if deadline - c.at(e) <= 5 * PROGRESS_WINDOW]
     cpu = ""
     if len(o.cpu_samples) >= 2:
@@ -2646,7 +2648,8 @@ def still_progressing(c: RankContext) -> Optional[Cause]:
         return None
     said = str(last.data.get("phase") or "")
     step = str(last.data.get("step") or "")
-    return Cause(f"still progressing at the deadline ({deadline:g} s): its last step, {said}"
+    return Cause(f"still progressing at the deadline ({round(deadline, 2):g} s): its last "
+                 f"step, {said}"
                  + (f" ({step})" if step and step != said else "")
                  + f", began {ago:.2f} s before it; {len(recent)} steps in its last "
                  f"{5 * PROGRESS_WINDOW:g} s{cpu}: slow, not stuck",

@@ -1438,3 +1438,14 @@ def test_hang_a_sigint_held_by_torchs_connect_loop_says_so_and_why_it_blocks():
     run.ranks[1].native_threads = []        # no native stack: where it blocked is not known
     vs = {v.label: v for v in explain_run(run, classify_run(run))}
     assert not vs["1"].cause.startswith("SIGINT")
+
+
+def test_hang_a_real_training_run_cut_by_the_deadline_is_still_progressing():
+    """A real run (ddp 1MB, train 100000, deadline 20 s, on the shared 2 cores): both ranks
+    were entering train steps ~50 a 10 s and using CPU when the deadline cut them."""
+    run, vs = _hang_kept("still_training")
+    for label in ("0", "1"):
+        assert vs[label].outcome == "hang"
+        assert vs[label].cause.startswith("still progressing at the deadline (20.35 s): its "
+                                          f"last step, {vs[label].phase} (train 100000)")
+        assert "its CPU time rose from" in vs[label].cause
