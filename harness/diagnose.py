@@ -2732,10 +2732,10 @@ RULES: List[Rule] = [
     through_the_fault_proxy,
     a_link_fault_in_force,
     dialling_a_store_nobody_hosts,   # the hang path: live stacks and sockets at the deadline
-    hosting_a_store_nobody_joins,
     claimed_the_same_rank,
     waiting_for_a_peer_stuck_dialling,
     waiting_for_a_stuck_rank,   # only when nothing on the network explains the wait
+    hosting_a_store_nobody_joins,   # after it: a peer not started reads as it always did
     the_store_shows_who_is_missing,   # last: what the store held, where nothing else spoke
 ]
 
