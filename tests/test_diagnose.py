@@ -1449,3 +1449,41 @@ def test_hang_a_real_training_run_cut_by_the_deadline_is_still_progressing():
         assert vs[label].cause.startswith("still progressing at the deadline (20.35 s): its "
                                           f"last step, {vs[label].phase} (train 100000)")
         assert "its CPU time rose from" in vs[label].cause
+
+
+def test_cpu_seconds_tells_a_process_at_work_from_a_blocked_one():
+    """harness.procs.cpu_seconds on real processes: a busy loop's CPU time rises between two
+    reads, a sleeper's does not; a process that is gone reads None."""
+    import subprocess
+    import sys
+    import time
+
+    from harness.procs import cpu_seconds
+
+    busy = subprocess.Popen([sys.executable, "-c", "print('up', flush=True)\nwhile True: pass"],
+                            stdout=subprocess.PIPE, text=True)
+    idle = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); "
+                             "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert busy.stdout.readline() == idle.stdout.readline() == "up\n"   # both started
+        b0, i0 = cpu_seconds(busy.pid), cpu_seconds(idle.pid)
+        time.sleep(1.0)
+        b1, i1 = cpu_seconds(busy.pid), cpu_seconds(idle.pid)
+        assert None not in (b0, b1, i0, i1)
+        assert b1 - b0 >= 0.1          # even on 2 shared cores it got a tenth of a second
+        assert i1 - i0 <= 0.02
+    finally:
+        for p in (busy, idle):
+            p.kill()
+            p.wait()
+    assert cpu_seconds(busy.pid) is None
+
+
+def test_cpu_samples_survive_the_observations_json_edge(obs):
+    from harness.observe import RankObservation
+
+    r = obs.rank("1", reached="init", killed_at_deadline=True, result=False)
+    r.cpu_samples = [(18.0, 9.41), (20.353, 9.87)]
+    back = RankObservation.from_dict(r.to_dict())
+    assert back.cpu_samples == [(18.0, 9.41), (20.353, 9.87)]
+    assert RankObservation.from_dict({"label": "0"}).cpu_samples == []
