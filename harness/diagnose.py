@@ -2328,6 +2328,334 @@ def the_store_shows_who_is_missing(c: RankContext) -> Optional[Cause]:
     return None
 
 
+# -- the hang path: what a row alive at the deadline was doing (its native stack, its sockets) --
+# torch's default timeouts (30 min) outlast any deadline: no exception says why a row waits, so
+# these rules read the live evidence the supervisor took there: the main thread's native stack
+# (py-spy), the row's TCP sockets, what the store held, the plan's env and command lines.
+DIALLING = ("SocketConnectOp::tryConnect", "TCPClient::connect")   # a store client's connect loop
+HOSTING = "TCPStore::waitForWorkers"        # a store's host waiting for its clients to connect
+GLOO_WAIT = ("PrefixStore::wait", "connectFullMesh")   # gloo's rendezvous: a peer's key
+RETRYING = re.compile(r"TCP client failed to connect/validate to host (\S+):(\d+) - retrying "
+                      r"\(try=\d+, timeout=(\d+)ms")
+GAI_OF = re.compile(r"The (?:IPv\d )?network addresses of \(([^,]+), (\d+)\) cannot be retrieved "
+                    r"\(gai error: ([^)]*)\)")
+PROGRESS_WINDOW = 2.0    # a step entered this close to the deadline: the row was still stepping
+
+
+def _main_frames(o: Optional[RankObservation]) -> List[str]:
+    """The function names of the main thread's native stack (innermost first); [] when none
+    was taken."""
+    if o is None:
+        return []
+    for t in o.native_threads:
+        if t.get("name") == "MainThread" or (o.pid is not None and t.get("thread") == o.pid):
+            return functions(t)
+    return []
+
+
+def _blocked_in(o: Optional[RankObservation], *names: str) -> bool:
+    """Every name in ``names`` is a frame of the row's main thread (a substring of one)."""
+    frames = _main_frames(o)
+    return bool(frames) and all(any(n in f for f in frames) for n in names)
+
+
+def _who(label: str) -> str:
+    return label if "agent:" in label or label.startswith("parent") else f"rank {label}"
+
+
+def _dials(c: RankContext, label: str) -> Optional[Tuple[str, int, str]]:
+    """(address, port, where it was told) of the store a row dials: an agent's command line,
+    a worker's MASTER_ADDR/MASTER_PORT as its agent handed them, a rank's env:// variables."""
+    o = c.obs_of(label)
+    if o is not None and o.role == "agent":
+        ep = _endpoint(c, label)
+        if ep is None:
+            return None
+        argv = _argv_of(c, label)
+        said = "--rdzv-endpoint" if (_argv_opt(argv, "--rdzv-endpoint")
+                                     or _argv_opt(argv, "--rdzv_endpoint")) else "--master-port"
+        return ep[0], ep[1], f"its {said}"
+    if o is not None and o.role == "worker":
+        addr, port = str(o.info.get("master_addr") or ""), str(o.info.get("master_port") or "")
+        return (addr, int(port), "the MASTER_PORT its agent handed it") \
+            if addr and port.isdigit() else None
+    init = c.plan_rank(label).get("init") or {}
+    if init.get("method") not in (None, "env"):
+        return None
+    env = c.env(label)
+    addr, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
+    return (addr, int(port), "its MASTER_PORT") if addr and port.isdigit() else None
+
+
+def _listening(c: RankContext, port: int) -> List[RankObservation]:
+    """The rows whose sockets, read at the deadline, had a listener on ``port``."""
+    return [o for o in c.run.ranks if _listens(o, port)]
+
+
+def _retry_line(c: RankContext, label: str) -> Optional[re.Match]:
+    """torch's own line of a store client retrying its connect (host, port, timeout)."""
+    return RETRYING.search(c.stderr()) if c.obs is not None and c.obs.label == label else None
+
+
+def dialling_a_store_nobody_hosts(c: RankContext) -> Optional[Cause]:
+    """A row alive at the deadline in a store client's connect loop (its native stack:
+    TCPClient::connect, tryConnect): its connects fail and torch retries them until the
+    client's timeout, which torch's default (30 min) puts past any deadline. Why nothing
+    answers, from what it was told and what listened: a name its host cannot resolve, a port
+    where no store listens, or a store nobody hosts (no rank claimed RANK=0; no agent takes
+    the c10d endpoint as its own)."""
+    v, o = c.verdict, c.obs
+    if v.outcome != "hang" or o is None or not _blocked_in(o, DIALLING[1]):
+        return None
+    if any(s.state == "SYN_SENT" for s in o.sockets):
+        return None   # unanswered SYNs: the network's doing (syn_unanswered)
+    dials = _dials(c, v.label)
+    if dials is None:
+        return None
+    addr, port, said = dials
+    line = _retry_line(c, v.label)
+    if line is not None and (line.group(1).strip("[]"), int(line.group(2))) != (addr, port) \
+            and line.group(1) != addr:
+        return None   # torch says it dials another store than the rule would name
+    ev = [v.reason, "native stack: main thread in " + " <- ".join(
+        f for f in _main_frames(o) if any(d in f for d in DIALLING) or "TCPStore::" in f)]
+    until = f" ({int(line.group(3)) / 1000:g} s, torch's line says)" if line is not None else ""
+    if line is not None:
+        ev.append(f"stderr: {line.group(0)}")
+    tail = f"; it retries until the client's timeout{until}"
+    # a name its host cannot resolve: its hosts file, or the resolver's words (a worker's are in
+    # its agent's stderr: torchrun passes them through)
+    unknown = _name_unknown_here(c, addr)
+    seen = [GAI_OF.search(x.stderr_key + "\n" + x.stderr_tail) for x in
+            (o, c.obs_of(o.node or "")) if x is not None]
+    gai = next((m for m in seen if m is not None and m.group(1) == addr
+                and int(m.group(2)) == port), None)
+    if unknown or gai is not None:
+        if gai is not None:
+            ev.append(f"stderr: {gai.group(0)}")
+        why = unknown or f"it dials {addr}:{port}, a name that does not resolve on host " \
+            f"{v.host} ({gai.group(3)})"  # type: ignore[union-attr]
+        return Cause(why + tail, ev)
+    listeners = [x for x in _listening(c, port)
+                 if x.host == v.host or addr in (x.addr, x.host) or _is_loopback(addr)
+                 and x.host == v.host]
+    if listeners:
+        return None   # something listens there: not a store nobody hosts
+    store = c.master_port
+    if store and port != store:
+        host = [x for x in _listening(c, store)]
+        there = f": {_who(host[0].label)} listens there" if host else ""
+        return Cause(f"dials port {port} ({said}), where no store listens (the store's port is "
+                     f"{store}{there}){tail}", ev)
+    snap = c.run.store or {}
+    refused = not snap.get("answered") and "refused" in str(snap.get("error") or "")
+    if refused:
+        ev.append(f"store {snap.get('addr')} at {snap.get('t')} s: no answer "
+                  f"({snap.get('error')})")
+    if o.role == "rank":
+        claims = {str(r.get("label")): dict(r.get("env") or {}).get("RANK")
+                  for r in c.run.plan.get("ranks", []) if r.get("role", "rank") == "rank"}
+        if not claims or None in claims.values() or "0" in claims.values():
+            return None
+        dup: Dict[str, List[str]] = {}
+        for label, rank in claims.items():
+            dup.setdefault(str(rank), []).append(label)
+        twice = "; ".join(f"ranks {', '.join(ls)} {'both' if len(ls) == 2 else 'all'} claimed "
+                          f"RANK={r}" for r, ls in dup.items() if len(ls) > 1)
+        return Cause("no process claimed RANK=0, so no store was started"
+                     + (f" ({twice})" if twice else "") + f": every rank dials {addr}:{port} "
+                     f"as a client, where nothing listens{tail}", ev)
+    if o.role == "agent" and refused:
+        agents = [a for a in c.run.ranks if a.role == "agent" and _job(a.label) == _job(v.label)]
+        if any("is_host=true" in _argv_opt(_argv_of(c, a.label), "--rdzv-conf").lower()
+               for a in agents) or not all(_blocked_in(a, DIALLING[1]) for a in agents):
+            return None
+        on = [a.label for a in agents if a.addr == addr or a.host == addr]
+        return Cause(f"nobody hosted the rendezvous store at {addr}:{port}: every agent dials "
+                     "it as a client"
+                     + (f", even {on[0]}, whose address it is" if on else "")
+                     + " (torch's c10d rendezvous hosts the store only on the agent whose "
+                     "hostname matches the endpoint, or with is_host=true, which none was "
+                     f"given){tail}", ev)
+    return None
+
+
+def hosting_a_store_nobody_joins(c: RankContext) -> Optional[Cause]:
+    """A row alive at the deadline that hosts the store and waits for its clients to connect
+    (its native stack: TCPStore::waitForWorkers): who of the job has not joined, and why (it
+    dials another port or address, it was not started yet). The words of waiting_for_ranks,
+    which reads torch's "1/2 clients joined" when the timeout is short."""
+    v, o = c.verdict, c.obs
+    if v.outcome != "hang" or o is None or not _blocked_in(o, HOSTING):
+        return None
+    dials = _dials(c, v.label)
+    if dials is None:
+        return None
+    addr, port, _ = dials
+    if not _listens(o, port):
+        return None
+    pids = {x.pid: x for x in c.run.ranks if x.pid is not None}
+    joined = {pids[s.peer_pid].label for s in o.sockets if s.state == "ESTABLISHED"
+              and s.local_port == port and s.peer_pid in pids}
+    if o.role == "agent":
+        n = _argv_opt(_argv_of(c, v.label), "--nnodes").rpartition(":")[2]
+        peers = [x for x in c.run.ranks if x.role == "agent" and _job(x.label) == _job(v.label)]
+    else:
+        n = c.env(v.label).get("WORLD_SIZE", "")
+        peers = [x for x in c.run.ranks if x.role == "rank" and _job(x.label) == _job(v.label)]
+    if not n.isdigit() or len(joined) >= int(n):
+        return None
+    why = []
+    for x in peers:
+        if x.label in joined or x.label == v.label:
+            continue
+        theirs = _dials(c, x.label)
+        if x.released_at is None:
+            when = c.plan_rank(x.label).get("released") or ""
+            why.append(f"{_who(x.label)} was not started before the deadline"
+                       + (f" (its release, {when}, was still to come)" if when else ""))
+        elif theirs is not None and theirs[1] != port:
+            why.append(f"{_who(x.label)} dials port {theirs[1]} ({theirs[2]}), not {port}")
+        elif theirs is not None and theirs[0] != addr and not (
+                _is_loopback(theirs[0]) and _is_loopback(addr)):
+            why.append(f"{_who(x.label)} dials {theirs[0]}, not {addr}")
+    if len(why) != int(n) - len(joined):
+        return None   # not every missing client is accounted for: say nothing
+    return Cause(f"waiting for {int(n) - len(joined)} of {n} clients at the deadline: "
+                 + "; ".join(why),
+                 [v.reason, f"native stack: main thread in {HOSTING}",
+                  f"its store on port {port}: {len(joined)} of {n} clients connected "
+                  f"({', '.join(sorted(joined)) or 'none'})"])
+
+
+def _gloo_rank(c: RankContext, label: str) -> str:
+    o = c.obs_of(label)
+    if o is not None and o.role == "worker":
+        return str((o.info or {}).get("rank", ""))
+    return c.env(label).get("RANK", label)
+
+
+def claimed_the_same_rank(c: RankContext) -> Optional[Cause]:
+    """Two ranks that claimed the same RANK, both through the store, alive at the deadline in
+    gloo's rendezvous (its native stack: PrefixStore::wait in connectFullMesh): each published
+    its address as that rank, and each waits for a rank nobody claimed."""
+    v, o = c.verdict, c.obs
+    if v.outcome != "hang" or v.role != "rank" or not _blocked_in(o, *GLOO_WAIT):
+        return None
+    claims = {str(r.get("label")): dict(r.get("env") or {}).get("RANK")
+              for r in c.run.plan.get("ranks", []) if r.get("role", "rank") == "rank"
+              and _job(str(r.get("label"))) == _job(v.label)}
+    mine = claims.get(v.label)
+    twins = sorted(label for label, r in claims.items() if r == mine)
+    n = c.env(v.label).get("WORLD_SIZE", "")
+    if mine is None or len(twins) < 2 or not n.isdigit():
+        return None
+    missing = [str(r) for r in range(int(n)) if str(r) not in claims.values()]
+    snap = c.run.store or {}
+    published = set((snap.get("gloo") or {}).keys()) if snap.get("answered") else set()
+    if not missing or published & set(missing):
+        return None
+    acted = [f"{t.get('target')} {t.get('summary')}" for e in c.run.effects
+             if e.get("kind") == "rank_collision" for t in e.get("targets") or []
+             if t.get("status") == "acted" and t.get("summary")]
+    by = f" (the scenario's rank_collision fault: {'; '.join(acted)})" if acted else ""
+    ev = [v.reason, "native stack: main thread in gloo's rendezvous (PrefixStore::wait in "
+          "connectFullMesh)"]
+    if published:
+        ev.append(f"store {snap.get('addr')}: gloo addresses of ranks "
+                  f"{', '.join(sorted(published))} published")
+    return Cause(f"ranks {' and '.join(twins)} both claimed RANK={mine}{by}: both joined the store "
+                 f"as rank {mine}, and gloo's rendezvous waits for the address of rank"
+                 f"{'s' * (len(missing) > 1)} {', '.join(missing)}, which no process claimed",
+                 ev)
+
+
+def waiting_for_a_peer_stuck_dialling(c: RankContext) -> Optional[Cause]:
+    """A row alive at the deadline in gloo's rendezvous (PrefixStore::wait in connectFullMesh),
+    waiting for peers that never reached the store: each of them is alive in its own store
+    connect loop, with a cause of its own (dialling_a_store_nobody_hosts)."""
+    v, o = c.verdict, c.obs
+    if v.outcome != "hang" or v.role not in ("rank", "worker") or \
+            not _blocked_in(o, *GLOO_WAIT):
+        return None
+    peers = [x for x in c.run.ranks if x.label != v.label and x.role == v.role
+             and _job(x.label) == _job(v.label) and x.attempt == (o.attempt if o else 0)
+             and (c.verdict_of(x.label) or v).outcome == "hang"]
+    stuck = [x for x in peers if _blocked_in(x, DIALLING[1])]
+    if not stuck:
+        return None
+    why = []
+    for x in stuck:
+        own = _cause_of(c, x.label, [waiting_for_a_peer_stuck_dialling])
+        if not own:
+            return None
+        why.append(f"rank {_gloo_rank(c, x.label)}: {own}")
+    ranks = [_gloo_rank(c, x.label) for x in stuck]
+    return Cause(f"waiting in gloo's rendezvous for the address of rank"
+                 f"{'s' * (len(ranks) > 1)} {', '.join(ranks)}, never published in the store "
+                 f"({'; '.join(why)})",
+                 [v.reason, "native stack: main thread in gloo's rendezvous (PrefixStore::wait "
+                  "in connectFullMesh)"])
+
+
+def sigint_held_in_torch(c: RankContext) -> Optional[Cause]:
+    """A hung row the scenario's fault sent SIGINT to while it blocked in torch's C++ (its
+    native stack at the deadline): the signal only set Python's flag, torch's loop retried
+    through the interruption (EINTR), and KeyboardInterrupt waits for control to come back to
+    Python, which it never did. What it blocked in follows (the other rules' cause)."""
+    v, o = c.verdict, c.obs
+    if v.outcome != "hang" or o is None:
+        return None
+    sent = [x for x in o.signals if x.signal.removeprefix("SIG") == "INT"]
+    frames = _main_frames(o)
+    native = [f for f in frames if "::" in f and not f.startswith(("pybind11", "std::"))]
+    if not sent or not native:
+        return None
+    then = diagnose(c, [r for r in RULES if r is not sigint_held_in_torch])
+    return Cause(f"SIGINT, sent by the scenario's fault at {sent[0].t:g} s, did not end it: it "
+                 f"blocks in torch's C++ ({native[0]}, in {v.phase}), which retries through "
+                 "the interruption, and Python raises KeyboardInterrupt only when control "
+                 "comes back to it"
+                 + (f"; {'it ' * then.text.startswith('dials ')}{then.text}"
+                    if then is not None and then.text != UNKNOWN else ""),
+                 [v.reason, f"native stack: main thread in {native[0]}"]
+                 + (then.evidence[1:] if then is not None else []))
+
+
+def still_progressing(c: RankContext) -> Optional[Cause]:
+    """A row cut by the deadline while it was still at work, not stuck: it entered a new step
+    of its workload shortly before the deadline (after others since init), or its CPU time rose
+    between the supervisor's two reads near the deadline. A slow run, not a hang."""
+    v, o = c.verdict, c.obs
+    if v.outcome != "hang" or o is None or v.role not in ("rank", "worker"):
+        return None
+    deadline = float(c.run.plan.get("deadline") or 0.0)
+    steps = [e for e in o.events if e.ev == "phase"
+             and str(e.data.get("phase") or "") not in ("start", "import", "init", "exit")]
+    if len(steps) < 2 or not deadline:
+        return None
+    # the deadline as the supervisor met it (its last CPU read): a loaded machine is late
+    deadline = max([deadline] + [t for t, _ in o.cpu_samples])
+    last = steps[-1]
+    ago = max(0.0, deadline - c.at(last))
+    recent = [e for e in steps if deadline - c.at(e) <= 5 * PROGRESS_WINDOW]
+    cpu = ""
+    if len(o.cpu_samples) >= 2:
+        (t0, u0), (t1, u1) = o.cpu_samples[0], o.cpu_samples[-1]
+        if t1 > t0 and u1 - u0 >= 0.1 * (t1 - t0):
+            cpu = f"; its CPU time rose from {u0:g} to {u1:g} s between {t0:g} and {t1:g} s"
+    if ago > PROGRESS_WINDOW or not (cpu or len(recent) >= 2):
+        return None
+    said = str(last.data.get("phase") or "")
+    step = str(last.data.get("step") or "")
+    return Cause(f"still progressing at the deadline ({round(deadline, 2):g} s): its last "
+                 f"step, {said}"
+                 + (f" ({step})" if step and step != said else "")
+                 + f", began {ago:.2f} s before it; {len(recent)} steps in its last "
+                 f"{5 * PROGRESS_WINDOW:g} s{cpu}: slow, not stuck",
+                 [v.reason] + [f"cpu: {u:g} s used at {t:g} s" for t, u in o.cpu_samples])
+
+
 Rule = Callable[[RankContext], Optional[Cause]]
 
 # ordered: the first that gives a cause decides
@@ -2337,6 +2665,7 @@ RULES: List[Rule] = [
     torch_refused_the_setup,
     raised_by_the_fault,
     interrupted_by_the_fault,
+    sigint_held_in_torch,
     out_of_memory,
     file_store_unusable,
     file_store_never_opened,
@@ -2367,6 +2696,7 @@ RULES: List[Rule] = [
     program_exited,
     ddp_params_differ,
     ddp_unused_parameters,
+    still_progressing,   # a row at work at the deadline: slow, not stuck (before any wait)
     not_started_by_the_deadline,
     in_its_own_code,
     agent_waiting_for_workers,
@@ -2401,7 +2731,11 @@ RULES: List[Rule] = [
     partitioned,
     through_the_fault_proxy,
     a_link_fault_in_force,
+    dialling_a_store_nobody_hosts,   # the hang path: live stacks and sockets at the deadline
+    claimed_the_same_rank,
+    waiting_for_a_peer_stuck_dialling,
     waiting_for_a_stuck_rank,   # only when nothing on the network explains the wait
+    hosting_a_store_nobody_joins,   # after it: a peer not started reads as it always did
     the_store_shows_who_is_missing,   # last: what the store held, where nothing else spoke
 ]
 

@@ -39,7 +39,7 @@ from .launchers import Discovery, RankProcess, close_fds, process_env
 from .observe import RunObservation
 from .plan import HostPlan, RunPlan, make_plan
 from .ports import PortLease
-from .procs import ForeignProcess, ManagedProcess, kill_observed, runqueue_wait
+from .procs import ForeignProcess, ManagedProcess, cpu_seconds, kill_observed, runqueue_wait
 from .protocol import (
     EXCEPTION,
     PHASE,
@@ -473,6 +473,18 @@ class Supervisor:
                 r.obs.native_stacks = (f"(taken at {at:.2f} s)\n" + text) if text else text
                 r.obs.native_threads = threads
 
+    def _sample_cpu(self, rows: Optional[Sequence[RankProcess]] = None) -> None:
+        """(seconds after the start line, CPU seconds used) of each live row on this machine,
+        appended to its ``cpu_samples``: read twice, before the deadline and at it, they tell a
+        rank still at work from one blocked in a call (harness.diagnose: still progressing)."""
+        now = round(self.now(), 3)
+        for r in (self.ranks if rows is None else rows):
+            if _remote(r) or r.ended or r.proc.pid is None:
+                continue
+            used = cpu_seconds(int(r.proc.pid))
+            if used is not None:
+                r.obs.cpu_samples.append((now, used))
+
     def _start_native_stacks(self) -> None:
         """py-spy, in parallel, ``STACK_LEAD`` s (at most a quarter of the deadline) before the
         deadline, once, for every rank that is alive and has said nothing for that long (it
@@ -483,6 +495,7 @@ class Supervisor:
         import psutil
 
         self._native = {}
+        self._sample_cpu()     # the first of two reads: a rank at work uses CPU between them
         if not native_stacks_available():
             return
         alive = []
@@ -573,6 +586,7 @@ class Supervisor:
             self._say(f"deadline {deadline:g} s: {', '.join(r.label for r in live)} still "
                       "alive: taking stacks, killing")
             self._take_sockets(live)
+            self._sample_cpu(live)   # the second read, before the stacks' pause
             for r in live:   # what the load added to its duration, before the stacks' pause
                 pid = r.obs.pid
                 r.obs.waited_at_deadline = runqueue_wait(int(pid)) \

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .protocol import READY, Event, result_of
 from .sockets import SocketRecord
@@ -78,6 +78,10 @@ class RankObservation:
     # seconds its threads waited for a CPU (runqueue: the machine's load), read by the
     # supervisor at the deadline for a rank still alive (harness.procs.runqueue_wait)
     waited_at_deadline: Optional[float] = None
+    # (seconds after the start line, CPU seconds it had used) of a rank alive near the deadline:
+    # read a little before it and at it (harness.launch), so a rank at work is told from a stuck
+    # one (harness.procs.cpu_seconds: user and system time of all its threads)
+    cpu_samples: List[Tuple[float, float]] = field(default_factory=list)
 
     def result(self) -> Optional[Event]:
         return result_of(self.events)
@@ -113,7 +117,8 @@ class RankObservation:
                 "ended_at": self.ended_at, "notes": list(self.notes), "role": self.role,
                 "node": self.node, "attempt": self.attempt, "info": dict(self.info),
                 "sockets": [x.to_dict() for x in self.sockets],
-                "waited_at_deadline": self.waited_at_deadline}
+                "waited_at_deadline": self.waited_at_deadline,
+                "cpu_samples": [list(x) for x in self.cpu_samples]}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> RankObservation:
@@ -135,7 +140,9 @@ class RankObservation:
                    role=str(d.get("role", "rank")), node=d.get("node"),
                    attempt=int(d.get("attempt") or 0), info=dict(d.get("info") or {}),
                    sockets=[SocketRecord.from_dict(x) for x in d.get("sockets") or []],
-                   waited_at_deadline=d.get("waited_at_deadline"))
+                   waited_at_deadline=d.get("waited_at_deadline"),
+                   cpu_samples=[(float(x[0]), float(x[1])) for x in d.get("cpu_samples") or []
+                                if isinstance(x, (list, tuple)) and len(x) == 2])
 
 
 @dataclass

@@ -103,6 +103,20 @@ def runqueue_wait(pid: int = 0) -> Optional[float]:
             continue
     return round(total / 1e9, 3) if seen else None
 
+
+def cpu_seconds(pid: int = 0) -> Optional[float]:
+    """CPU seconds ``pid`` (0: this process) has used so far, user and system, all its threads
+    (``/proc/PID/stat`` fields 14 and 15, in clock ticks): two reads tell a process at work from
+    one blocked in a call. None when the process is gone or /proc does not say."""
+    try:
+        with open(f"/proc/{pid or 'self'}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])   # utime, stime (fields 14, 15 of the line)
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(ticks / os.sysconf("SC_CLK_TCK"), 3)
+
+
 def identity(pid: int) -> Dict[str, Any]:
     """What identifies a process beyond its (reusable) pid."""
     return {"pid": pid, "start_time": start_ticks(pid), "boot_id": boot_id()}

@@ -12,6 +12,7 @@ import pytest
 from harness.classify import classify_run
 from harness.diagnose import UNKNOWN, RankContext, diagnose, explain_run
 from harness.expect import check_rank, failure_table, label_ranges, stack_groups
+from harness.protocol import Event
 from harness.schema import RankExpect
 from harness.sockets import SocketRecord, parse_proc_net_tcp, snapshot
 
@@ -1292,3 +1293,197 @@ def test_the_scale_up_deadlock_is_named_though_the_rank_0_agents_first_worker_en
         "rendezvous round 1: this rank-0 agent waited for the role info of agent:node1"), \
         vs["agent:node0"].cause
     assert vs["agent:node1"].cause.startswith("rendezvous round 1: this agent, new in that round")
+
+
+# -- the hang path with torch's default timeouts: live evidence at the deadline --------------------
+def _hang_kept(name):
+    """A real run of scenarios/hang-defaults.yaml (timeout 1800, deadline 20), kept trimmed
+    (the rows' native threads, sockets, stderr lines; no faulthandler text)."""
+    run = _kept(f"hang_defaults_{name}.json")
+    return run, {v.label: v for v in explain_run(run, classify_run(run))}
+
+
+def test_hang_wrong_port_names_both_ports_from_the_live_stacks_and_sockets():
+    run, vs = _hang_kept("wrong_port")
+    store, told = run.plan["store"]["port"], run.plan["ranks"][1]["env"]["MASTER_PORT"]
+    assert vs["1"].cause.startswith(f"dials port {told} (its MASTER_PORT), where no store "
+                                    f"listens (the store's port is {store}: rank 0 listens "
+                                    "there); it retries until the client's timeout (1800 s")
+    assert vs["0"].cause == f"waiting for 1 of 2 clients at the deadline: rank 1 dials port " \
+        f"{told} (its MASTER_PORT), not {store}"
+    assert vs["0"].cause_evidence[-1].startswith(f"its store on port {store}: 1 of 2 clients")
+
+
+def test_hang_rules_read_the_native_stack_not_the_plan_alone():
+    run, _ = _hang_kept("wrong_port")
+    for o in run.ranks:
+        o.native_threads = []      # no stack taken: the plan's env says nothing about a hang
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert vs["0"].cause.startswith("unknown") and vs["1"].cause.startswith("unknown")
+
+
+def test_hang_a_dialler_whose_port_has_a_listener_is_not_explained():
+    run, _ = _hang_kept("wrong_port")
+    told = int(run.plan["ranks"][1]["env"]["MASTER_PORT"])
+    run.ranks[0].sockets.append(SocketRecord("LISTEN", f"0.0.0.0:{told}", "0.0.0.0:0"))
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert not vs["1"].cause.startswith("dials port")
+
+
+def test_hang_nobody_claimed_rank_0_reads_as_its_short_timeout_twin():
+    run, vs = _hang_kept("master_claims_1")
+    for label in ("0", "1"):
+        assert vs[label].cause.startswith("no process claimed RANK=0, so no store was started "
+                                          "(ranks 0, 1 both claimed RANK=1): every rank dials "
+                                          "127.0.0.1:")
+
+
+def test_hang_two_ranks_claiming_rank_0_on_two_hosts():
+    run, vs = _hang_kept("rank_claims_0_two_hosts")
+    for label in ("0", "1"):
+        assert vs[label].cause.startswith(
+            "ranks 0 and 1 both claimed RANK=0 (the scenario's rank_collision fault: rank 1 "
+            "started with RANK='0'): both joined the store as rank 0")
+    # the store shows rank 1's address published: then it is not this cause
+    run.store.update(answered=True, gloo={"0": "10.0.0.1:1", "1": "10.0.0.2:1"})
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert not vs["1"].cause.startswith("ranks 0 and 1 both claimed")
+
+
+def test_hang_c10d_agents_that_are_all_clients():
+    run, vs = _hang_kept("c10d_endpoint_not_own")
+    for label in ("agent:node0", "agent:node1"):
+        assert vs[label].cause.startswith("nobody hosted the rendezvous store at ")
+        assert "even agent:node0, whose address it is" in vs[label].cause
+    # an agent given is_host=true would host it: say nothing
+    argv = run.plan["ranks"][0]["argv"]
+    argv[argv.index("--rdzv-endpoint"):argv.index("--rdzv-endpoint")] = \
+        ["--rdzv-conf", "is_host=true"]
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert not vs["agent:node1"].cause.startswith("nobody hosted")
+
+
+def test_hang_a_worker_whose_host_cannot_resolve_master_addr():
+    run, vs = _hang_kept("c10d_worker_cannot_resolve_master")
+    assert vs["1"].cause.startswith("it dialled node0, a name host node1's hosts file does not "
+                                    "list")
+    assert vs["0"].cause.startswith("waiting in gloo's rendezvous for the address of rank 1, "
+                                    "never published in the store (rank 1: it dialled node0")
+
+
+def test_hang_static_rendezvous_waiting_for_a_node_never_started():
+    run, vs = _hang_kept("static_node_never_comes")
+    assert vs["agent:node0"].cause == "waiting for 1 of 2 clients at the deadline: agent:node1 " \
+        "was not started before the deadline (its release, at 100 s, was still to come)"
+
+
+def test_hang_torchrun_agent_given_another_master_port():
+    run, vs = _hang_kept("torchrun_agent_other_master_port")
+    store = run.plan["store"]["port"]
+    assert vs["agent:node0"].cause == "waiting for 1 of 2 clients at the deadline: " \
+        f"agent:node1 dials port 29511 (its --master-port), not {store}"
+    assert vs["agent:node1"].cause.startswith("dials port 29511 (its --master-port), where no "
+                                              f"store listens (the store's port is {store}: "
+                                              "agent:node0 listens there)")
+
+
+def _stepping(obs, ago, cpu):
+    """A rank alive at the deadline (20 s) that entered train steps 1 s apart, the last ``ago``
+    s before the deadline; ``cpu``: its CPU seconds read at 18 s and at 20 s."""
+    r = obs.rank("1", reached="init", killed_at_deadline=True, end=20.5, stacks=obs.hung_stacks,
+                 result=False)
+    for k in range(1, 6):
+        r.events.append(Event("phase", obs.t0 + 20.0 - ago - (5 - k),
+                              {"phase": f"train step {k}", "step": "train 100"}))
+    r.cpu_samples = [(18.0, cpu[0]), (20.0, cpu[1])]
+    run = obs.run(r)
+    run.plan.update({"deadline": 20, "master_port": 29500,
+                     "ranks": [{"label": "1", "env": {"RANK": "1"}}]})
+    return explain_run(run, classify_run(run))[0]
+
+
+def test_a_rank_still_stepping_at_the_deadline_is_slow_not_stuck(obs):
+    v = _stepping(obs, ago=0.3, cpu=(40.0, 41.8))
+    assert v.outcome == "hang"
+    assert v.cause.startswith("still progressing at the deadline (20 s): its last step, train "
+                              "step 5 (train 100), began 0.30 s before it; 5 steps in its last "
+                              "10 s; its CPU time rose from 40 to 41.8 s between 18 and 20 s")
+
+
+def test_a_rank_whose_last_step_is_long_past_is_not_progressing(obs):
+    assert not _stepping(obs, ago=6.0, cpu=(40.0, 41.8)).cause.startswith("still progressing")
+
+
+def test_a_single_recent_step_without_cpu_is_not_progress(obs):
+    r = obs.rank("1", reached="init", killed_at_deadline=True, end=20.5,
+                 stacks=obs.hung_stacks, result=False)
+    r.events.append(Event("phase", obs.t0 + 19.5, {"phase": "workload step 1",
+                                                   "step": "barrier"}))   # then blocked
+    r.cpu_samples = [(18.0, 5.0), (20.0, 5.0)]
+    run = obs.run(r)
+    run.plan.update({"deadline": 20, "ranks": [{"label": "1", "env": {"RANK": "1"}}]})
+    (v,) = explain_run(run, classify_run(run))
+    assert not v.cause.startswith("still progressing")
+
+
+def test_hang_a_sigint_held_by_torchs_connect_loop_says_so_and_why_it_blocks():
+    from harness.observe import SignalSent
+
+    run, _ = _hang_kept("wrong_port")
+    run.ranks[1].signals.append(SignalSent("INT", 3.0, "kill_rank"))
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert vs["1"].cause.startswith("SIGINT, sent by the scenario's fault at 3 s, did not end "
+                                    "it: it blocks in torch's C++ (c10d::")
+    assert "; it dials port " in vs["1"].cause
+    run.ranks[1].native_threads = []        # no native stack: where it blocked is not known
+    vs = {v.label: v for v in explain_run(run, classify_run(run))}
+    assert not vs["1"].cause.startswith("SIGINT")
+
+
+def test_hang_a_real_training_run_cut_by_the_deadline_is_still_progressing():
+    """A real run (ddp 1MB, train 100000, deadline 20 s, on the shared 2 cores): both ranks
+    were entering train steps ~50 a 10 s and using CPU when the deadline cut them."""
+    run, vs = _hang_kept("still_training")
+    for label in ("0", "1"):
+        assert vs[label].outcome == "hang"
+        assert vs[label].cause.startswith("still progressing at the deadline (20.35 s): its "
+                                          f"last step, {vs[label].phase} (train 100000)")
+        assert "its CPU time rose from" in vs[label].cause
+
+
+def test_cpu_seconds_tells_a_process_at_work_from_a_blocked_one():
+    """harness.procs.cpu_seconds on real processes: a busy loop's CPU time rises between two
+    reads, a sleeper's does not; a process that is gone reads None."""
+    import subprocess
+    import sys
+    import time
+
+    from harness.procs import cpu_seconds
+
+    busy = subprocess.Popen([sys.executable, "-c", "print('up', flush=True)\nwhile True: pass"],
+                            stdout=subprocess.PIPE, text=True)
+    idle = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); "
+                             "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert busy.stdout.readline() == idle.stdout.readline() == "up\n"   # both started
+        b0, i0 = cpu_seconds(busy.pid), cpu_seconds(idle.pid)
+        time.sleep(1.0)
+        b1, i1 = cpu_seconds(busy.pid), cpu_seconds(idle.pid)
+        assert None not in (b0, b1, i0, i1)
+        assert b1 - b0 >= 0.1          # even on 2 shared cores it got a tenth of a second
+        assert i1 - i0 <= 0.02
+    finally:
+        for p in (busy, idle):
+            p.kill()
+            p.wait()
+    assert cpu_seconds(busy.pid) is None
+
+
+def test_cpu_samples_survive_the_observations_json_edge(obs):
+    from harness.observe import RankObservation
+
+    r = obs.rank("1", reached="init", killed_at_deadline=True, result=False)
+    r.cpu_samples = [(18.0, 9.41), (20.353, 9.87)]
+    back = RankObservation.from_dict(r.to_dict())
+    assert back.cpu_samples == [(18.0, 9.41), (20.353, 9.87)]
+    assert RankObservation.from_dict({"label": "0"}).cpu_samples == []
