@@ -72,7 +72,8 @@ def scenario_paths(args: argparse.Namespace) -> List[str]:
 # -- validate ------------------------------------------------------------------------------------
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .loader import ScenarioFileError, load_file, one_line
+    from .determinism import widenings
+    from .loader import Problem, ScenarioFileError, item_name, load_file, one_line
 
     skipped: List[Path] = []
     paths = scenario_paths(args)
@@ -86,7 +87,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     for f in skipped:
         line(f"- {f}: skipped: not a regular file (pytest does not collect it either)", "yellow")
-    bad = problems = cases = 0
+    bad = problems = cases = widened = 0
     for f in files:
         try:
             loaded = load_file(f)
@@ -98,10 +99,23 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 line(f"  {p}")
             continue
         cases += len(loaded)
-        if not args.quiet:
+        found = [(scn, w) for scn in loaded for w in widenings(scn)]
+        widened += len({id(scn) for scn, _ in found})
+        if found and args.strict:
+            bad += 1
+            problems += len(found)
+            line(f"✗ {f}: {len(found)} expectation{'s' * (len(found) > 1)} no run can "
+                 "contradict", "bold red")
+        elif not args.quiet:
             line(f"✓ {f} ({len(loaded)} case{'s' * (len(loaded) != 1)})", "green")
+        if args.strict:
+            for scn, w in found:
+                line(f"  {Problem(str(f), w.line, w.field, f'{item_name(scn)}: {w.message}')}")
     summary = (f"{len(files)} file{'s' * (len(files) != 1)}, {cases} case"
                f"{'s' * (cases != 1)}")
+    if widened and not args.strict:
+        con.print(_text(f"{widened} case{'s' * (widened != 1)} with an expectation no run can "
+                        "contradict (harness validate --strict lists them)", "yellow"))
     if bad:
         con.print(_text(f"{bad} invalid file{'s' * (bad != 1)} ({problems} problems) of "
                         f"{summary}", "bold red"))
@@ -1080,6 +1094,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("paths", nargs="*", metavar="PATH")
     v.add_argument("--builtin", action="store_true", help="the built-in catalog too")
     v.add_argument("-q", "--quiet", action="store_true", help="print only the problems")
+    v.add_argument("--strict", action="store_true", help="also fail on expectations no run "
+                   "can contradict outside a race case: several outcomes on a row, a job "
+                   "allowing ok and a failure, a vacuous window, a failing row pinned only by "
+                   "cause")
     v.set_defaults(func=cmd_validate)
 
     ls = sub.add_parser("list", help="list scenario cases: ids, marks, faults, expectations")

@@ -32,6 +32,7 @@ MAX_MODEL_MB = 65536     # the model of a ddp entry (MiB)
 MAX_TRAIN_STEPS = 100000  # training steps in one workload
 MAX_MARKS = 32           # marks
 MAX_REPEAT = 100         # runs of one case (repeat: / --harness-repeat)
+MIN_RACE_REPEAT = 10     # runs of a race case (race: + repeat:): fewer measure no frequency
 
 # -- reusable field types --------------------------------------------------------------------
 

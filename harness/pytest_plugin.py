@@ -100,6 +100,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "scenario: a torchdist-harness scenario case")
+    config.addinivalue_line("markers", "race: a race case (race: in its file), run repeat: "
+                            "times with its frequency bounds checked")
     if getattr(config.option, "markers", False):   # `pytest --markers`: collection does not run
         for mark, files in scenario_marks(config).items():
             config.addinivalue_line("markers", f"{mark}: scenario mark (marks: in "
@@ -420,7 +422,10 @@ class ScenarioItem(pytest.Item):
         for m in scenario.marks:
             self.config.addinivalue_line("markers", f"{m}: from scenario files")
             self.add_marker(m)
-        self.add_marker(pytest.mark.timeout(scenario.deadline + 300))
+        if scenario.race is not None:
+            self.add_marker("race")
+        # pytest-timeout's guard: past every run's deadline plus start-up and clean-up
+        self.add_marker(pytest.mark.timeout(self.repeat() * (scenario.deadline + 60) + 240))
         self.extra_keyword_matches.update(f.kind for f in scenario.faults)
         self.extra_keyword_matches.update({*scenario.backend_names(), scenario.init})
         self.user_properties.append(("scenario", scenario.test_id))
@@ -444,10 +449,13 @@ class ScenarioItem(pytest.Item):
         why = skip_reason(self.started(), env, on_allocation=alloc is not None)
         if why:
             pytest.skip(why)
-        self.expectation = self.scenario.expectation_for(env["torch"])
+        self.expectation = self.scenario.expectation_for(env["torch"], env.get("cuda"))
         if self.expectation is None:
-            ranges = ", ".join(str(b.torch) for b in self.scenario.expect)
-            pytest.skip(f"no expectation for torch {env['torch']} (blocks cover: {ranges})")
+            ranges = ", ".join(f"{b.torch or 'any'}{f' {b.build} build' if b.build else ''}"
+                               for b in self.scenario.expect)
+            build = "a CPU build" if env.get("cuda") is None else f"CUDA {env['cuda']}"
+            pytest.skip(f"no expectation for torch {env['torch']} ({build}; blocks cover: "
+                        f"{ranges})")
         self.evidence = self._evidence_dir()
         n = self.repeat()
         for i in range(1, n + 1):   # a repeated case keeps each run's evidence in run-<i>/

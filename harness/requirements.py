@@ -35,9 +35,10 @@ def skip_reason(scn: Scenario, env: Dict[str, Any], on_allocation: bool = False
         return f"torch {env['torch']} was built without torch.distributed"
     why = backend_missing(scn, env)
     if scn.backend_available is False:
-        # about torch without the backend ("doesn't have NCCL built in"): a CUDA build of
-        # torch has NCCL whatever the GPUs, and fails otherwise (no device, a device ordinal)
-        if backend_missing(scn, env, built_in_only=True) is None:
+        # about a machine that cannot give the backend: torch built without it ("doesn't
+        # have NCCL built in"), or a CUDA build on a machine without the GPUs NCCL needs
+        # (ValueError "no GPUs found"): which of the two, the expect blocks' build: says
+        if why is None:
             return (f"the case is about a machine without backend {scn.backend} "
                     f"(backend_available: false), and torch {env['torch']} here has it"
                     + (f" ({env.get('gpus', 0)} GPU(s))" if "nccl" in scn.backend_names()
@@ -110,10 +111,9 @@ def _program_missing(path: str) -> Optional[str]:
         "(etcd: binary:)"
 
 
-def backend_missing(scn: Scenario, env: Dict[str, Any], built_in_only: bool = False
-                    ) -> Optional[str]:
-    """Why this machine cannot give the scenario's backend, or None. ``built_in_only``: only
-    what torch was built without (not the GPUs NCCL needs)."""
+def backend_missing(scn: Scenario, env: Dict[str, Any]) -> Optional[str]:
+    """Why this machine cannot give the scenario's backend (torch built without it, or fewer
+    GPUs than NCCL needs here), or None."""
     names = scn.backend_names()
     label = f"backend {scn.backend}" if scn.backend is not None else "the default backend"
     if scn.backend is None and env.get("nccl") and env.get("gpus", 0) > 0:
@@ -126,7 +126,7 @@ def backend_missing(scn: Scenario, env: Dict[str, Any], built_in_only: bool = Fa
         if not env.get("nccl"):
             return f"{label}: torch {env['torch']} has no NCCL (a CPU build?)"
         need = scn.world_size if scn.gpus is None else scn.gpus
-        if not built_in_only and env.get("gpus", 0) < need:
+        if env.get("gpus", 0) < need:
             return (f"{label}: needs {need} CUDA GPU{'s' * (need != 1)}"
                     + (" (one per rank)" if scn.gpus is None else " (gpus)")
                     + f", this machine has {env.get('gpus', 0)}")

@@ -51,6 +51,7 @@ from .limits import (  # noqa: F401 - the limits are part of the format's vocabu
     MAX_TEXT,
     MAX_TRAIN_STEPS,
     MAX_WORLD,
+    MIN_RACE_REPEAT,
     MIN_TIMEOUT,
     EnvName,
     EnvValue,
@@ -308,6 +309,9 @@ class Expect(Strict):
     torch: Optional[str] = Field(
         None, max_length=MAX_SHORT,
         description="torch version range this block holds for, e.g. '>=2.4' or '>=2.2,<2.5'")
+    build: Optional[Literal["cpu", "cuda"]] = Field(
+        None, description="the build of torch this block holds for: cpu (torch.version.cuda "
+        "is None) or cuda; what torch does without a GPU differs between the two builds")
     job: Optional[List[Outcome]] = Field(
         None, description="allowed job outcome(s); the job's outcome is the most severe of its "
         "ranks' (hang > crash > timeout > error > ok; an absent rank does not count)")
@@ -373,12 +377,18 @@ class Expect(Strict):
     def summary(self) -> str:
         """One line: '[torch >=2.4] job timeout; 0: timeout DistStoreError; 1: ...'."""
         parts = [f"[torch {self.torch}]"] if self.torch else []
+        if self.build:
+            parts.append(f"[{self.build} build]")
         if self.job:
             parts.append("job " + "|".join(self.job))
         parts += [f"{label}: {' '.join(e.words()) or 'any'}" for label, e in self.ranks.items()]
         return "; ".join(parts) or "(nothing checked)"
 
-    def applies_to(self, torch_version: str) -> bool:
+    def applies_to(self, torch_version: str, cuda: Optional[str] = None) -> bool:
+        """This block holds for torch ``torch_version`` built with CUDA ``cuda`` (None: a CPU
+        build)."""
+        if self.build is not None and self.build != ("cpu" if cuda is None else "cuda"):
+            return False
         if self.torch is None:
             return True
         return SpecifierSet(self.torch).contains(base_version(torch_version), prereleases=True)
@@ -418,6 +428,9 @@ def _marker(m: str) -> str:
         raise ValueError(f"{m!r} is a marker {RESERVED_MARKS[m]} gives a meaning to (it would "
                          "skip, time out or abort the test, not label it): marks: are plain "
                          "labels for -m, pick another name")
+    if m == "race":
+        raise ValueError("'race' is the marker of race cases: declare one with race: (what "
+                         "races, the frequencies measured), not with marks:")
     if m in ("and", "or", "not"):
         raise ValueError(f"{m!r} is a word of pytest's -m expressions: -m could never select "
                          "it; pick another name")
@@ -764,6 +777,13 @@ class Scenario(Strict):
         default_factory=lambda: [Expect()], max_length=MAX_EXPECT_BLOCKS,
         description="one block, or a list of torch-scoped blocks (the first whose 'torch' range "
         "holds is used)")
+    race: Optional[str] = Field(
+        None, min_length=1, max_length=MAX_TEXT,
+        description="declares a race case: what races (inside torch, not the harness's own "
+        "timing) and the frequencies measured; its rows with several outcomes give a "
+        f"frequency bound for each, it runs repeat: >= {MIN_RACE_REPEAT} times and gets the "
+        "pytest marker 'race'. Without it a case is deterministic: one outcome per row "
+        "(harness validate --strict)")
     repeat: int = Field(1, ge=1, le=MAX_REPEAT, description="run the case this many times: "
                         "its ranks' outcome frequencies are reported and checked against "
                         "frequency bounds, and a rank that varies where its expectation "
@@ -792,6 +812,28 @@ class Scenario(Strict):
         if self.init_args is not None and self.init_url is None:
             raise located("init_args", "init_args goes with init_url (init: tcp and file pass "
                           "both, env none)")
+        return self
+
+    @model_validator(mode="after")
+    def _race(self) -> Scenario:
+        """A race case runs often enough to measure, and each of its racing rows says how
+        often each outcome may come (a row whose every bound is 'any' checks nothing)."""
+        if self.race is None:
+            return self
+        if self.repeat < MIN_RACE_REPEAT:
+            raise located("repeat", f"a race case runs repeat: >= {MIN_RACE_REPEAT} times "
+                          f"(got {self.repeat}): fewer runs measure no frequency")
+        for i, block in enumerate(self.expect):
+            for label, row in block.ranks.items():
+                if len(row.outcome or ()) < 2:
+                    continue
+                where = ("expect", i, "ranks", label, "outcome")
+                bounds = row.frequency or {}
+                if set(bounds) != set(row.outcome or ()) or \
+                        all(b == "any" for b in bounds.values()):
+                    raise located(where, "a racing row of a race case gives each outcome a "
+                                  "frequency bound, at least one of them not 'any' "
+                                  "({ok: '>= 0.3', timeout: '<= 0.7'})")
         return self
 
     @field_validator("ip", mode="before",
@@ -1037,8 +1079,9 @@ class Scenario(Strict):
     def test_id(self) -> str:
         return self.name if self.case is None else f"{self.name}[{self.case}]"
 
-    def expectation_for(self, torch_version: str) -> Optional[Expect]:
+    def expectation_for(self, torch_version: str, cuda: Optional[str] = None
+                        ) -> Optional[Expect]:
         for block in self.expect:
-            if block.applies_to(torch_version):
+            if block.applies_to(torch_version, cuda):
                 return block
         return None

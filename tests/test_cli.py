@@ -67,6 +67,19 @@ def test_validate_lists_every_located_problem_and_exits_1(tmp_path, scen):
     assert "✓" in out and "1 invalid file (3 problems) of 2 files" in out
 
 
+def test_validate_strict_fails_on_expectations_no_run_can_contradict(tmp_path, scen):
+    wide = tmp_path / "wide.yaml"
+    wide.write_text("name: wide\nabout: x\nexpect:\n  job: [ok, timeout]\n  ranks:\n"
+                    '    "1": {outcome: [error, timeout]}\n')
+    p = harness("validate", wide, scen / "healthy.yaml")
+    assert p.returncode == 0 and "1 case with an expectation no run can contradict" in p.stdout
+    p = harness("validate", "--strict", wide, scen / "healthy.yaml")
+    assert p.returncode == 1, p.stdout
+    assert f"{wide}:4: expect.job: wide: allows ok and a failure (ok|timeout)" in p.stdout
+    assert f"{wide}:6: expect.ranks.1.outcome: wide: allows error|timeout" in p.stdout
+    assert "1 invalid file (2 problems) of 2 files" in p.stdout
+
+
 def test_validate_of_nothing_is_bad_input(tmp_path):
     assert harness("validate", tmp_path / "nope").returncode == 2
     assert harness("validate", tmp_path).returncode == 2     # a folder without YAML

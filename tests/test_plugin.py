@@ -57,6 +57,23 @@ def test_yaml_outside_a_scenarios_folder_named_on_the_command_line_is_collected(
     assert items == ["other/loose.yaml::loose"]
 
 
+def test_a_race_case_gets_the_race_marker_and_a_guard_for_every_run(pytester):
+    write(pytester, "scenarios/racy.yaml", "racy", """\
+        race: "a stand-in for a race inside torch (the plugin's test only collects it)"
+        repeat: 10
+        expect:
+          ranks: {"0": {outcome: {ok: ">= 0.9", error: "<= 0.1"}}}
+    """)
+    write(pytester, "scenarios/plain.yaml", "plain")
+    _, items = collected(pytester, "-m", "race")
+    assert items == ["scenarios/racy.yaml::racy"]
+    _, items = collected(pytester, "-m", "not race")
+    assert items == ["scenarios/plain.yaml::plain"]
+    items, _ = pytester.inline_genitems("-p", "no:cacheprovider")
+    guard = {i.name: i.get_closest_marker("timeout").args[0] for i in items}
+    assert guard == {"racy": 10 * (60 + 60) + 240, "plain": 60 + 60 + 240}
+
+
 def test_ini_glob_collects_yaml_elsewhere(pytester):
     pytester.makeini("[pytest]\nharness_scenarios = catalog/*.yaml\n")
     write(pytester, "catalog/one.yaml", "one")

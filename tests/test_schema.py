@@ -205,6 +205,14 @@ def test_block_without_torch_holds_for_every_version():
     assert Expect().applies_to("1.13.1") and Expect().applies_to("2.13.0+cpu")
 
 
+def test_a_block_of_one_build_holds_for_that_build_only():
+    s = scenario(expect=[{"build": "cuda", "job": "error"}, {"build": "cpu", "job": "ok"}])
+    assert s.expectation_for("2.14.1+cu130", "13.0").job == ["error"]
+    assert s.expectation_for("2.14.1", "12.8").job == ["error"]   # PyPI's CUDA wheel: no +cu
+    assert s.expectation_for("2.13.0+cpu", None).job == ["ok"]
+    assert scenario(expect=[{"build": "cuda"}]).expectation_for("2.13.0+cpu") is None
+
+
 def test_prerelease_counts_as_its_base_version():
     assert Expect(torch=">=2.6.0a0").applies_to("2.6.0a0+git1234")
 

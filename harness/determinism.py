@@ -1,0 +1,74 @@
+"""Whether a case's expectation can fail (pure): the strict reading of the scenario format.
+
+A case is deterministic unless it declares ``race:``. A deterministic case pins one outcome per
+row; an expectation that allows ``ok`` and a failure, or two outcomes, passes whether or not the
+fault acts, so it tests nothing that a run could contradict. These are the widenings this module
+finds, each located at the line where it is written:
+
+* ``job`` allowing ``ok`` and a failure (outside a race case);
+* a row allowing more than one outcome, or carrying frequency bounds (outside a race case);
+* a ``within`` window that is vacuous: it starts at 0 and ends at or past the deadline;
+* a failing row pinned only by ``cause:`` (the harness's own diagnosis, not torch's behaviour):
+  it must also pin the exception, the message or the phase.
+
+``harness validate --strict`` reports them as problems; tests/test_determinism.py holds the
+catalog to them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+from .schema import RankExpect, Scenario
+
+FAILURES = frozenset({"error", "timeout", "hang", "crash"})
+
+
+@dataclass(frozen=True)
+class Widening:
+    """One expectation that a run cannot contradict, where it is written."""
+
+    line: Optional[int]
+    field: str
+    message: str
+
+
+def _cause_only(row: RankExpect) -> bool:
+    fails = row.outcome is None or bool(FAILURES & set(row.outcome))
+    return bool(row.cause) and fails and not (row.exception or row.message or row.phase)
+
+
+def widenings(scn: Scenario) -> List[Widening]:
+    """Every widening of this case (empty: each of its expectations can fail)."""
+    out: List[Widening] = []
+    race = scn.race is not None
+    for i, block in enumerate(scn.expect):
+        at = f"expect[{i}]." if len(scn.expect) > 1 else "expect."
+        job = set(block.job or ())
+        if not race and "ok" in job and job & FAILURES:
+            out.append(Widening(block.job_line or block.line, at + "job",
+                                f"allows ok and a failure ({'|'.join(block.job or ())}): "
+                                "it passes whether or not the fault acts; pin one outcome, "
+                                "or declare race: and measure it"))
+        for label, row in block.ranks.items():
+            field = f"{at}ranks.{label}"
+            if not race and len(row.outcome or ()) > 1:
+                out.append(Widening(row.line, field + ".outcome",
+                                    f"allows {'|'.join(row.outcome or ())}: pin one outcome "
+                                    "(find the order that decides it), or declare race:"))
+            elif not race and row.frequency:
+                out.append(Widening(row.line, field + ".outcome", "frequency bounds belong "
+                                    "to a race case (race:, repeat: >= 10)"))
+            if row.within is not None and row.within[0] <= 0 and \
+                    row.within[1] >= scn.deadline:
+                out.append(Widening(row.line, field + ".within",
+                                    f"[{row.within[0]:g}, {row.within[1]:g}] holds for any "
+                                    f"end before the deadline ({scn.deadline:g} s): give the "
+                                    "window you measured, or none"))
+            if _cause_only(row):
+                out.append(Widening(row.line, field + ".cause",
+                                    "a failing row pinned only by cause: (the harness's own "
+                                    "diagnosis): pin the exception, message or phase torch "
+                                    "gives too"))
+    return out
