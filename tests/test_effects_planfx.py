@@ -225,3 +225,43 @@ def test_an_absent_rank_and_a_second_job_are_read_from_the_processes_that_ran(tm
     row = next(r for r in obs.ranks if r.label == "job2:0")
     assert job["summary"] == f"started (pid {row.pid}), released at {row.released_at:g} s"
     assert row.released_at >= 0.5 - edits.EARLY
+
+
+# -- concurrent_job gated on the first job's progress -------------------------------------------
+def test_a_second_job_gated_on_a_phase_is_released_by_that_phase(tmp_path):
+    plan = plan_of(BASE + "faults:\n  - {kind: concurrent_job, world_size: 1, "
+                   "phase: workload step 2, rank: 1, delay: 0.5}\n", tmp_path)
+    job2 = next(r for r in plan.ranks if r.label == "job2:0")
+    assert job2.release.to_dict() == {"rank": "1", "phase": "workload step 2", "delay": 0.5}
+    # without phase: delay s after the start line, as before
+    plan = plan_of(BASE + "faults:\n  - {kind: concurrent_job, world_size: 1, delay: 2}\n",
+                   tmp_path)
+    assert next(r for r in plan.ranks if r.label == "job2:0").release.to_dict() == {"at": 2.0}
+
+
+def test_a_second_job_s_gate_names_a_phase_and_a_rank_of_the_first_job(tmp_path):
+    for fault, said in (
+            ("{kind: concurrent_job, rank: 1}", "rank is whose phase starts the second job"),
+            ("{kind: concurrent_job, phase: workload step 2, rank: 5}",
+             "rank 5 is outside the world"),
+            ("{kind: concurrent_job, phase: lunch}", "phase")):
+        with pytest.raises(Exception) as e:
+            load_text(BASE + f"faults:\n  - {fault}\n", "e.yaml")
+        assert "e.yaml:8: faults[0]." in str(e.value) and said in str(e.value), str(e.value)
+
+
+@linux
+def test_a_second_job_gated_on_a_phase_starts_after_the_first_job_entered_it(tmp_path):
+    obs = _run(BASE.replace("[barrier, all_reduce]", '[barrier, "sleep 2", all_reduce]')
+               + "faults:\n  - {kind: concurrent_job, world_size: 1, "
+               "phase: workload step 2}\n", tmp_path)
+    rank0 = next(r for r in obs.ranks if r.label == "0")
+    job2 = next(r for r in obs.ranks if r.label == "job2:0")
+    released = next(e for e in rank0.events if e.ev == "released")
+    entered = next(e.t for e in rank0.events if e.ev == "phase"
+                   and e.phase == "workload step 2")
+    assert rank0.released_at is not None and job2.released_at is not None
+    entered_s = entered - released.t + rank0.released_at   # seconds after the start line
+    assert job2.released_at >= entered_s - edits.EARLY, (job2.released_at, entered_s)
+    (effect,) = obs.effects
+    assert effect["status"] == "acted", effect

@@ -8,11 +8,12 @@ started (their pids) and when each was released.
 
 from typing import Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ..limits import MAX_WORLD, Seconds
+from ..protocol import TRIGGER_PHASE_HELP, check_trigger_phase
 from ..triggers import Trigger
-from . import Fault
+from . import Fault, Target
 
 
 class ConcurrentJob(Fault):
@@ -21,9 +22,35 @@ class ConcurrentJob(Fault):
         "a second job on the same port would be a second srun step beside the case's one: not "
         "built for an allocation")
     summary = "a second job on the same MASTER_PORT (two jobs on one machine, default port)"
-    delay: Seconds = Field(0.0, description="the second job starts this long after the first")
+    delay: Seconds = Field(0.0, description="the second job starts this long after the first "
+                           "(with phase: this long after `rank` entered it)")
+    phase: Optional[str] = Field(None, description="or: the second job starts when `rank` of "
+                                 f"the first job enters this phase ({TRIGGER_PHASE_HELP}), "
+                                 "plus delay: ordered on the first job's progress, not on a "
+                                 "clock that races it")
+    rank: Target = Field(0, description="with phase: whose phase (a rank of the first job, or "
+                         "a label such as 'agent:local')")
     world_size: Optional[int] = Field(None, ge=1, le=MAX_WORLD, description="default: the "
                                       "scenario's (both jobs together: at most MAX_WORLD)")
+
+    @field_validator("phase")
+    @classmethod
+    def _phase(cls, v: Optional[str]) -> Optional[str]:
+        return None if v is None else check_trigger_phase(v)
+
+    def check(self, scn):
+        problems = super().check(scn)
+        if self.phase is None and "rank" in self.model_fields_set:
+            problems.append((("rank",), "rank is whose phase starts the second job: give "
+                             "phase too"))
+        return problems
+
+    def release(self) -> Trigger:
+        """When the second job starts: delay s after the start line, or after ``rank``
+        entered ``phase``."""
+        if self.phase is not None:
+            return Trigger.on_phase(self.rank, self.phase, self.delay)
+        return Trigger.at_time(self.delay)
 
     def _n(self, scn) -> int:
         return self.world_size or scn.world_size
@@ -43,7 +70,8 @@ class ConcurrentJob(Fault):
         job = self.job(scn)
         # the same launcher starts it (two torchrun jobs, two spawning parents, two sets of
         # ranks), on the same master address and port
-        plan.add_job(scn, job, n, release=Trigger.at_time(self.delay))
+        release = self.release()
+        plan.add_job(scn, job, n, release=release)
         plan.notes.append(f"concurrent_job: another job of {n} ranks ({job}:0..{n - 1}), its "
                           f"{plan.store(job).describe()} (the first job's: "
-                          f"{plan.store().endpoint()}), {self.delay:g} s after the first")
+                          f"{plan.store().endpoint()}), started {release.describe()}")
