@@ -85,3 +85,15 @@ def test_the_tool_keeps_an_evidence_folder(tmp_path):
     (case / "observation.json").write_text(json.dumps(keep.load(src)["observation"]))
     out = keep.keep(case, "x", "a copy", corpus=tmp_path / "corpus")
     assert keep.load(out)["rows"] == keep.load(src)["rows"]
+
+
+def test_the_report_names_the_rule_that_gave_each_cause():
+    """The JSON report's rank records carry cause_rule: "" for an ok row, the rule otherwise."""
+    from harness.report import rank_record
+
+    entry = keep.load(next(p for p in ENTRIES if p.name.startswith("wrong_port")))
+    run, verdicts = keep.diagnosed(entry["observation"])
+    obs = {o.label: o for o in run.ranks}
+    recs = {v.label: rank_record(v, obs.get(v.label), run.t0) for v in verdicts}
+    assert {lbl: r["cause_rule"] for lbl, r in recs.items()} == \
+        {r["label"]: r["rule"] for r in entry["rows"]}
