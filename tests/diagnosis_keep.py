@@ -116,7 +116,8 @@ def survey(dirs: List[Path]) -> None:
 
 
 def main(argv: List[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="The causes it writes are the diagnosis of today: "
                                  "check each one is right before committing the entry.")
     ap.add_argument("dir", nargs="+", help="a case's evidence folder (with --survey: any "
