@@ -95,3 +95,17 @@ def test_the_report_names_the_rule_that_gave_each_cause():
     recs = {v.label: rank_record(v, obs.get(v.label), run.t0) for v in verdicts}
     assert {lbl: r["cause_rule"] for lbl, r in recs.items()} == \
         {r["label"]: r["rule"] for r in entry["rows"]}
+
+
+def test_a_large_entry_is_kept_gzipped_and_read_back(tmp_path, monkeypatch):
+    import json
+
+    case = tmp_path / "case"
+    case.mkdir()
+    src = keep.load(ENTRIES[0])
+    (case / "observation.json").write_text(json.dumps(src["observation"]))
+    monkeypatch.setattr(keep, "GZIP_OVER", 0)
+    out = keep.keep(case, "big", "a copy", corpus=tmp_path / "corpus")
+    assert out.name == "big.json.gz"
+    assert keep.load(out)["observation"] == src["observation"]
+    assert keep.entries(tmp_path / "corpus") == [out]
