@@ -32,11 +32,10 @@ UNCOVERED = {
     "rendezvous_already_closed", "peer_reinitialised", "barrier_peer_died",
     "nobody_claimed_rank_0", "ddp_params_differ", "not_started_by_the_deadline",
     "in_its_own_code", "agent_waiting_for_workers", "gloo_interface_missing",
-    "gloo_mesh_blocked", "gloo_pair_to_a_second_card", "gloo_pair_to_no_host",
-    "starved_in_init", "refused_and_retried", "a_peer_missed_the_collective",
-    "out_of_descriptors", "no_route", "listen_queue_overflowed", "cut_after_init",
-    "through_the_fault_proxy", "a_link_fault_in_force", "waiting_for_a_stuck_rank",
-    "the_store_shows_who_is_missing",
+    "gloo_pair_to_a_second_card", "gloo_pair_to_no_host", "starved_in_init",
+    "refused_and_retried", "a_peer_missed_the_collective", "out_of_descriptors",
+    "listen_queue_overflowed", "through_the_fault_proxy", "a_link_fault_in_force",
+    "waiting_for_a_stuck_rank", "the_store_shows_who_is_missing",
 }
 
 
