@@ -29,9 +29,8 @@ ENTRIES = keep.entries()
 UNCOVERED = {
     "teardown_gil_deadlock", "raised_by_the_fault", "parent_child_failed", "stopped_by_slurm",
     "rendezvous_service_faulted", "rendezvous_join_timeout", "rendezvous_already_closed",
-    "peer_reinitialised", "barrier_peer_died", "gloo_pair_to_a_second_card", "starved_in_init",
-    "refused_and_retried", "listen_queue_overflowed", "through_the_fault_proxy",
-    "a_link_fault_in_force", "the_store_shows_who_is_missing",
+    "barrier_peer_died", "gloo_pair_to_a_second_card", "starved_in_init",
+    "refused_and_retried", "listen_queue_overflowed", "the_store_shows_who_is_missing",
 }
 
 
