@@ -89,6 +89,7 @@ class Verdict:
     root_cause: Optional[int] = None   # an agent's ChildFailedError: the rank that failed first
     cause: str = ""                    # the diagnosis, one line (harness.diagnose)
     cause_evidence: List[str] = field(default_factory=list)   # the lines it rests on
+    cause_rule: str = ""               # the diagnosis rule that gave the cause; "" for unknown
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)

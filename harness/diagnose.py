@@ -2765,4 +2765,5 @@ def explain_run(run: RunObservation, verdicts: Sequence[Verdict]) -> List[Verdic
                           f"{str(e)[:200]})", [v.reason])
         if cause is not None:
             v.cause, v.cause_evidence = cause.text, list(cause.evidence)
+            v.cause_rule = cause.rule   # which rule spoke: tests/data/diagnosis pins it
     return list(verdicts)

@@ -209,6 +209,7 @@ def rank_record(verdict: Verdict, obs: Optional[RankObservation], t0: float) -> 
         "reason": verdict.reason,
         "cause": verdict.cause,              # the diagnosis (harness.diagnose); "" when ok
         "cause_evidence": list(verdict.cause_evidence),
+        "cause_rule": verdict.cause_rule,    # the RULES entry that gave it; "" when unknown
         "returncode": verdict.returncode,
         "host": verdict.host,
         "addr": verdict.addr or (obs.addr if obs is not None else ""),

@@ -822,14 +822,15 @@ def test_a_restarted_worker_that_read_the_last_attempts_keys_and_its_agent(obs):
 
 
 def _kept(name):
-    """A real run's observation, kept from the catalog run that showed it."""
+    """A real run's observation, kept from the catalog run that showed it: an entry of the
+    diagnosis corpus (tests/data/diagnosis/, tests/test_diagnosis_corpus.py)."""
     import json
     from pathlib import Path
 
     from harness.observe import RunObservation
 
-    path = Path(__file__).parent / "data" / "observations" / name
-    return RunObservation.from_dict(json.loads(path.read_text()))
+    path = Path(__file__).parent / "data" / "diagnosis" / name
+    return RunObservation.from_dict(json.loads(path.read_text())["observation"])
 
 
 def _own_store_run(obs, share_store):
