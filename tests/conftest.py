@@ -123,7 +123,7 @@ def rank_obs(label: str = "0", *, reached: str = "exit", exc: Optional[Dict[str,
         "stdout_tail": "", "stderr_tail": "", "stderr_key": "",
         "released_at": 0.0, "ended_at": round(end + 0.04, 3), "notes": [],
         "role": role, "node": node, "attempt": attempt, "info": {}, "sockets": [],
-        "waited_at_deadline": None,
+        "waited_at_deadline": None, "cpu_samples": [],
     }
 
 
