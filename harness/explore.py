@@ -99,7 +99,7 @@ INVARIANT_PARAMS: Dict[str, Dict[str, float]] = {   # parameter -> default (None
     "within_timeout": {"factor": 2.0, "slack": 5.0},
 }
 # scenario fields a space may not draw (the explorer sets them, or they are the file's own)
-NOT_DRAWN = ("name", "about", "faults", "expect", "case", "cases", "repeat", "marks",
+NOT_DRAWN = ("name", "about", "faults", "expect", "case", "cases", "repeat", "race", "marks",
              "world_size")
 SUPERVISORS = ("agent", "parent")     # rows that start and watch workers (docs/launchers.md)
 

@@ -526,7 +526,7 @@ def test_every_registered_fault_kind_can_be_explored():
             if k != "kind" and info is not None and \
                     model_any(info.annotation, info.metadata, k)[1] is None:
                 spec[k] = "any"
-        base = {k: v for k, v in merged.items() if k not in ("faults", "expect", "repeat")}
+        base = {k: v for k, v in merged.items() if k not in ("faults", "expect", "repeat", "race")}
         ex = {"faults": [spec], "max_faults": 1, "invariants": ["no_hang"]}
         if "world_size" in base and not any(k in base for k in ("hosts", "nodes")):
             ex["world_size"] = base.pop("world_size")

@@ -37,7 +37,7 @@ class Refused:
 
 # -- what every launcher and program honours: what the case is, where it runs, what it expects ---
 _EVERYWHERE: Dict[str, Any] = {f: HONOURED for f in (
-    "name", "about", "expect", "repeat", "marks", "deadline", "launcher", "program",
+    "name", "about", "expect", "repeat", "race", "marks", "deadline", "launcher", "program",
     "faults",            # each fault checks itself against the launcher (Fault.check)
     "hosts", "nodes", "ranks_per_node", "hostnames", "master_host", "ip", "isolate",
     "dns",               # the run's name server: every host resolves through it
