@@ -331,7 +331,8 @@ def show_plan(scn: Any, plan: Dict[str, Any]) -> None:
     launcher = plan.get("launcher") or {"kind": "direct"}
     program = plan.get("program") or {"worker": True}
     if program.get("worker"):
-        work = (f"init {scn.init} · torch timeout {plan['timeout']:g} s · workload "
+        own = "".join(f", rank {r} {t:g} s" for r, t in (plan.get("rank_timeouts") or {}).items())
+        work = (f"init {scn.init} · torch timeout {plan['timeout']:g} s{own} · workload "
                 f"{' → '.join(plan['workload']) or '(init only)'}"
                 f"{' → destroy' if plan.get('destroy') else ''}")
     else:   # a user's program: its own init, timeout and work

@@ -166,6 +166,7 @@ class RunPlan:
     link: bool = False               # hosts are joined by a bridge (multi-host, or a fault asks)
     run_id: str = ""
     url_port: Optional[int] = None   # init_url's {port2}: a second reserved port
+    rank_timeouts: Dict[str, float] = field(default_factory=dict)   # rank_timeouts: per rank
     ip: str = "4"                    # the hosts' address families (4, 6, dual)
     take_port: Optional[Callable[[], int]] = field(default=None, repr=False, compare=False)
     launcher: Any = field(default=None, repr=False, compare=False)   # the scenario's launcher
@@ -235,7 +236,7 @@ class RunPlan:
                           steps=list(rp.variation.steps if rp.variation.steps is not None
                                      else self.workload),
                           destroy=self.destroy, init=rp.init,
-                          variation=rp.variation)
+                          variation=rp.variation, rank_timeouts=dict(self.rank_timeouts))
 
     def pin_fresh(self, ranks: List[RankPlan], why: str) -> None:
         """A fault's word that these ranks must be fresh interpreters under ``start: fork``
@@ -314,7 +315,7 @@ class RunPlan:
         spec for all of them; init from the environment unless ``init`` says otherwise)."""
         return WorkerSpec(label=label, backend=self.backend, timeout=self.timeout,
                           steps=list(self.workload), destroy=self.destroy,
-                          init=init or InitSpec("env"))
+                          init=init or InitSpec("env"), rank_timeouts=dict(self.rank_timeouts))
 
     def add_process(self, rp: RankPlan) -> RankPlan:
         if not rp.resolver_view and self.allocation is None:
@@ -517,6 +518,7 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
         run_dir=run_dir, ranks=[], take_port=take_port, hosts=hosts, netns=use_ns,
         link=link, run_id=run_id, launcher=scn.launcher, program=scn.program_dict(),
         url_port=port2, ip=scn.ip, start=scn.start,
+        rank_timeouts={str(r): t for r, t in scn.rank_timeouts.items()},
         allocation=allocation.to_dict() if allocation is not None else None,
     )
     if scn.etcd is not None:   # the run's etcd, before the launcher, which points at it

@@ -357,6 +357,12 @@ class WorkerSpec:
     destroy: bool
     init: InitSpec
     variation: Variation = field(default_factory=Variation)
+    rank_timeouts: Dict[str, float] = field(default_factory=dict)   # rank -> s (JSON keys)
+
+    def timeout_of(self, rank: Optional[int]) -> float:
+        """This rank's init_process_group timeout (rank_timeouts:, else timeout:)."""
+        return self.rank_timeouts.get(str(rank), self.timeout) if rank is not None \
+            else self.timeout
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -715,6 +715,13 @@ class Scenario(Strict):
     timeout: Annotated[float, BeforeValidator(no_bool), Field(
         ge=MIN_TIMEOUT, le=MAX_SECONDS, allow_inf_nan=False)] = Field(
         30.0, description="torch's own timeout for init_process_group, s")
+    rank_timeouts: Dict[Annotated[int, Field(ge=0, lt=MAX_WORLD)], Annotated[
+        float, BeforeValidator(no_bool), Field(ge=MIN_TIMEOUT, le=MAX_SECONDS,
+                                               allow_inf_nan=False)]] = Field(
+        default_factory=dict, max_length=MAX_WORLD,
+        description="torch's timeout for these ranks instead of timeout: (rank -> s), read by "
+        "each worker from its rank before init: orders two ranks' timers that would otherwise "
+        "fire together")
     deadline: PositiveSeconds = Field(
         60.0, description="the harness's wall-clock bound for the run from the start line, s;"
         " ranks alive then are 'hang'")
@@ -916,6 +923,14 @@ class Scenario(Strict):
             if key != "*" and not (key.isdigit() and int(key) < self.world_size):
                 raise located("python", f"{key!r}: a rank number below world_size "
                               f"({self.world_size}) or '*'")
+        return self
+
+    @model_validator(mode="after")
+    def _rank_timeouts(self) -> Scenario:
+        for r in self.rank_timeouts:
+            if r >= self.world_size:
+                raise located("rank_timeouts", f"rank {r}: a rank number below world_size "
+                              f"({self.world_size}): its timeout would be ignored")
         return self
 
     def interpreter(self, rank: int, host: str) -> str:

@@ -147,10 +147,17 @@ def reinit(step: str, spec: P.WorkerSpec, dist: Any, kwargs: dict) -> None:
 
 
 def run_workload(spec: P.WorkerSpec, dist: Any, torch: Any) -> None:
-    kwargs: dict = {"timeout": timedelta(seconds=spec.timeout)}
+    # rank_timeouts: this rank's own timer; the rank as the plan passes it, else as the
+    # launcher set it in the environment (torchrun, launch, spawn: RANK; srun: SLURM_PROCID)
+    init = spec.init
+    known = init.rank
+    for v in (os.environ.get("RANK"), os.environ.get("SLURM_PROCID")):
+        if known is None and v is not None and v.strip().isdigit():
+            known = int(v)
+    timeout = spec.timeout_of(known)
+    kwargs: dict = {"timeout": timedelta(seconds=timeout)}
     if spec.backend is not None:    # None: omitted, as a user who leaves it to torch
         kwargs["backend"] = spec.backend
-    init = spec.init
     # the URL as planned (tcp://, file://, or the scenario's init_url as written); env://
     # otherwise. rank and world_size only where the plan passes them as arguments.
     kwargs["init_method"] = init.url if init.url is not None else "env://"
@@ -160,7 +167,8 @@ def run_workload(spec: P.WorkerSpec, dist: Any, torch: Any) -> None:
         kwargs["world_size"] = init.world_size
     # the init phase says what it passes (a fault's plan edit is read back from it)
     phase("init", init_method=kwargs["init_method"], init_rank=init.rank,
-          init_world_size=init.world_size)
+          init_world_size=init.world_size,
+          **({"init_timeout": timeout} if spec.rank_timeouts else {}))
     device = torch.device("cpu")
     # a rank that may use NCCL takes its own GPU, as a training script does: the backend names
     # nccl, or is omitted (torch then takes cpu:gloo,cuda:nccl where CUDA is there)

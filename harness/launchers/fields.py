@@ -62,6 +62,8 @@ _PROGRAM_OWN = {
     "init_args": Refused(_PROGRAM_INITS),
     "timeout": Refused("timeout is the harness's worker's init_process_group timeout; "
                        + _PROGRAM_INITS + " (deadline: bounds the run)"),
+    "rank_timeouts": Refused("rank_timeouts are the harness's worker's timeouts; "
+                             + _PROGRAM_INITS),
 }
 
 
@@ -94,7 +96,8 @@ def _no_etcd_rendezvous(scn: Any) -> bool:
 
 def _direct(program: str) -> Dict[str, Any]:
     out = {**_EVERYWHERE, "init": HONOURED, "init_url": HONOURED, "init_args": HONOURED,
-           "timeout": HONOURED, "workload": HONOURED, "master_addr": _LINKED_MASTER,
+           "timeout": HONOURED, "rank_timeouts": HONOURED, "workload": HONOURED,
+           "master_addr": _LINKED_MASTER,
            "etcd": Refused(_ETCD_WHY)}
     if program == PROGRAM:
         out.update(_PROGRAM_OWN)
@@ -123,7 +126,7 @@ def _agents(kind: str, program: str, who: str) -> Dict[str, Any]:
     rdzv = (f"the workers init from the rendezvous {who} sets (env://): use program: to call "
             "init_process_group yourself, or launcher: direct")
     starter = {"slurm": "each srun task runs"}.get(kind, "each agent's workers run")
-    out = {**_EVERYWHERE, "timeout": HONOURED, "workload": HONOURED,
+    out = {**_EVERYWHERE, "timeout": HONOURED, "rank_timeouts": HONOURED, "workload": HONOURED,
            "python": _per_rank_python(starter),
            "init": Refused(f"{who}'s workers initialise from the environment it sets: use "
                            "init: env", when=lambda scn: scn.init != "env", short="env only"),
@@ -147,7 +150,8 @@ def _agents(kind: str, program: str, who: str) -> Dict[str, Any]:
 
 
 def _spawn(program: str) -> Dict[str, Any]:
-    out = {**_EVERYWHERE, "init": HONOURED, "timeout": HONOURED, "workload": HONOURED,
+    out = {**_EVERYWHERE, "init": HONOURED, "timeout": HONOURED, "rank_timeouts": HONOURED,
+           "workload": HONOURED,
            "python": _per_rank_python("each parent's children run"),
            "init_url": Refused("each spawned child inits with init: env, tcp or file (its "
                                "rank from its spawn index); an init_url as written is for "
