@@ -327,6 +327,11 @@ def check_trigger_phase(phase: str) -> str:
     return phase
 
 
+def check_optional_trigger_phase(phase: Optional[str]) -> Optional[str]:
+    """A fault's optional ``phase:`` (None: not given), in the one syntax of triggers."""
+    return None if phase is None else check_trigger_phase(phase)
+
+
 def url_host(addr: str) -> str:
     """An address as the host part of a URL: an IPv6 literal in brackets (RFC 3986)."""
     return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr

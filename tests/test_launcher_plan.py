@@ -218,6 +218,23 @@ def test_row_sets_and_labels():
     assert parse_label("pid77") is None
 
 
+def test_an_elastic_range_allows_a_restart_row_per_node_that_may_join():
+    """nnodes MIN:MAX: a node joining later restarts the workers without counting against
+    --max-restarts (torch's membership change), so rank 0@1 is a row a case may pin."""
+    base = """\
+        name: t
+        about: a
+        nodes: 3
+        launcher: {kind: torchrun, rdzv_backend: c10d, NNODES}
+        expect: {ranks: {"0@2": {outcome: ok}}}
+    """
+    scn = load(base.replace("NNODES", 'nnodes: "1:3"'))
+    assert scn.launcher.rows(scn).attempts == 2
+    with pytest.raises(ScenarioFileError) as e:
+        load(base.replace("NNODES", "nnodes: 3"))
+    assert "0@2 is not a process of this run" in str(e.value)
+
+
 # -- classification of agents and observed programs -----------------------------------------------
 
 def _obs(label, role, events, rc):

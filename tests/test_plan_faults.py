@@ -437,6 +437,16 @@ def test_concurrent_job_adds_a_second_job_on_the_same_port(counter_ports):
                 r.release) == (i, str(i), "30000", "2", Trigger.at_time(1.5))
 
 
+def test_concurrent_job_on_a_phase_the_first_job_never_enters_is_refused():
+    with pytest.raises(ScenarioFileError) as e:
+        scn(workload=["barrier"],
+            faults=[{"kind": "concurrent_job", "rank": 0, "phase": "workload step 3"}])
+    (p,) = e.value.problems
+    assert p.field == "faults[0].phase" and "workload step 3" in p.message, p
+    scn(workload=["barrier", "all_reduce"],   # a phase it enters: taken
+        faults=[{"kind": "concurrent_job", "rank": 0, "phase": "workload step 2"}])
+
+
 def test_concurrent_job_of_another_size(counter_ports):
     p = plan(counter_ports, init="tcp", faults=[{"kind": "concurrent_job", "world_size": 3}])
     extra = [r for r in p.ranks if r.label.startswith("job2:")]

@@ -11,7 +11,7 @@ from typing import Literal, Optional
 from pydantic import Field, field_validator
 
 from ..limits import MAX_WORLD, Seconds
-from ..protocol import TRIGGER_PHASE_HELP, check_trigger_phase
+from ..protocol import TRIGGER_PHASE_HELP, check_optional_trigger_phase, phase_problem
 from ..triggers import Trigger
 from . import Fault, Target
 
@@ -33,16 +33,19 @@ class ConcurrentJob(Fault):
     world_size: Optional[int] = Field(None, ge=1, le=MAX_WORLD, description="default: the "
                                       "scenario's (both jobs together: at most MAX_WORLD)")
 
-    @field_validator("phase")
-    @classmethod
-    def _phase(cls, v: Optional[str]) -> Optional[str]:
-        return None if v is None else check_trigger_phase(v)
+    _phase = field_validator("phase")(check_optional_trigger_phase)
 
     def check(self, scn):
         problems = super().check(scn)
         if self.phase is None and "rank" in self.model_fields_set:
             problems.append((("rank",), "rank is whose phase starts the second job: give "
                              "phase too"))
+        elif self.phase is not None and isinstance(self.rank, int):
+            # a rank of the first job runs its workload: a phase it never enters would start
+            # the second job never (an agent's phases are its own: rendezvous, workers...)
+            why = phase_problem(self.phase, scn.workload.steps, scn.workload.destroy)
+            if why:
+                problems.append((("phase",), why))
         return problems
 
     def release(self) -> Trigger:

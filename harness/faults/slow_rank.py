@@ -9,7 +9,7 @@ from typing import Literal, Optional
 from pydantic import Field, field_validator
 
 from ..limits import PositiveSeconds
-from ..protocol import check_trigger_phase, phase_problem, workload_phases
+from ..protocol import check_optional_trigger_phase, phase_problem, workload_phases
 from . import Fault
 
 
@@ -23,10 +23,7 @@ class SlowRank(Fault):
     phase: Optional[str] = Field(None, description="only this phase (default: every phase of "
                                                    "the workload after init)")
 
-    @field_validator("phase")
-    @classmethod
-    def _phase(cls, v: Optional[str]) -> Optional[str]:
-        return None if v is None else check_trigger_phase(v)
+    _phase = field_validator("phase")(check_optional_trigger_phase)
 
     def check(self, scn):
         problems = super().check(scn)

@@ -163,8 +163,18 @@ class Torchrun(LauncherSpec, AgentFlags):
         return total
 
     def _max_restarts(self, scn: Any) -> int:
+        """How many restart attempts can happen: --max-restarts, and with an elastic
+        ``nnodes: MIN:MAX`` one per node that may join after the first MIN (a membership change
+        restarts the workers without counting against --max-restarts)."""
+        agents = self._agents(scn)
+        joins = 0
+        for h, _ in agents:
+            given, nn = self._value("nnodes", self._override(h, ""))
+            if given and isinstance(nn, str) and ":" in nn:
+                lo = int(nn.split(":")[0])
+                joins = max(joins, len(agents) - lo)
         return max((self._value("max_restarts", self._override(h, ""))[1] or 0)
-                   for h, _ in self._agents(scn))
+                   for h, _ in agents) + joins
 
     def rows(self, scn: Any, job: str = "", world: Optional[int] = None) -> RowSet:
         return RowSet(world=world or self._world(scn), attempts=self._max_restarts(scn),
