@@ -41,6 +41,7 @@ from .plan import HostPlan, RunPlan, make_plan
 from .ports import PortLease
 from .procs import ForeignProcess, ManagedProcess, cpu_seconds, kill_observed, runqueue_wait
 from .protocol import (
+    ENDED,
     EXCEPTION,
     PHASE,
     RESULT,
@@ -301,9 +302,12 @@ class Supervisor:
         if self.t0 is None:
             return None
         try:
-            t = self.rank(rank).entered(phase)
+            r = self.rank(rank)
         except KeyError:
             return None
+        if phase == ENDED:   # the anchor of a gate on another process's exit
+            return r.obs.ended_at if r.ended else None
+        t = r.entered(phase)
         return None if t is None else t - self.t0
 
     def step_done(self, step_id: str) -> Optional[float]:

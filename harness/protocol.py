@@ -276,6 +276,34 @@ class Variation:
         return not self.skip and self.raise_at is None and not self.model_change \
             and not self.slow_at and self.steps is None
 
+    @classmethod
+    def of(cls, d: Dict[str, Any]) -> Variation:
+        """A Variation from its JSON (``asdict``) form."""
+        var = dict(d or {})
+        if var.get("raise_at"):
+            var["raise_at"] = RaiseSpec(**var["raise_at"])
+        return cls(**var)
+
+
+# Where a launcher starts the workers from one shared spec (torchrun, launch, spawn, srun), the
+# per-rank variations travel in this variable of the launcher's process, which its workers
+# inherit: {rank: Variation as JSON}; each worker takes its own by the rank it was given, in
+# every attempt (harness.plan.RunPlan.variations)
+RANK_VARIATIONS_ENV = "HARNESS_RANK_VARIATIONS"
+
+
+def own_rank(init_rank: Optional[int]) -> Optional[int]:
+    """A worker's rank before init: the plan's, else as its launcher set it (torchrun, launch,
+    spawn: RANK; srun: SLURM_PROCID); None when nothing says."""
+    import os
+
+    if init_rank is not None:
+        return init_rank
+    for v in (os.environ.get("RANK"), os.environ.get("SLURM_PROCID")):
+        if v is not None and v.strip().isdigit():
+            return int(v)
+    return None
+
 
 # -- labels ------------------------------------------------------------------------------------
 # A row of the verdict table is one process: a rank "R" (attempt 0) or "R@A" (the A-th restart
@@ -324,6 +352,22 @@ def check_trigger_phase(phase: str) -> str:
     """The one phase syntax of triggers; raises ValueError with the allowed forms."""
     if not isinstance(phase, str) or not TRIGGER_PHASE_RE.match(phase):
         raise ValueError(f"phase {str(phase)[:40]!r}: use {TRIGGER_PHASE_HELP}")
+    return phase
+
+
+# an anchor a timed step can wait for besides a phase: the process has ended, as the supervisor
+# saw it (a gate on another process's exit, e.g. a signal sent once rank 0 is gone); not a
+# phase a process enters, so never a verdict's phase nor a slow_rank's
+ENDED = "ended"
+ANCHOR_HELP = f"{TRIGGER_PHASE_HELP}, or {ENDED} (the process has ended)"
+
+
+def check_anchor(phase: str) -> str:
+    """A timed step's anchor: a trigger phase or ``ended``; raises ValueError with the forms."""
+    if phase == ENDED:
+        return phase
+    if not isinstance(phase, str) or not TRIGGER_PHASE_RE.match(phase):
+        raise ValueError(f"phase {str(phase)[:40]!r}: use {ANCHOR_HELP}")
     return phase
 
 
@@ -376,10 +420,7 @@ class WorkerSpec:
     def from_json(cls, text: str) -> WorkerSpec:
         d = json.loads(text)
         d["init"] = InitSpec(**d["init"])
-        var = dict(d.get("variation") or {})
-        if var.get("raise_at"):
-            var["raise_at"] = RaiseSpec(**var["raise_at"])
-        d["variation"] = Variation(**var)
+        d["variation"] = Variation.of(d.get("variation") or {})
         return cls(**d)
 
 

@@ -5,7 +5,8 @@ a step of a third-party fault: each has a :class:`Trigger` with exactly one anch
 
 * set-up: before the ranks start (nothing anchors it);
 * ``at``: seconds after the start line;
-* ``phase``: when a rank enters a phase (one syntax: :mod:`harness.protocol`), plus ``delay``;
+* ``phase``: when a rank enters a phase (one syntax: :mod:`harness.protocol`), or has ended
+  (``ended``: a gate on another process's exit), plus ``delay``;
 * ``after``: when another step was done, plus ``delay`` (a heal ``heal_after`` s later).
 
 A trigger is data; whether it holds is asked of a :class:`Clock`, which the supervisor gives
@@ -21,7 +22,7 @@ from typing import Any, ClassVar, Dict, Optional, Protocol
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from .limits import PositiveSeconds, Seconds, Target
-from .protocol import TRIGGER_PHASE_HELP, check_trigger_phase
+from .protocol import ANCHOR_HELP, ENDED, check_anchor
 
 
 class Clock(Protocol):
@@ -50,7 +51,7 @@ class Trigger:
         if (self.phase is None) != (self.rank is None):
             raise ValueError("a phase trigger names both the rank and the phase")
         if self.phase is not None:
-            check_trigger_phase(self.phase)
+            check_anchor(self.phase)
         if self.delay < 0 or (self.at is not None and self.at < 0):
             raise ValueError("trigger times are never negative")
 
@@ -97,7 +98,8 @@ class Trigger:
             return f"at {self.at:g} s"
         if self.phase is not None:
             who = f"rank {self.rank}" if str(self.rank)[:1].isdigit() else self.rank
-            return f"when {who} enters {self.phase}" + (
+            what = "has ended" if self.phase == ENDED else f"enters {self.phase}"
+            return f"when {who} {what}" + (
                 f" + {self.delay:g} s" if self.delay else "")
         if self.after is not None:
             return f"{self.delay:g} s after {self.after}"
@@ -120,7 +122,7 @@ class When(BaseModel):
 
     at: Optional[Seconds] = Field(None, description="seconds after the start line")
     phase: Optional[str] = Field(None, description=f"or: when `rank` enters this phase "
-                                 f"({TRIGGER_PHASE_HELP})")
+                                 f"({ANCHOR_HELP})")
     rank: Target = Field(0, description="with phase: whose phase (a rank number, or a "
                                   "label such as 'agent:node0')")
     after: Seconds = Field(0.0, description="with phase: extra seconds after it is entered")
@@ -130,7 +132,7 @@ class When(BaseModel):
     @field_validator("phase")
     @classmethod
     def _phase(cls, v: Optional[str]) -> Optional[str]:
-        return None if v is None else check_trigger_phase(v)
+        return None if v is None else check_anchor(v)
 
     @model_validator(mode="after")
     def _one_anchor(self) -> When:

@@ -154,6 +154,29 @@ def test_delayed_rank_is_released_after_its_delay_from_the_start_line():
     assert_nothing_left(o)
 
 
+def test_a_signal_gated_on_another_rank_ending_waits_for_that_end():
+    """kill_rank ``phase: ended, of: 0``: rank 1 sits in a long sleep; the SIGKILL comes only
+    once rank 0 has ended, so rank 0 ends ok and rank 1 is killed in its sleep."""
+    o, vs = run("""
+        name: gated_kill
+        about: rank 1 is SIGKILLed in its sleep once rank 0 has ended
+        world_size: 2
+        timeout: 20
+        deadline: 60
+        workload: [barrier]
+        faults:
+          - {kind: rank_workload, rank: 1, steps: [barrier, sleep 30]}
+          - {kind: kill_rank, rank: 1, phase: ended, of: 0}
+    """)
+    assert (vs["0"].outcome, vs["1"].outcome, vs["1"].phase) == ("ok", "crash", "workload step 2")
+    end0 = next(r for r in o["ranks"] if r["label"] == "0")["ended_at"]
+    assert end0 is not None and vs["1"].duration >= end0
+    assert vs["1"].duration < 25   # killed, not waiting out its sleep
+    statuses = {e["kind"]: e["status"] for e in o["effects"]}
+    assert statuses.get("kill_rank") == "acted", o["effects"]
+    assert_nothing_left(o)
+
+
 # -- a rank killed mid-workload --------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -382,6 +382,43 @@ def test_kill_rank_at_a_phase_with_another_signal(counter_ports):
         ("0", "SEGV", Trigger.on_phase("0", "workload step 1", 0.5))
 
 
+def test_kill_rank_gated_on_another_process_ending(counter_ports):
+    p = plan(counter_ports, faults=[{"kind": "kill_rank", "rank": 1, "phase": "ended",
+                                     "of": 0}])
+    (s,) = fault_steps(p)
+    assert (s.rank, s.trigger) == ("1", Trigger.on_phase("0", "ended"))
+    assert s.trigger.describe() == "when rank 0 has ended"
+    assert any("SIGKILL to rank 1 when rank 0 has ended" in n for n in p.notes)
+
+
+def test_kill_rank_of_another_process_phase(counter_ports):
+    p = plan(counter_ports, faults=[{"kind": "kill_rank", "rank": 1, "phase": "destroy",
+                                     "of": 0, "after": 0.5}])
+    (s,) = fault_steps(p)
+    assert (s.rank, s.trigger) == ("1", Trigger.on_phase("0", "destroy", 0.5))
+
+
+@pytest.mark.parametrize("fault, field, words", [
+    ({"kind": "kill_rank", "rank": 1, "at": 2, "of": 0}, "of", "give 'phase' with it"),
+    ({"kind": "kill_rank", "rank": 1, "phase": "ended"}, "phase", "name another process"),
+    ({"kind": "stop_rank", "rank": 1, "phase": "workload step 7", "of": 0}, "phase",
+     "never enters 'workload step 7'"),
+])
+def test_signal_anchor_mistakes_are_located(fault, field, words):
+    text = yaml.safe_dump({"name": "anchor", "about": "a signal's anchor", "world_size": 2,
+                           "workload": ["barrier"],
+                           "faults": [fault]})
+    with pytest.raises(ScenarioFileError) as e:
+        load_text(text)
+    assert field in str(e.value) and words in str(e.value)
+
+
+def test_ended_is_no_phase_a_rank_enters():
+    from harness.protocol import check_trigger_phase
+    with pytest.raises(ValueError):
+        check_trigger_phase("ended")   # slow_rank, raise_exception... never take it
+
+
 def test_stop_rank_sends_stop(counter_ports):
     p = plan(counter_ports, faults=[{"kind": "stop_rank", "phase": "init"}])
     (s,) = fault_steps(p)

@@ -11,9 +11,9 @@ from typing import Any, ClassVar, Dict, List, Literal, Optional
 
 from pydantic import Field, field_validator
 
-from ..protocol import STACK_SIGNAL, phase_problem
+from ..protocol import ENDED, STACK_SIGNAL, phase_problem
 from ..steps import Effect, Step
-from ..triggers import When
+from ..triggers import Trigger, When
 from . import Fault, Target
 
 
@@ -134,20 +134,36 @@ class _SignalRank(Fault, When):
     WHEN_REQUIRED = True
     ON_ALLOCATION = None   # works on an allocation's nodes
     rank: Target = Field(
-        1, description="the process that gets the signal (and whose phase counts): a rank "
-        "number, or a label such as 'agent:node1' (a torchrun agent), '1@1' (rank 1's first "
-        "restart), 'parent:local'")
+        1, description="the process that gets the signal (and whose phase counts unless `of` "
+        "names another): a rank number, or a label such as 'agent:node1' (a torchrun agent), "
+        "'1@1' (rank 1's first restart), 'parent:local'")
+    of: Optional[Target] = Field(
+        None, description="with phase: whose phase (or end: phase ended) sends the signal, "
+        "when it is another process's: a gate on that process's state, e.g. SIGKILL to rank 1 "
+        "once rank 0 has ended (default: the signalled process's own)")
 
     def check(self, scn):
         problems = super().check(scn)
+        if self.of is not None and self.phase is None:
+            problems.append((("of",), "'of' names whose phase sends the signal: give 'phase' "
+                                      "with it"))
+        if self.phase == ENDED and self.of is None:
+            problems.append((("phase",), "a process cannot be signalled once it has ended: "
+                                         "name another process in 'of'"))
         # the worker's own phases are known in advance; an agent's, a parent's or a user
         # program's are not the workload's
-        worker_rank = isinstance(self.rank, int) and not scn.program_argv()
+        anchor = self.rank if self.of is None else self.of
+        worker_rank = isinstance(anchor, int) and not scn.program_argv()
         why = phase_problem(self.phase, scn.workload.steps, scn.workload.destroy) \
-            if self.phase is not None and worker_rank else None
+            if self.phase is not None and self.phase != ENDED and worker_rank else None
         if why:   # the signal would never be sent
             problems.append((("phase",), why))
         return problems
+
+    def trigger(self) -> Trigger:
+        if self.phase is not None and self.of is not None:
+            return Trigger.on_phase(self.of, self.phase, self.after)
+        return super().trigger()
 
     def _signal(self) -> str:
         raise NotImplementedError
@@ -161,7 +177,8 @@ class _SignalRank(Fault, When):
                       trigger=self.trigger(), target=_who(str(self.rank)))
         plan.add_step(self, step)
         step.undo_trigger = self.heal(step.id) if self._heal_signal() else None
-        when = f"at {self.at:g} s" if self.at is not None else f"{self.after:g} s into {self.phase}"
+        when = f"at {self.at:g} s" if self.at is not None else \
+            self.trigger().describe()
         heal = f", SIG{self._heal_signal()} {self.heal_after:g} s later" \
             if self._heal_signal() and self.heal_after else ""
         plan.notes.append(f"{self.kind}: SIG{sig} to {_who(str(self.rank))} {when}{heal}")
