@@ -61,11 +61,19 @@ class Edit:
 def snapshot(plan: Any) -> Dict[str, Dict[str, Any]]:
     """What each planned process is told (label -> its environment, unset variables, init
     arguments, absence, release, worker variation, argv, job)."""
-    return {r.label: {"env": dict(r.env), "unset": list(r.unset), "init": asdict(r.init),
-                      "absent": r.absent, "release": r.release.to_dict(),
-                      "released": r.release.describe(),
-                      "variation": asdict(r.variation), "argv": list(r.argv), "job": r.job}
-            for r in plan.ranks}
+    out = {r.label: {"env": dict(r.env), "unset": list(r.unset), "init": asdict(r.init),
+                     "absent": r.absent, "release": r.release.to_dict(),
+                     "released": r.release.describe(),
+                     "variation": asdict(r.variation), "argv": list(r.argv), "job": r.job}
+           for r in plan.ranks}
+    # the per-rank variations of a shared worker spec (torchrun, spawn, srun): only their
+    # variation, read back from the worker that got the rank (attempt 0)
+    for rank, v in getattr(plan, "shared_variations", {}).items():
+        out.setdefault(str(rank), {"shared": True, "variation": asdict(v)})
+    return out
+
+
+_PLAIN = asdict(P.Variation())
 
 
 def diff(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]],
@@ -78,6 +86,10 @@ def diff(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[st
 
     for label, a in after.items():
         b = before.get(label)
+        if a.get("shared"):   # a shared spec's per-rank variation: what it changed, no more
+            b = b or {"variation": _PLAIN}
+            _variation_edits(add, label, a["variation"], b["variation"], workload)
+            continue
         if b is None:
             add(label, "process", job=a["job"], release=a["release"], released=a["released"])
             continue
@@ -101,20 +113,24 @@ def diff(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[st
             continue
         if a["release"] != b["release"]:
             add(label, "release", release=a["release"], released=a["released"])
-        va, vb = a["variation"], b["variation"]
-        for ph in va["skip"]:
-            if ph not in vb["skip"]:
-                add(label, "skip", phase=ph)
-        if va["raise_at"] and va["raise_at"] != vb["raise_at"]:
-            add(label, "raise", **va["raise_at"])
-        slow = {ph: s for ph, s in va["slow_at"].items() if vb["slow_at"].get(ph) != s}
-        if slow:
-            add(label, "slow", phases=slow)
-        if va["model_change"] and va["model_change"] != vb["model_change"]:
-            add(label, "model", change=va["model_change"])
-        if va["steps"] is not None and va["steps"] != vb["steps"]:
-            add(label, "steps", steps=list(va["steps"]), shared=list(workload))
+        _variation_edits(add, label, a["variation"], b["variation"], workload)
     return out
+
+
+def _variation_edits(add: Callable[..., None], label: str, va: Mapping[str, Any],
+                     vb: Mapping[str, Any], workload: Sequence[str]) -> None:
+    for ph in va["skip"]:
+        if ph not in vb["skip"]:
+            add(label, "skip", phase=ph)
+    if va["raise_at"] and va["raise_at"] != vb["raise_at"]:
+        add(label, "raise", **va["raise_at"])
+    slow = {ph: s for ph, s in va["slow_at"].items() if vb["slow_at"].get(ph) != s}
+    if slow:
+        add(label, "slow", phases=slow)
+    if va["model_change"] and va["model_change"] != vb["model_change"]:
+        add(label, "model", change=va["model_change"])
+    if va["steps"] is not None and va["steps"] != vb["steps"]:
+        add(label, "steps", steps=list(va["steps"]), shared=list(workload))
 
 
 # -- reading: what the processes said ----------------------------------------------------------

@@ -11,6 +11,7 @@ name.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional
@@ -19,7 +20,16 @@ from . import edits, interpreters
 from .errors import PlanRefusal  # noqa: F401 - re-exported: harness.plan.PlanRefusal
 from .hostspec import HostNames, host_names
 from .jobstore import JobStore, job_store
-from .protocol import RUN_TMP, InitSpec, Variation, WorkerSpec, url_host
+from .protocol import (
+    RANK_VARIATIONS_ENV,
+    ROLE_AGENT,
+    ROLE_PARENT,
+    RUN_TMP,
+    InitSpec,
+    Variation,
+    WorkerSpec,
+    url_host,
+)
 from .schema import Scenario, fill_init_url, init_url_parts
 from .steps import RUN, Step
 from .triggers import Trigger
@@ -167,6 +177,9 @@ class RunPlan:
     run_id: str = ""
     url_port: Optional[int] = None   # init_url's {port2}: a second reserved port
     rank_timeouts: Dict[str, float] = field(default_factory=dict)   # rank_timeouts: per rank
+    # what the harness's worker does differently as a rank, where a launcher starts the workers
+    # from one shared spec (rank -> Variation; :meth:`variations`)
+    shared_variations: Dict[int, Variation] = field(default_factory=dict)
     ip: str = "4"                    # the hosts' address families (4, 6, dual)
     take_port: Optional[Callable[[], int]] = field(default=None, repr=False, compare=False)
     launcher: Any = field(default=None, repr=False, compare=False)   # the scenario's launcher
@@ -253,6 +266,36 @@ class RunPlan:
         if selected is None:
             return main
         return [r for r in main if int(r.label) in selected]
+
+    def variations(self, selected: List[int]) -> List[Variation]:
+        """What the harness's worker does differently as these ranks (slow_rank,
+        raise_exception, skip_collective, rank_workload, model_mismatch): each planned rank's
+        own Variation, or, where a launcher starts the workers from one shared spec (torchrun,
+        launch, spawn, srun), a per-rank one its launcher's process carries to the workers
+        (protocol.RANK_VARIATIONS_ENV), which each worker takes by the rank it was given, in
+        every attempt. A user's program has no such variation: refused."""
+        if self.launcher is None or self.launcher.STARTS_RANKS:
+            return [r.variation for r in self.main_ranks(selected)]
+        if not self.program.get("worker"):
+            kind = getattr(self.launcher, "kind", "?")
+            raise PlanRefusal(f"this fault changes what the harness's worker does as a rank, "
+                              f"and the {kind} launcher runs your program, not the worker")
+        for r in selected:
+            if not 0 <= int(r) < self.world_size:
+                raise PlanRefusal(f"rank {r} is not in the world (world_size "
+                                  f"{self.world_size})")
+        return [self.shared_variations.setdefault(int(r), Variation()) for r in selected]
+
+    def carry_variations(self) -> None:
+        """Put the per-rank variations (:meth:`variations`) into the environment of every
+        process that starts workers from the shared spec, for its workers to inherit."""
+        if not self.shared_variations:
+            return
+        text = json.dumps({str(r): asdict(v) for r, v in sorted(self.shared_variations.items())
+                           if not v.is_plain()})
+        for rp in self.ranks:   # the scenario's own job's launching processes
+            if not rp.job and (rp.role in (ROLE_AGENT, ROLE_PARENT) or rp.rank is None):
+                rp.env[RANK_VARIATIONS_ENV] = text
 
     def processes(self, targets: List[Any]) -> List[RankPlan]:
         """The planned processes named by ``targets``: rank numbers (a launcher that starts
@@ -551,6 +594,7 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
             plan.edits += edits.diff(before, edits.snapshot(plan), i + 1, fault.kind,
                                      plan.workload)
     plan._fault_no = 0
+    plan.carry_variations()
     if use_ns and any(not h.machine.is_plain() for h in hosts):
         # first of all: every process of the run (services included) starts on a whole host
         shape = plan.add_step(RUN, ShapeHosts(target="hosts"))

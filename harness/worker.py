@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import faulthandler
+import json
 import os
 import platform
 import socket
@@ -150,11 +152,7 @@ def run_workload(spec: P.WorkerSpec, dist: Any, torch: Any) -> None:
     # rank_timeouts: this rank's own timer; the rank as the plan passes it, else as the
     # launcher set it in the environment (torchrun, launch, spawn: RANK; srun: SLURM_PROCID)
     init = spec.init
-    known = init.rank
-    for v in (os.environ.get("RANK"), os.environ.get("SLURM_PROCID")):
-        if known is None and v is not None and v.strip().isdigit():
-            known = int(v)
-    timeout = spec.timeout_of(known)
+    timeout = spec.timeout_of(P.own_rank(init.rank))
     kwargs: dict = {"timeout": timedelta(seconds=timeout)}
     if spec.backend is not None:    # None: omitted, as a user who leaves it to torch
         kwargs["backend"] = spec.backend
@@ -305,11 +303,28 @@ def main() -> None:
     run_rank(spec, ev_fd, stack_fd)
 
 
+def own_variation(spec: P.WorkerSpec) -> P.WorkerSpec:
+    """A worker of a shared spec (started by torchrun, launch, spawn or srun) takes what its own
+    rank does differently (slow_rank, raise_exception, rank_workload...) from the variable its
+    launcher's process carries (harness.plan.RunPlan.variations), by the rank it was given."""
+    text = os.environ.pop(P.RANK_VARIATIONS_ENV, "")
+    rank = P.own_rank(spec.init.rank)
+    if not text or rank is None:
+        return spec
+    mine = json.loads(text).get(str(rank))
+    if mine is None:
+        return spec
+    var = P.Variation.of(mine)
+    steps = list(var.steps) if var.steps is not None else spec.steps
+    return dataclasses.replace(spec, variation=var, steps=steps)
+
+
 def run_rank(spec: P.WorkerSpec, ev_fd: int, stack_fd: int) -> NoReturn:
     """The rank from its ``start`` phase to its exit: a fresh interpreter (main) or a process
     forked from a warm server (harness.forkserver: torch is imported already, so its import
     phase is instant). Its resolver view and death signal are set up by then."""
     global _EV_FD, _RAISE, _SLOW
+    spec = own_variation(spec)
     _RAISE, _SLOW = spec.variation.raise_at, dict(spec.variation.slow_at)
     _EV_FD = ev_fd
     stack_file = os.fdopen(stack_fd, "w")

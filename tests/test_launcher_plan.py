@@ -305,3 +305,54 @@ def test_a_fault_that_edits_each_ranks_start_is_refused_under_torchrun():
                    "  - {kind: wrong_port, ranks: [1]}\n")
     assert any(p.startswith("5: faults[0].kind: wrong_port:") and "launcher: direct" in p
                for p in out), out
+
+
+def test_a_fault_on_what_the_worker_does_travels_to_torchruns_workers(counter_ports):
+    """slow_rank and rank_workload under torchrun: the agent carries the per-rank variations
+    to its workers (each takes its own by RANK), and the plan edit is read back from rank 1."""
+    from harness import edits
+    from harness.protocol import RANK_VARIATIONS_ENV
+
+    p = plan_of("""
+        name: t
+        about: a
+        launcher: torchrun
+        workload: [barrier, all_reduce]
+        faults:
+          - {kind: slow_rank, rank: 1, phase: init, seconds: 3}
+          - {kind: rank_workload, rank: 0, steps: [barrier, sleep 1, all_reduce]}
+    """, counter_ports)
+    import json
+    carried = json.loads(p.rank("agent:local").env[RANK_VARIATIONS_ENV])
+    assert carried["1"]["slow_at"] == {"init": 3.0} and carried["1"]["steps"] is None
+    assert carried["0"]["steps"] == ["barrier", "sleep 1", "all_reduce"]
+    assert [(e.target, e.what) for e in p.edits] == [("1", "slow"), ("0", "steps")]
+    # the agent's own variables are not an edit of any fault
+    assert not any(e.what == "env" for e in p.edits)
+    assert edits.snapshot(p)["1"]["shared"]
+
+
+def test_a_worker_takes_its_own_variation_by_the_rank_its_launcher_gave(monkeypatch):
+    import json
+
+    from harness import protocol as P
+    from harness.worker import own_variation
+
+    spec = P.WorkerSpec(label="", backend="gloo", timeout=5, steps=["barrier"], destroy=True,
+                        init=P.InitSpec("env"))
+    monkeypatch.setenv(P.RANK_VARIATIONS_ENV, json.dumps(
+        {"1": {"skip": [], "raise_at": {"phase": "init", "exception": "ValueError"},
+               "model_change": "", "slow_at": {}, "steps": ["sleep 1"]}}))
+    monkeypatch.setenv("RANK", "1")
+    got = own_variation(spec)
+    assert got.steps == ["sleep 1"] and got.variation.raise_at.exception == "ValueError"
+    monkeypatch.setenv(P.RANK_VARIATIONS_ENV, json.dumps({"1": {"slow_at": {"init": 2}}}))
+    monkeypatch.setenv("RANK", "0")
+    assert own_variation(spec) == spec   # rank 0 has none
+
+
+def test_a_fault_on_what_the_worker_does_is_refused_to_a_users_program(tmp_path):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    out = problems(f"name: t\nabout: a\nlauncher: torchrun\nprogram: {tmp_path}/train.py\n"
+                   "faults:\n  - {kind: slow_rank, rank: 1, phase: init, seconds: 1}\n")
+    assert any("faults[0]" in p and "your program" in p for p in out), out

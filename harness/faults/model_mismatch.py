@@ -28,6 +28,6 @@ class ModelMismatch(Fault):
         return problems
 
     def apply(self, plan, scn):
-        for r in plan.main_ranks([self.rank]):
-            r.variation.model_change = self.change
+        for v in plan.variations([self.rank]):
+            v.model_change = self.change
         plan.notes.append(f"model_mismatch: rank {self.rank}'s model: {self.change}")

@@ -49,7 +49,7 @@ class RaiseException(Fault):
         return problems
 
     def apply(self, plan, scn):
-        for r in plan.main_ranks([self.rank]):
-            r.variation.raise_at = RaiseSpec(self.phase, self.exception, self.message)
+        for v in plan.variations([self.rank]):
+            v.raise_at = RaiseSpec(self.phase, self.exception, self.message)
         plan.notes.append(f"raise_exception: rank {self.rank} raises {self.exception} as it "
                           f"enters {self.phase}")

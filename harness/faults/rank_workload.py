@@ -40,6 +40,6 @@ class RankWorkload(Fault):
         return problems
 
     def apply(self, plan, scn):
-        for r in plan.main_ranks([self.rank]):
-            r.variation.steps = list(self.steps)
+        for v in plan.variations([self.rank]):
+            v.steps = list(self.steps)
         plan.notes.append(f"rank_workload: rank {self.rank} runs {self.steps}")

@@ -44,7 +44,7 @@ class SkipCollective(Fault):
         return problems
 
     def apply(self, plan, scn):
-        for r in plan.main_ranks([self.rank]):
-            r.variation.skip.append(self.phase)
+        for v in plan.variations([self.rank]):
+            v.skip.append(self.phase)
         plan.notes.append(f"skip_collective: rank {self.rank} skips the collective of "
                           f"{self.phase}")

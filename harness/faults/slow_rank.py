@@ -41,8 +41,8 @@ class SlowRank(Fault):
         return [p for p, _ in workload_phases(scn.workload.steps)]
 
     def apply(self, plan, scn):
-        for r in plan.main_ranks([self.rank]):
+        for v in plan.variations([self.rank]):
             for p in self.phases(scn):
-                r.variation.slow_at[p] = float(self.seconds)
+                v.slow_at[p] = float(self.seconds)
         where = self.phase or "every phase after init"
         plan.notes.append(f"slow_rank: rank {self.rank} sleeps {self.seconds:g} s in {where}")
