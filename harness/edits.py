@@ -285,9 +285,12 @@ def _read_slow(e: Edit, obs: Any, t0: Optional[float],
     for i, ev in enumerate(obs.events):
         if ev.ev != P.PHASE or ev.phase not in phases:
             continue
-        nxt = next((x.t for x in obs.events[i + 1:]), None)
+        after = next((x for x in obs.events[i + 1:]), None)
+        nxt = after.t if after is not None and after.ev != P.RESULT else None
         if nxt is not None:
             took = nxt - ev.t
+        elif after is not None:   # it raised there (a signal in its sleep): its last phase
+            took = after.t - ev.t
         else:   # its last word: it was in that phase until it ended (or the run did)
             end = obs.ended_at if obs.ended_at is not None else now
             start = _rel(ev.t, t0)

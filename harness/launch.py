@@ -42,6 +42,7 @@ from .ports import PortLease
 from .procs import ForeignProcess, ManagedProcess, cpu_seconds, kill_observed, runqueue_wait
 from .protocol import (
     ENDED,
+    EVERY_RANK,
     EXCEPTION,
     PHASE,
     RESULT,
@@ -301,6 +302,11 @@ class Supervisor:
     def phase_entered(self, rank: str, phase: str) -> Optional[float]:
         if self.t0 is None:
             return None
+        if rank == EVERY_RANK:   # when the last rank of the job's first attempt entered it
+            times = [self.phase_entered(str(n), phase) for n in range(self.plan.world_size)
+                     if not self._absent(str(n))]
+            return None if any(t is None for t in times) else max(
+                (t for t in times if t is not None), default=None)
         try:
             r = self.rank(rank)
         except KeyError:
@@ -312,6 +318,13 @@ class Supervisor:
 
     def step_done(self, step_id: str) -> Optional[float]:
         return self.scheduler.step_done(step_id)
+
+    def _absent(self, label: str) -> bool:
+        """A rank the plan leaves out (absent_rank): it never enters a phase."""
+        try:
+            return bool(self.plan.rank(label).absent)
+        except KeyError:   # a worker a launcher starts: not in the plan
+            return False
 
     # -- where things run ----------------------------------------------------------------------
     def prefix(self, host: str) -> List[str]:

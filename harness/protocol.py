@@ -359,6 +359,9 @@ def check_trigger_phase(phase: str) -> str:
 # saw it (a gate on another process's exit, e.g. a signal sent once rank 0 is gone); not a
 # phase a process enters, so never a verdict's phase nor a slow_rank's
 ENDED = "ended"
+# whose phase: every rank of the scenario's job (attempt 0), the trigger holding once the last
+# of them entered it (a gate on the whole job's state, e.g. a signal once all ranks are in init)
+EVERY_RANK = "*"
 ANCHOR_HELP = f"{TRIGGER_PHASE_HELP}, or {ENDED} (the process has ended)"
 
 

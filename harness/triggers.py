@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Dict, Optional, Protocol
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from .limits import PositiveSeconds, Seconds, Target
-from .protocol import ANCHOR_HELP, ENDED, check_anchor
+from .protocol import ANCHOR_HELP, ENDED, EVERY_RANK, check_anchor
 
 
 class Clock(Protocol):
@@ -98,7 +98,11 @@ class Trigger:
             return f"at {self.at:g} s"
         if self.phase is not None:
             who = f"rank {self.rank}" if str(self.rank)[:1].isdigit() else self.rank
-            what = "has ended" if self.phase == ENDED else f"enters {self.phase}"
+            if self.rank == EVERY_RANK:
+                who = "every rank"
+            what = ("has ended" if self.phase == ENDED else f"enters {self.phase}") \
+                if who != "every rank" else \
+                ("has ended" if self.phase == ENDED else f"has entered {self.phase}")
             return f"when {who} {what}" + (
                 f" + {self.delay:g} s" if self.delay else "")
         if self.after is not None:

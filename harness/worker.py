@@ -255,10 +255,12 @@ def run_workload(spec: P.WorkerSpec, dist: Any, torch: Any) -> None:
 def run_observed(spec: P.WorkerSpec) -> None:
     """The worker under an agent or a spawning parent: events through the observer, no start
     line (the agent or parent was held), then ``os._exit`` as always."""
-    global _EMIT
+    global _EMIT, _RAISE, _SLOW
     from . import observer
 
     _EMIT = observer.self_reporting()
+    spec = own_variation(spec)
+    _RAISE, _SLOW = spec.variation.raise_at, dict(spec.variation.slow_at)
     try:
         phase("import")
         import torch

@@ -140,6 +140,13 @@ def test_phases_say_whether_a_skip_a_raise_a_sleep_or_a_model_change_happened():
     cut = one(slow, [row("0", evs[:1], ended_at=2.1)])
     assert cut["status"] == "acted"
     assert cut["summary"] == "spent 1.1 s in workload step 1 (it ended in its sleep)"
+    # interrupted in its sleep (a SIGINT became KeyboardInterrupt there): its result is the
+    # next word, and the phase still ended in the sleep
+    raised = evs[:1] + [{"ev": "result", "t": 2.3, "status": "exception",
+                         "phase": "workload step 1"}]
+    intr = one(slow, [row("0", raised)])
+    assert intr["status"] == "acted", intr
+    assert intr["summary"] == "spent 0.3 s in workload step 1 (it ended in its sleep)"
 
     model = edits.Edit(1, "model_mismatch", "1", "model", {"change": "wider"})
     want = edits.model_params("ddp", "wider")

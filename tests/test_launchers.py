@@ -192,7 +192,7 @@ def test_a_worker_killed_in_step_3_without_restarts():
         launcher: {kind: torchrun, max_restarts: 0, monitor_interval: 0.5}
         workload: [barrier, all_reduce, "sleep 3", all_reduce]
         faults:
-          - {kind: kill_rank, rank: 1, phase: "workload step 3"}
+          - {kind: kill_rank, rank: 1, phase: "workload step 3", of: "*"}
     """)
     a = v["agent:local"]
     assert (a.outcome, a.exception, a.root_cause, a.returncode) == \
@@ -200,10 +200,42 @@ def test_a_worker_killed_in_step_3_without_restarts():
     assert "rank 1 failed first (killed by SIGKILL)" in a.reason
     assert (v["1"].outcome, v["1"].phase) == ("crash", "workload step 3")
     assert "sent by the fault" in v["1"].reason
-    # its agent stops the survivor (SIGTERM), unless gloo saw the peer go first
-    assert v["0"].outcome in ("crash", "error")
+    # the kill waits for every rank to be in the sleep: its agent stops the survivor there
+    # (SIGTERM), before any collective could see the peer go
+    assert (v["0"].outcome, v["0"].phase) == ("crash", "workload step 3")
     assert job_outcome(list(v.values())) == "crash"
     assert not any("@" in k for k in v)
+
+
+def _phase_time(o, label, name):
+    row = next(r for r in o["ranks"] if r["label"] == label)
+    return next(e["t"] for e in row["events"] if e["ev"] == "phase" and e["phase"] == name)
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
+def test_faults_on_what_a_worker_does_reach_the_workers_a_launcher_starts(launcher):
+    """slow_rank and raise_exception under a launcher that starts the workers from one shared
+    spec: the worker given rank 1 sleeps in its destroy, the one given rank 0 does not, and
+    raise_exception makes rank 0 raise as it enters destroy; each effect is read back."""
+    o, v = run(f"""
+        name: shared_variations_{launcher}
+        about: per-rank variations carried to the workers
+        world_size: 2
+        timeout: 20
+        deadline: 90
+        launcher: {launcher}
+        workload: [barrier, "sleep 2", all_reduce]
+        faults:
+          - {{kind: slow_rank, rank: 1, phase: "workload step 2", seconds: 3}}
+          - {{kind: raise_exception, rank: 0, phase: destroy, exception: ValueError,
+              message: planted}}
+    """)
+    assert (v["0"].outcome, v["0"].exception, v["0"].phase) == ("error", "ValueError", "destroy")
+    slept = {r: _phase_time(o, r, "workload step 3") - _phase_time(o, r, "workload step 2")
+             for r in ("0", "1")}
+    assert slept["1"] >= 4.9 and slept["0"] < 4.5, slept   # 3 s more than the shared 2 s
+    assert {e["kind"]: e["status"] for e in o["effects"]} == \
+        {"slow_rank": "acted", "raise_exception": "acted"}, o["effects"]
 
 
 @pytest.mark.skipif(bool(topology.missing()), reason="namespace hosts need: "

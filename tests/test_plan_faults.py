@@ -398,8 +398,18 @@ def test_kill_rank_of_another_process_phase(counter_ports):
     assert (s.rank, s.trigger) == ("1", Trigger.on_phase("0", "destroy", 0.5))
 
 
+def test_kill_rank_once_every_rank_entered_a_phase(counter_ports):
+    p = plan(counter_ports, faults=[{"kind": "kill_rank", "rank": 0, "phase": "init",
+                                     "of": "*"}])
+    (s,) = fault_steps(p)
+    assert (s.rank, s.trigger) == ("0", Trigger.on_phase("*", "init"))
+    assert s.trigger.describe() == "when every rank has entered init"
+
+
 @pytest.mark.parametrize("fault, field, words", [
     ({"kind": "kill_rank", "rank": 1, "at": 2, "of": 0}, "of", "give 'phase' with it"),
+    ({"kind": "kill_rank", "rank": 1, "phase": "init", "of": 5}, "of", "outside the world"),
+    ({"kind": "kill_rank", "rank": 1, "phase": "init", "of": "agent:x"}, "of", "agent:x"),
     ({"kind": "kill_rank", "rank": 1, "phase": "ended"}, "phase", "name another process"),
     ({"kind": "stop_rank", "rank": 1, "phase": "workload step 7", "of": 0}, "phase",
      "never enters 'workload step 7'"),

@@ -11,10 +11,10 @@ from typing import Any, ClassVar, Dict, List, Literal, Optional
 
 from pydantic import Field, field_validator
 
-from ..protocol import ENDED, STACK_SIGNAL, phase_problem
+from ..protocol import ENDED, EVERY_RANK, STACK_SIGNAL, phase_problem
 from ..steps import Effect, Step
 from ..triggers import Trigger, When
-from . import Fault, Target
+from . import Fault, Target, target_problem
 
 
 @dataclass
@@ -140,10 +140,19 @@ class _SignalRank(Fault, When):
     of: Optional[Target] = Field(
         None, description="with phase: whose phase (or end: phase ended) sends the signal, "
         "when it is another process's: a gate on that process's state, e.g. SIGKILL to rank 1 "
-        "once rank 0 has ended (default: the signalled process's own)")
+        "once rank 0 has ended; '*': once every rank of the job (its first attempt) has "
+        "entered the phase (default: the signalled process's own)")
 
     def check(self, scn):
         problems = super().check(scn)
+        if self.of is not None and self.of != EVERY_RANK:
+            if isinstance(self.of, str):
+                why = target_problem(self.of, scn)
+                if why:
+                    problems.append((("of",), why))
+            elif not 0 <= self.of < scn.world_size:
+                problems.append((("of",), f"rank {self.of} is outside the world (world_size "
+                                          f"{scn.world_size})"))
         if self.of is not None and self.phase is None:
             problems.append((("of",), "'of' names whose phase sends the signal: give 'phase' "
                                       "with it"))
@@ -153,7 +162,7 @@ class _SignalRank(Fault, When):
         # the worker's own phases are known in advance; an agent's, a parent's or a user
         # program's are not the workload's
         anchor = self.rank if self.of is None else self.of
-        worker_rank = isinstance(anchor, int) and not scn.program_argv()
+        worker_rank = (isinstance(anchor, int) or anchor == EVERY_RANK) and not scn.program_argv()
         why = phase_problem(self.phase, scn.workload.steps, scn.workload.destroy) \
             if self.phase is not None and self.phase != ENDED and worker_rank else None
         if why:   # the signal would never be sent
