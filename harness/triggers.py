@@ -123,12 +123,16 @@ class When(BaseModel):
     meant by default (``rank``, whose default a subclass may change)."""
 
     WHEN_REQUIRED: ClassVar[bool] = False   # True: a time (at or phase) must be given
+    # True: ``rank`` only says whose phase ("*": every rank's); False where it is also the
+    # process the fault acts on (kill_rank: its ``of`` names another anchor)
+    RANK_IS_ANCHOR: ClassVar[bool] = True
 
     at: Optional[Seconds] = Field(None, description="seconds after the start line")
     phase: Optional[str] = Field(None, description=f"or: when `rank` enters this phase "
                                  f"({ANCHOR_HELP})")
-    rank: Target = Field(0, description="with phase: whose phase (a rank number, or a "
-                                  "label such as 'agent:node0')")
+    rank: Target = Field(0, description="with phase: whose phase (a rank number, '*' for "
+                         "every rank of the job: once the last of them entered it, or a "
+                         "label such as 'agent:node0')")
     after: Seconds = Field(0.0, description="with phase: extra seconds after it is entered")
     heal_after: Optional[PositiveSeconds] = Field(None, description="undo it this many "
                                                   "seconds after it was done")

@@ -406,6 +406,15 @@ def test_kill_rank_once_every_rank_entered_a_phase(counter_ports):
     assert s.trigger.describe() == "when every rank has entered init"
 
 
+def test_a_timed_fault_can_wait_for_every_ranks_phase_but_no_fault_targets_every_rank():
+    s = scn([{"kind": "firewall", "ports": "all", "action": "drop", "phase": "workload step 1",
+              "rank": "*"}], workload=["barrier"])
+    (f,) = s.faults
+    assert f.trigger() == Trigger.on_phase("*", "workload step 1")
+    with pytest.raises(ScenarioFileError, match="not a wildcard"):
+        scn([{"kind": "kill_rank", "rank": "*", "phase": "init"}])
+
+
 @pytest.mark.parametrize("fault, field, words", [
     ({"kind": "kill_rank", "rank": 1, "at": 2, "of": 0}, "of", "give 'phase' with it"),
     ({"kind": "kill_rank", "rank": 1, "phase": "init", "of": 5}, "of", "outside the world"),

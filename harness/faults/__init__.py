@@ -100,6 +100,9 @@ class Fault(BaseModel):
                 continue
             for i, r in enumerate(value if isinstance(value, list) else [value]):
                 loc = (name, i) if isinstance(value, list) else (name,)
+                if r == "*" and name == "rank" and getattr(self, "RANK_IS_ANCHOR", False) \
+                        and getattr(self, "phase", None) is not None:
+                    continue   # whose phase: every rank's (harness.triggers)
                 if isinstance(r, str):   # a process by its label: "agent:node1", "1@1"
                     why = target_problem(r, scn)
                     if why:

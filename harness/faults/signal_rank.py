@@ -132,6 +132,7 @@ def signal_name(text: str) -> str:
 
 class _SignalRank(Fault, When):
     WHEN_REQUIRED = True
+    RANK_IS_ANCHOR = False   # rank is the signalled process; `of` names another anchor
     ON_ALLOCATION = None   # works on an allocation's nodes
     rank: Target = Field(
         1, description="the process that gets the signal (and whose phase counts unless `of` "
