@@ -56,7 +56,7 @@ EXPORT_RE = r"^(ALL|NONE|[A-Za-z_][A-Za-z0-9_]*(=[^,]*)?(,[A-Za-z_][A-Za-z0-9_]*
 OBSERVER_VARS = ("PYTHONPATH", P.OBSERVE_DIR_ENV, P.OBSERVE_ROLE_ENV, P.PID_RECORD_ENV,
                  P.SUPERVISOR_ENV,
                  "PYTHONUNBUFFERED", "PYTHONWARNINGS", "SLURM_CONF", "PATH",
-                 "TORCH_CPP_LOG_LEVEL")
+                 "TORCH_CPP_LOG_LEVEL", P.RANK_VARIATIONS_ENV)
 
 
 class Slurm(LauncherSpec):
