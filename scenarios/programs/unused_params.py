@@ -7,8 +7,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-dist.init_process_group("gloo", timeout=datetime.timedelta(
-    seconds=float(os.environ.get("TIMEOUT_S", "5"))))
+# TIMEOUT_S: torch's timeout in seconds; "30 5" gives rank 0 30 s and rank 1 5 s, so rank 0
+# waits out rank 1's exit (read before init: env:// gives RANK)
+timeouts = os.environ.get("TIMEOUT_S", "5").split()
+mine = timeouts[min(int(os.environ.get("RANK", "0")), len(timeouts) - 1)]
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=float(mine)))
 rank = dist.get_rank()
 
 
