@@ -303,10 +303,9 @@ class Supervisor:
         if self.t0 is None:
             return None
         if rank == EVERY_RANK:   # when the last rank of the job's first attempt entered it
-            times = [self.phase_entered(str(n), phase) for n in range(self.plan.world_size)
-                     if not self._absent(str(n))]
-            return None if any(t is None for t in times) else max(
-                (t for t in times if t is not None), default=None)
+            ranks = [str(n) for n in range(self.plan.world_size) if not self._absent(str(n))]
+            times = [t for t in (self.phase_entered(n, phase) for n in ranks) if t is not None]
+            return max(times) if times and len(times) == len(ranks) else None
         try:
             r = self.rank(rank)
         except KeyError:

@@ -280,10 +280,6 @@ class RunPlan:
             kind = getattr(self.launcher, "kind", "?")
             raise PlanRefusal(f"this fault changes what the harness's worker does as a rank, "
                               f"and the {kind} launcher runs your program, not the worker")
-        for r in selected:
-            if not 0 <= int(r) < self.world_size:
-                raise PlanRefusal(f"rank {r} is not in the world (world_size "
-                                  f"{self.world_size})")
         return [self.shared_variations.setdefault(int(r), Variation()) for r in selected]
 
     def carry_variations(self) -> None:
@@ -294,7 +290,7 @@ class RunPlan:
         text = json.dumps({str(r): asdict(v) for r, v in sorted(self.shared_variations.items())
                            if not v.is_plain()})
         for rp in self.ranks:   # the scenario's own job's launching processes
-            if not rp.job and (rp.role in (ROLE_AGENT, ROLE_PARENT) or rp.rank is None):
+            if not rp.job and rp.role in (ROLE_AGENT, ROLE_PARENT):
                 rp.env[RANK_VARIATIONS_ENV] = text
 
     def processes(self, targets: List[Any]) -> List[RankPlan]:

@@ -17,7 +17,7 @@ fields every timed fault shares (``at`` | ``phase`` + ``rank`` + ``after``, and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, Optional, Protocol
+from typing import Any, ClassVar, Dict, Optional, Protocol, Tuple
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -97,12 +97,14 @@ class Trigger:
         if self.at is not None:
             return f"at {self.at:g} s"
         if self.phase is not None:
-            who = f"rank {self.rank}" if str(self.rank)[:1].isdigit() else self.rank
-            if self.rank == EVERY_RANK:
-                who = "every rank"
-            what = ("has ended" if self.phase == ENDED else f"enters {self.phase}") \
-                if who != "every rank" else \
-                ("has ended" if self.phase == ENDED else f"has entered {self.phase}")
+            if self.phase == ENDED:
+                what = "has ended"
+            elif self.rank == EVERY_RANK:
+                what = f"has entered {self.phase}"
+            else:
+                what = f"enters {self.phase}"
+            who = "every rank" if self.rank == EVERY_RANK else \
+                f"rank {self.rank}" if str(self.rank)[:1].isdigit() else self.rank
             return f"when {who} {what}" + (
                 f" + {self.delay:g} s" if self.delay else "")
         if self.after is not None:
@@ -123,9 +125,9 @@ class When(BaseModel):
     meant by default (``rank``, whose default a subclass may change)."""
 
     WHEN_REQUIRED: ClassVar[bool] = False   # True: a time (at or phase) must be given
-    # True: ``rank`` only says whose phase ("*": every rank's); False where it is also the
-    # process the fault acts on (kill_rank: its ``of`` names another anchor)
-    RANK_IS_ANCHOR: ClassVar[bool] = True
+    # ``rank`` only says whose phase, so it takes "*" (every rank's); a subclass whose ``rank``
+    # is also the process it acts on says otherwise (kill_rank: its ``of`` names the anchor)
+    WILDCARD_FIELDS: ClassVar[Tuple[str, ...]] = ("rank",)
 
     at: Optional[Seconds] = Field(None, description="seconds after the start line")
     phase: Optional[str] = Field(None, description=f"or: when `rank` enters this phase "

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from ..limits import Target  # noqa: F401 - a fault's rank field: a number or a label
 from ..machine import Requirement
+from ..protocol import EVERY_RANK
 
 Problem = Tuple[Tuple[Any, ...], str]   # (location inside the fault, message)
 # hints that more than one module speaks of (see Fault.HINTS)
@@ -94,13 +95,15 @@ class Fault(BaseModel):
     def check(self, scn: Any) -> List[Problem]:
         """Problems the schema cannot see (ranks outside the world, wrong init method...)."""
         problems: List[Problem] = []
-        for name in ("ranks", "rank"):
+        for name in ("ranks", "rank", "of"):
             value = getattr(self, name, None)
             if value is None:
                 continue
             for i, r in enumerate(value if isinstance(value, list) else [value]):
                 loc = (name, i) if isinstance(value, list) else (name,)
-                if r == "*" and name == "rank" and getattr(self, "RANK_IS_ANCHOR", False) \
+                # "*" (every rank of the job) where the field only says whose phase starts
+                # the fault (harness.triggers.When.WILDCARD_FIELDS: rank; kill_rank: of)
+                if r == EVERY_RANK and name in getattr(self, "WILDCARD_FIELDS", ()) \
                         and getattr(self, "phase", None) is not None:
                     continue   # whose phase: every rank's (harness.triggers)
                 if isinstance(r, str):   # a process by its label: "agent:node1", "1@1"

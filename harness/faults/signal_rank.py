@@ -14,7 +14,7 @@ from pydantic import Field, field_validator
 from ..protocol import ENDED, EVERY_RANK, STACK_SIGNAL, phase_problem
 from ..steps import Effect, Step
 from ..triggers import Trigger, When
-from . import Fault, Target, target_problem
+from . import Fault, Target
 
 
 @dataclass
@@ -132,7 +132,8 @@ def signal_name(text: str) -> str:
 
 class _SignalRank(Fault, When):
     WHEN_REQUIRED = True
-    RANK_IS_ANCHOR = False   # rank is the signalled process; `of` names another anchor
+    # rank is the signalled process; `of` names another anchor, and takes '*'
+    WILDCARD_FIELDS = ("of",)
     ON_ALLOCATION = None   # works on an allocation's nodes
     rank: Target = Field(
         1, description="the process that gets the signal (and whose phase counts unless `of` "
@@ -146,14 +147,6 @@ class _SignalRank(Fault, When):
 
     def check(self, scn):
         problems = super().check(scn)
-        if self.of is not None and self.of != EVERY_RANK:
-            if isinstance(self.of, str):
-                why = target_problem(self.of, scn)
-                if why:
-                    problems.append((("of",), why))
-            elif not 0 <= self.of < scn.world_size:
-                problems.append((("of",), f"rank {self.of} is outside the world (world_size "
-                                          f"{scn.world_size})"))
         if self.of is not None and self.phase is None:
             problems.append((("of",), "'of' names whose phase sends the signal: give 'phase' "
                                       "with it"))
@@ -187,8 +180,7 @@ class _SignalRank(Fault, When):
                       trigger=self.trigger(), target=_who(str(self.rank)))
         plan.add_step(self, step)
         step.undo_trigger = self.heal(step.id) if self._heal_signal() else None
-        when = f"at {self.at:g} s" if self.at is not None else \
-            self.trigger().describe()
+        when = self.trigger().describe()
         heal = f", SIG{self._heal_signal()} {self.heal_after:g} s later" \
             if self._heal_signal() and self.heal_after else ""
         plan.notes.append(f"{self.kind}: SIG{sig} to {_who(str(self.rank))} {when}{heal}")
