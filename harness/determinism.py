@@ -5,7 +5,7 @@ row; an expectation that allows ``ok`` and a failure, or two outcomes, passes wh
 fault acts, so it tests nothing that a run could contradict. These are the widenings this module
 finds, each located at the line where it is written:
 
-* ``job`` allowing ``ok`` and a failure (outside a race case);
+* ``job`` allowing ``ok`` and a failure, or two outcomes (outside a race case);
 * a row allowing more than one outcome, or carrying frequency bounds (outside a race case);
 * a ``within`` window that is vacuous: it starts at 0 and ends at or past the deadline;
 * a failing row pinned only by ``cause:`` (the harness's own diagnosis, not torch's behaviour):
@@ -51,6 +51,11 @@ def widenings(scn: Scenario) -> List[Widening]:
                                 f"allows ok and a failure ({'|'.join(block.job or ())}): "
                                 "it passes whether or not the fault acts; pin one outcome, "
                                 "or declare race: and measure it"))
+        elif not race and len(job) > 1:
+            out.append(Widening(block.job_line or block.line, at + "job",
+                                f"allows {'|'.join(block.job or ())}: the job is the most "
+                                "severe of its rows; pin the one outcome they give, or "
+                                "declare race:"))
         for label, row in block.ranks.items():
             field = f"{at}ranks.{label}"
             if not race and len(row.outcome or ()) > 1:

@@ -48,6 +48,13 @@ def test_each_widening_is_found_where_it_is_written():
              (10, "expect.ranks.2.cause"), (11, "expect.ranks.3.cause")]
 
 
+def test_a_job_of_two_failures_is_a_widening_too():
+    # the job is the most severe of its rows: pinned rows give one job outcome
+    w = widenings(case('expect:\n  job: [timeout, error]\n  ranks:\n    "0": timeout\n'))
+    assert [(x.line, x.field) for x in w] == [(5, "expect.job")]
+    assert "allows timeout|error" in w[0].message
+
+
 def test_a_window_that_ends_before_the_deadline_or_starts_later_is_not_vacuous():
     assert found('expect:\n  ranks:\n    "0": {outcome: ok, within: [0, 59]}\n'
                  '    "1": {outcome: ok, within: [1, 90]}\n') == []
