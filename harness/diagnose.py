@@ -768,6 +768,21 @@ def no_store_there(c: RankContext) -> Optional[Cause]:
     if unreachable:
         return Cause(f"{unreachable}; connects were retried until the client's timeout",
                      [_exc_line(c.verdict)])
+    info = (c.obs.info or {}) if c.obs is not None else {}
+    agent_port = str(info.get("master_port") or "")
+    if c.obs is not None and c.obs.role == "worker" and agent_port.isdigit() and \
+            int(agent_port) != port and str(info.get("use_agent_store")) == "True":
+        # torchrun's worker (TORCHELASTIC_USE_AGENT_STORE=True): torch makes it, rank 0 too,
+        # a client of a store it expects its agent to host; a port the program named itself
+        # (init_method tcp://...:PORT) is hosted by nobody (torch < 2.14 applies the flag to
+        # any address; 2.14 only to the agent's own)
+        return Cause(f"dialled port {port}, where no store listened: under torchrun "
+                     "(TORCHELASTIC_USE_AGENT_STORE=True) torch made this worker a client of "
+                     f"its agent's store, which is at MASTER_PORT={agent_port}, not at the "
+                     f"port {port} the program named; connects were retried until the "
+                     "client's timeout",
+                     [_exc_line(c.verdict), f"{c.verdict.label}: MASTER_PORT={agent_port}, "
+                      "TORCHELASTIC_USE_AGENT_STORE=True"])
     if c.master_port and port != c.master_port:
         return Cause(f"dialled port {port}, where no store listened (the store's port is "
                      f"{c.master_port}); connects were retried until the client's timeout",
