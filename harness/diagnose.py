@@ -830,6 +830,7 @@ def refused_and_retried(c: RankContext) -> Optional[Cause]:
 
 
 # -- signals the scenario sent, and what the peers saw of them -----------------------------------
+GLOO_SAYS = re.compile(r"gloo", re.I)
 PEER_CLOSED = re.compile(r"closed by peer|reset by peer|connection closed|connection reset|"
                          r"timed out connecting: SO_ERROR: Connection refused", re.I)
 
@@ -935,7 +936,9 @@ def peer_died(c: RankContext) -> Optional[Cause]:
     """gloo's connection to a peer closed or reset: the one other rank that had ended before it
     (killed, or failed on its own)."""
     msg = c.verdict.message or ""
-    if not PEER_CLOSED.search(msg) or c.verdict.duration is None:
+    # gloo's own words (its pair.cc, or "Gloo connectFullMesh failed"): the same reset on the
+    # store's socket (a DistNetworkError from TCPStore) is not a gloo pair, and not this rule's
+    if not PEER_CLOSED.search(msg) or not GLOO_SAYS.search(msg) or c.verdict.duration is None:
         return None
     at = re.search(r"\[([^\]]+)\]:(\d+)", msg)
     own_end = c.verdict.duration
@@ -1010,7 +1013,7 @@ def peer_reinitialised(c: RankContext) -> Optional[Cause]:
     """gloo's connection to a peer closed while that peer, alive, had entered a ``reinit`` step:
     it destroyed the process group this rank still used."""
     msg = c.verdict.message or ""
-    if not PEER_CLOSED.search(msg) or c.verdict.duration is None or (
+    if not PEER_CLOSED.search(msg) or not GLOO_SAYS.search(msg) or c.verdict.duration is None or (
             c.obs is not None and any(e.ev == "phase" and str(e.data.get("step") or "")
                                       .startswith("reinit") for e in c.obs.events)):
         return None   # (this rank re-initialised too: its new group is not the old one)
