@@ -249,6 +249,13 @@ def sweep(base: Optional[Path] = None) -> List[str]:
         _rmtree(run)
         removed.append(f"{run.name}" + (f" (killed {pids})" if pids else "")
                        + (f" (cancelled Slurm steps {', '.join(steps)})" if steps else ""))
+    for d in sorted(base.glob("pkgpath-*")):
+        # package_path's folder of a package that is gone (a removed venv or wheel install):
+        # its link leads nowhere, and no process can import through it any more
+        link = d / PACKAGE_DIR.name
+        if link.is_symlink() and not link.exists():
+            _rmtree(d)
+            removed.append(d.name)
     return removed
 
 

@@ -166,6 +166,19 @@ def test_a_ranks_path_holds_the_harness_package_and_nothing_else():
     assert str(ROOT) not in env["PYTHONPATH"].split(os.pathsep)
 
 
+def test_the_sweep_removes_the_package_folders_of_packages_that_are_gone(tmp_path):
+    """A venv or wheel install removed (the package tests make one per run) leaves its
+    ``pkgpath-*`` folder with a link to nowhere: the sweep removes it, and never this one."""
+    from harness.rundir import package_path, sweep
+
+    gone = tmp_path / "pkgpath-0123456789ab"
+    gone.mkdir()
+    (gone / "harness").symlink_to(tmp_path / "removed-venv" / "harness")
+    ours = Path(package_path(tmp_path))
+    assert "pkgpath-0123456789ab" in sweep(tmp_path)
+    assert not gone.exists() and (ours / "harness").exists()
+
+
 def test_an_allocations_ranks_find_the_package_in_its_shared_state_folder(tmp_path):
     """On an allocation's nodes this machine's temp folder is not there: the package's path
     folder lies in the shared state folder the run directories use (``--shared-dir``)."""
