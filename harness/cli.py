@@ -537,6 +537,21 @@ def print_summary(rep: Dict[str, Any], con: Any, show_failures: bool = True) -> 
                         f"scenarios' own waits (each run from its start line to its end) over "
                         f"{tb['workers']} worker{'s' * (tb['workers'] != 1)}: "
                         f"{tb['ratio']:.2f}x", "dim"))
+    if tb.get("over_floor"):
+        con.print(_text(f"floor: {tb['floor']:.0f} s, the larger of the longest case "
+                        f"({tb['longest_case']:.0f} s) and the CPU the session's processes "
+                        f"used ({tb['cpu_s']:.0f} s over {tb['cores']} cores): wall / floor "
+                        f"{tb['over_floor']:.2f}x", "dim"))
+
+
+def _cpu_used() -> float:
+    """CPU seconds (user and system) of this process and of every process it started and
+    reaped, with theirs (pytest-xdist workers, ranks, fork servers, services)."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -628,6 +643,7 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
     con = _console()
     progress = _progress_plugin(enabled=not args.no_progress and not args.verbose)
     out = io.StringIO()
+    cpu0 = _cpu_used()
     try:
         if args.verbose:
             rc = pytest.main(pargs + ["-v"], plugins=[progress])
@@ -637,10 +653,15 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
     finally:
         progress.stop()
     rc = int(rc)
+    cpu = _cpu_used() - cpu0
     try:
         rep = report_mod.read(report_path)
     except report_mod.ReportError:
         rep = None
+    if rep is not None and rep.get("time"):
+        rep["time"] = report_mod.with_floor(rep["time"], rep.get("cases") or [], cpu,
+                                            os.cpu_count() or 1)
+        report_mod.write(rep, report_path)
     stepped = rc == 2 and getattr(args, "sw", False) and rep is not None \
         and interrupts.interrupted() is None and not rep.get("interrupted") \
         and not (rep.get("summary") or {}).get("collect_errors") \

@@ -29,6 +29,7 @@ import pytest
 
 from . import evidence as evidence_mod
 from . import interrupts
+from .admission import Gate
 from .classify import Verdict, classify_run, job_outcome
 from .diagnose import explain_run
 from .discovery import is_scenario_file
@@ -94,6 +95,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "every node of the allocation sees (the home or a project file system); "
                     "default: HARNESS_TMP, else the temp dir (checked: a node that cannot "
                     "read it fails the case, named)")
+    group.addoption("--harness-order", choices=("longest", "collected"), default="longest",
+                    help="the order scenario cases start in: longest (default: the longest "
+                    "expected first, by the durations the catalog's durations.json and "
+                    "pytest's cache recorded; harness.schedule) or collected (the files' "
+                    "order)")
     parser.addini("harness_scenarios", type="args", default=[],
                   help="extra globs of YAML files to collect as scenarios (relative to rootdir)")
 
@@ -149,6 +155,63 @@ def pytest_configure(config: pytest.Config) -> None:
     state.owner = interrupts.install(on_first=None if worker else
                                      lambda sig: _forward_to_workers(state, sig),
                                      quiet=worker)
+    if config.getoption("harness_order", "longest") == "longest":
+        config.pluginmanager.register(_LongestFirst(config), "harness-order")
+
+
+class _LongestFirst:
+    """Scenario cases start longest first (``harness.schedule``), and every session records
+    what its cases took in pytest's cache for the next one. Under pytest-xdist each worker
+    collects and sorts alike (the same files, the same cache), and the controller hands out one
+    case at a time (``--maxschedchunk 1`` unless given): xdist's default first hands each worker
+    a quarter of its share in one block, which would give the longest cases all to one worker."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.measured: Dict[str, float] = {}
+        if getattr(config.option, "maxschedchunk", 0) is None:
+            config.option.maxschedchunk = 1
+
+    def _cache(self) -> Any:
+        return getattr(self.config, "cache", None)   # None under -p no:cacheprovider
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: List[pytest.Item]) -> None:
+        from . import schedule
+
+        at = [i for i, it in enumerate(items) if isinstance(it, ScenarioItem)]
+        if len(at) < 2:
+            return
+        default: Dict[str, float] = {}
+        for folder in sorted({items[i].path.parent for i in at}):
+            default.update(schedule.read_file(folder / schedule.FILE_NAME))
+        cache = self._cache()
+        known = schedule.merged(default, cache.get(schedule.CACHE_KEY, {}) if cache else {})
+        keys = [schedule.key_of(items[i].nodeid) for i in at]
+        repeats = [items[i].repeat() for i in at]   # type: ignore[attr-defined]
+        schedule.reorder_in_place(items, at, keys, repeats, known)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if hasattr(self.config, "workerinput") or "scenario" not in report.keywords:
+            return   # (a worker: the controller records what its workers report)
+        from . import schedule
+
+        key = schedule.key_of(report.nodeid)
+        if report.skipped:
+            self.measured.pop(key, None)
+        elif report.when in ("setup", "call"):   # a scenario runs in its item's setup
+            waited: Any = dict(report.user_properties).get("admission_waited", 0.0)
+            took = report.duration - (float(waited) if report.when == "setup" else 0.0)
+            self.measured[key] = round(self.measured.get(key, 0.0) + max(0.0, took), 1)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        cache = self._cache()
+        if hasattr(self.config, "workerinput") or cache is None or not self.measured:
+            return
+        from . import schedule
+
+        cache.set(schedule.CACHE_KEY,
+                  schedule.updated(cache.get(schedule.CACHE_KEY, {}), self.measured))
 
 
 def scenario_marks(config: pytest.Config) -> Dict[str, List[str]]:
@@ -418,6 +481,7 @@ class ScenarioItem(pytest.Item):
         self.run: Optional[RunObservation] = None
         self.runs: List[Tuple[RunObservation, List[Verdict]]] = []   # every run, repeated
         self.repeated: Optional[RepeatedCheck] = None
+        self.admission_waited = 0.0   # s its runs waited at the gate (not in their own times)
         self.add_marker("scenario")
         for m in scenario.marks:
             self.config.addinivalue_line("markers", f"{m}: from scenario files")
@@ -425,7 +489,8 @@ class ScenarioItem(pytest.Item):
         if scenario.race is not None:
             self.add_marker("race")
         # pytest-timeout's guard: past every run's deadline plus start-up and clean-up
-        self.add_marker(pytest.mark.timeout(self.repeat() * (scenario.deadline + 60) + 240))
+        # (and the admission gate's wait before each run: harness.admission)
+        self.add_marker(pytest.mark.timeout(self.repeat() * (scenario.deadline + 60) + 840))
         self.extra_keyword_matches.update(f.kind for f in scenario.faults)
         self.extra_keyword_matches.update({*scenario.backend_names(), scenario.init})
         self.user_properties.append(("scenario", scenario.test_id))
@@ -458,16 +523,22 @@ class ScenarioItem(pytest.Item):
                         f"{ranges})")
         self.evidence = self._evidence_dir()
         n = self.repeat()
+        gate = Gate()
+        alone = any(type(f).ALONE for f in self.scenario.faults)
         for i in range(1, n + 1):   # a repeated case keeps each run's evidence in run-<i>/
             where = self.evidence if n == 1 else self.evidence / f"run-{i}"
             say = self._progress(f"run {i} of {n}: " if n > 1 else "")
-            run = run_scenario(self.on_where(), keep=where, progress=say,
-                               allocation=self.config.stash.get(_ALLOC_KEY, None))
+            with gate.admitted(alone=alone) as admitted:   # times count from the start line
+                run = run_scenario(self.on_where(), keep=where, progress=say,
+                                   allocation=self.config.stash.get(_ALLOC_KEY, None))
+            run.plan["admission"] = admitted.to_dict()
+            self.admission_waited += admitted.waited
             verdicts = explain_run(run, classify_run(run))
             write_evidence(where, run, verdicts)
             self.runs.append((run, verdicts))
         self.run, self.verdicts = self.runs[0]
         self.user_properties.append(("job", job_outcome(self.verdicts)))
+        self.user_properties.append(("admission_waited", round(self.admission_waited, 2)))
 
     def started(self) -> Scenario:
         """The scenario with --harness-start's and --harness-python's choices, if given."""

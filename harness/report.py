@@ -335,6 +335,7 @@ def case_record(*, nodeid: str, file: str, name: str, scenario: Any = None,
         "start": plan.get("start", getattr(scenario, "start", None)),
         "started": _started(plan, run.servers if run is not None else ()),
         "harness_memory": run.harness_memory if run is not None else {},
+        "admission": plan.get("admission"),
         "status": None, "reason": "", "failure": "",
         "mismatches": [m if isinstance(m, dict) else
                        {"label": m.label, "field": m.field, "expected": m.expected,
@@ -417,6 +418,25 @@ def time_budget(cases: Sequence[Dict[str, Any]], duration: Optional[float], work
             "inherent": round(inherent, 3), "workers": workers, "ratio": ratio}
 
 
+def with_floor(budget: Dict[str, Any], cases: Sequence[Dict[str, Any]], cpu_s: float,
+               cores: int) -> Dict[str, Any]:
+    """``budget`` (``time_budget``'s) with the floor no scheduler can beat on this machine:
+    the longest case (its runs together: one worker runs them in turn; not its waits at the
+    admission gate) or the CPU seconds the
+    session's processes used (the harness, its workers, every rank, fork server and service,
+    as the kernel accounted them) spread over the cores, whichever is larger; ``over_floor``
+    is the session's duration over it (1.0: nothing left to gain by running more at once)."""
+    longest = max((float(c["duration"]) - float(c.get("admission_waited") or 0.0)
+                   for c in cases if c.get("duration") is not None), default=0.0)
+    cores = max(1, int(cores))
+    floor = max(longest, cpu_s / cores)
+    out = dict(budget, longest_case=round(longest, 3), cpu_s=round(cpu_s, 3), cores=cores,
+               floor=round(floor, 3))
+    dur = budget.get("duration")
+    out["over_floor"] = round(float(dur) / floor, 2) if dur and floor > 0 else None
+    return out
+
+
 def write(report: Dict[str, Any], path: Union[str, Path]) -> Path:
     """Write atomically (a reader never sees half a file)."""
     p = Path(path)
@@ -471,7 +491,18 @@ def _evidence_of(item: Any) -> Optional[str]:
 
 
 def item_record(item: Any) -> Dict[str, Any]:
-    """The case record of a ScenarioItem (duck-typed: no import of the plugin)."""
+    """The case record of a ScenarioItem (duck-typed: no import of the plugin), with the
+    seconds its runs waited at the admission gate before their start lines (harness.admission;
+    in ``duration``, which is pytest's, but not in any run's own times)."""
+    rec = _item_record(item)
+    runs = list(getattr(item, "runs", []) or [])
+    rec["admission_waited"] = round(sum(
+        float(((getattr(r, "plan", None) or {}).get("admission") or {}).get("waited") or 0.0)
+        for r, _ in runs), 3)
+    return rec
+
+
+def _item_record(item: Any) -> Dict[str, Any]:
     from .expect import check, check_repeated
 
     expectation = getattr(item, "expectation", None)

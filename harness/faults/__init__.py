@@ -82,6 +82,10 @@ class Fault(BaseModel):
     # kind that needs network namespaces is skipped as needing root, any other kind as one
     # that never said it works there: never a silent pass
     ON_ALLOCATION: ClassVar[Optional[str]] = UNSAID
+    # True: a run with this fault needs the machine to itself (it starves a rank of CPU and
+    # measures what that did, which any run beside it would change): harness.admission admits
+    # it only when no other run is in flight, and holds every other run while it waits
+    ALONE: ClassVar[bool] = False
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> Any:

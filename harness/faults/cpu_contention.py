@@ -238,6 +238,9 @@ class Starve(RankLimit):
 
 class CpuContention(Fault):
     kind: Literal["cpu_contention"] = "cpu_contention"
+    # busy processes or a quota on one CPU: a run beside it adds load of its own to the rank
+    # it starves and to the ranks it does not
+    ALONE = True
     ON_ALLOCATION = (
         "a CPU quota (a cgroup) or busy processes pinned beside the rank are set from the "
         "harness's own machine by the rank's pid: not built for an allocation's nodes")
