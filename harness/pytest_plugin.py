@@ -179,6 +179,10 @@ class _LongestFirst:
     def pytest_collection_modifyitems(self, items: List[pytest.Item]) -> None:
         from . import schedule
 
+        opt = self.config.option
+        if getattr(opt, "failedfirst", False) or getattr(opt, "newfirst", False) or \
+                getattr(opt, "stepwise", False) or getattr(opt, "stepwise_skip", False):
+            return   # --ff / --nf asked for their own order, --sw resumes in the files' order
         at = [i for i, it in enumerate(items) if isinstance(it, ScenarioItem)]
         if len(at) < 2:
             return
