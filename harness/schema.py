@@ -767,10 +767,10 @@ class Scenario(Strict):
         None, description="what each rank runs: worker (the harness's own, the default), a "
         "Python file (train.py) or a mapping {script | module, args, cwd}")
     start: Literal["fresh", "fork"] = Field(
-        "fresh", description="how a rank's interpreter comes to be: fresh (its own python, "
-        "imports torch) or fork (forked from a per-host server that imported torch once; "
-        "ranks whose start would differ forked run fresh, with the reason in the report); "
-        "--start / --harness-start overrides")
+        "fork", description="how a rank's interpreter comes to be: fork (the default: forked "
+        "from a per-host server that imported torch once; ranks whose start would differ "
+        "forked run fresh, with the reason in the report) or fresh (its own python, imports "
+        "torch); --start / --harness-start overrides")
     faults: List[Annotated[Fault, BeforeValidator(fault_of)]] = Field(
         default_factory=list, max_length=MAX_FAULTS,
         description="faults, each a mapping with its kind and the kind's parameters")

@@ -81,6 +81,7 @@ def test_a_rank_that_prints_a_lot_is_cut_and_still_ends_ok(tmp_path, monkeypatch
         isolate: never
         workload: init
         env: {PYTHONVERBOSE: "2"}
+        start: fresh   # every import in the rank itself (a forked rank's torch is imported)
     """), "chatty.yaml")
     keep = tmp_path / "evidence"
     observed = run_scenario(scn, keep=keep)

@@ -38,11 +38,22 @@ def starts(plan):
 
 # -- which ranks are forked (pure) -----------------------------------------------------------------
 
-def test_fresh_is_the_default_and_no_rank_is_forked():
+def test_fork_is_the_default_and_every_rank_is_forked():
     plan = plan_of("""
         name: p
         about: default start
         world_size: 2
+    """)
+    assert plan.start == "fork"
+    assert starts(plan) == {"0": ("fork", ""), "1": ("fork", "")}
+
+
+def test_start_fresh_starts_no_rank_forked():
+    plan = plan_of("""
+        name: p
+        about: fresh start
+        world_size: 2
+        start: fresh
     """)
     assert plan.start == "fresh"
     assert starts(plan) == {"0": ("fresh", ""), "1": ("fresh", "")}
