@@ -623,8 +623,11 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
         pargs += ["--harness-evidence", args.keep]
     if args.k:
         pargs += ["-k", args.k]
-    if args.m:
-        pargs += ["-m", args.m]
+    if args.m or getattr(args, "smoke", False):
+        # --smoke: the catalog's smoke tier (the cases marked smoke), within any -m given
+        expr = " and ".join(f"({e})" for e in (args.m, "smoke" if getattr(args, "smoke", False)
+                                               else None) if e)
+        pargs += ["-m", expr]
     if args.n is not None:
         pargs += ["-n", str(args.n)]
     if args.x:
@@ -1080,6 +1083,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-k", metavar="EXPR", help="only cases whose id/keywords match (pytest -k); "
                    "fault kinds, backend and init method are keywords")
     r.add_argument("-m", metavar="MARKEXPR", help="only cases whose marks match (pytest -m)")
+    r.add_argument("--smoke", action="store_true", help="only the smoke tier: the catalog's "
+                   "cases marked smoke, every fault kind, launcher, init method, service and "
+                   "workload step at least once (pytest -m smoke)")
     r.add_argument("--report", metavar="PATH", help="write the JSON session report here")
     r.add_argument("--html", metavar="PATH", help="write the self-contained HTML report here")
     r.add_argument("--keep", metavar="DIR", help="keep every run's evidence under DIR (default: "

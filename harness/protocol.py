@@ -155,6 +155,10 @@ WORKLOAD_RE = re.compile(r"^(barrier|all_reduce|broadcast|monitored_barrier|"
                          rf"split_group {_RANKS}(\|{_RANKS}){{0,127}}|"
                          r"group_barrier|group_all_reduce|keep_store|reinit( new_port)?)\Z",
                          re.ASCII)
+# the kinds of step WORKLOAD_RE admits, by their first word (the smoke tier runs each once)
+STEP_KINDS = ("barrier", "all_reduce", "broadcast", "monitored_barrier", "sleep", "ddp", "train",
+              "new_group", "split_group", "group_barrier", "group_all_reduce", "keep_store",
+              "reinit")
 WORKLOAD_HELP = ("barrier, all_reduce, broadcast, monitored_barrier, 'sleep SECONDS', "
                  "'ddp SIZE' (e.g. ddp 64MB), 'train STEPS', 'new_group [RANKS|all] [local]', "
                  "'split_group R,R|R,R', group_barrier, group_all_reduce (on the last group), "
