@@ -3,17 +3,18 @@ at once.
 
 A catalog case mostly waits (on torch's and gloo's timeouts), so many can run beside each other
 on a few cores; but one that starts while the CPU is busy starts late and slow, and a case that
-starves or limits a rank (``cpu_contention``, ``memory_limit``: a fault class's ``ALONE``)
-measures the machine it shares. The gate admits a run:
+starves a rank (``cpu_contention``: a fault class's ``ALONE``) measures the machine it
+shares. The gate admits a run:
 
-* at once when no other run of this user is in flight (a single case is never held), unless
-  a run that must run alone is waiting;
+* at once while fewer runs than the machine has cores are in flight (a single case is never
+  held; at ``-n 2`` on 2 cores no run waits), unless a run that must run alone is waiting;
 * alone (``alone=True``) when no other run is in flight; while such a run waits or runs, no
   other run is admitted, so that it is not starved by a stream of short ones;
-* otherwise, when the machine's CPU has been idle for at least ``idle_needed`` of its cores over
-  the last ``window`` seconds (``/proc/stat``; every process counts, the harness's ranks and
-  whatever runs beside them) and the previous admission was at least ``spacing`` seconds ago
-  (a run's start-up burst shows in the CPU only once it has begun).
+* with as many runs in flight as cores or more, when the machine's CPU has been idle for at
+  least ``idle_needed`` of its cores over the last ``window`` seconds (``/proc/stat``; every
+  process counts, the harness's ranks and whatever runs beside them) and the previous
+  admission was at least ``spacing`` seconds ago (a run's start-up burst shows in the CPU
+  only once it has begun).
 
 The runs in flight are files in ``<state folder>/admission/`` each held with ``flock`` by the
 process whose run it is: a run killed with its process releases its place with it (a file
@@ -141,8 +142,8 @@ class Gate:
             return False, len(running), "a run that must run alone is in flight"
         if self._live("alone-"):
             return False, len(running), "a run that must run alone is waiting"
-        if not running:
-            return True, 0, ""
+        if len(running) < self.cores:
+            return True, len(running), ""   # fewer runs than cores: none can crowd it out
         try:
             since = time.time() - self._last().stat().st_mtime
         except OSError:

@@ -25,8 +25,14 @@ def test_a_run_with_nothing_in_flight_is_admitted_at_once_whatever_the_cpu(tmp_p
         assert a.beside == 0 and a.waited < 1.0 and a.why_waited == ""
 
 
+def test_fewer_runs_than_cores_are_admitted_at_once_whatever_the_cpu(tmp_path):
+    with Gate(tmp_path, cores=2, idle=busy).admitted():
+        with Gate(tmp_path, cores=2, idle=busy).admitted() as b:
+            assert b.beside == 1 and b.waited < 1.0
+
+
 def test_a_second_run_waits_while_the_cpu_is_busy_and_starts_when_the_first_ends(tmp_path):
-    gate = Gate(tmp_path, cores=2, idle=busy, spacing=0)
+    gate = Gate(tmp_path, cores=1, idle=busy, spacing=0)
     got = {}
     first_in = threading.Event()
     release = threading.Event()
@@ -58,9 +64,9 @@ def test_a_second_run_waits_while_the_cpu_is_busy_and_starts_when_the_first_ends
 
 
 def test_a_run_is_admitted_beside_another_when_the_cpu_has_room(tmp_path):
-    gate = Gate(tmp_path, cores=2, idle=idle, spacing=0)
+    gate = Gate(tmp_path, cores=1, idle=idle, spacing=0)
     with gate.admitted():
-        with Gate(tmp_path, cores=2, idle=idle, spacing=0).admitted() as b:
+        with Gate(tmp_path, cores=1, idle=idle, spacing=0).admitted() as b:
             assert b.beside == 1 and b.waited < 2.0
 
 
