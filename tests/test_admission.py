@@ -19,6 +19,24 @@ def idle(window, cores):
     return float(cores)
 
 
+def _first_run_in_flight(gate, order):
+    """A run admitted in a thread and held in flight until the returned event is set; it
+    appends "first ended" to ``order`` once it has left the gate."""
+    first_in = threading.Event()
+    release = threading.Event()
+
+    def first():
+        with gate.admitted():
+            first_in.set()
+            release.wait(10)
+        order.append("first ended")
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert first_in.wait(5)
+    return t, release
+
+
 def test_a_run_with_nothing_in_flight_is_admitted_at_once_whatever_the_cpu(tmp_path):
     gate = Gate(tmp_path, cores=2, idle=busy)
     with gate.admitted() as a:
@@ -34,17 +52,7 @@ def test_fewer_runs_than_cores_are_admitted_at_once_whatever_the_cpu(tmp_path):
 def test_a_second_run_waits_while_the_cpu_is_busy_and_starts_when_the_first_ends(tmp_path):
     gate = Gate(tmp_path, cores=1, idle=busy, spacing=0)
     got = {}
-    first_in = threading.Event()
-    release = threading.Event()
-
-    def first():
-        with gate.admitted():
-            first_in.set()
-            release.wait(10)
-
-    t = threading.Thread(target=first)
-    t.start()
-    assert first_in.wait(5)
+    t, release = _first_run_in_flight(gate, [])
 
     def second():
         with gate.admitted() as a:
@@ -73,14 +81,7 @@ def test_a_run_is_admitted_beside_another_when_the_cpu_has_room(tmp_path):
 def test_a_run_that_must_run_alone_waits_for_the_others_and_holds_new_ones(tmp_path):
     gate = Gate(tmp_path, cores=2, idle=idle, spacing=0)
     order = []
-    first_in = threading.Event()
-    release = threading.Event()
-
-    def first():
-        with gate.admitted():
-            first_in.set()
-            release.wait(10)
-        order.append("first ended")
+    t1, release = _first_run_in_flight(gate, order)
 
     def alone():
         with gate.admitted(alone=True) as a:
@@ -92,9 +93,6 @@ def test_a_run_that_must_run_alone_waits_for_the_others_and_holds_new_ones(tmp_p
         with gate.admitted():
             order.append("later in")
 
-    t1 = threading.Thread(target=first)
-    t1.start()
-    assert first_in.wait(5)
     t2 = threading.Thread(target=alone)
     t2.start()
     time.sleep(0.5)       # the alone run is waiting now
