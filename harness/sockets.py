@@ -9,6 +9,10 @@ listener whose backlog holds the connection not yet accepted). It never blocks: 
 
 The kernel does not say how long a socket has been in its state; it says the retransmissions
 of an unanswered SYN (``retransmits``) and the byte counts waiting in each queue.
+
+:func:`port_owners` (psutil) says who holds one port in the namespace it runs in: the
+supervisor asks it before the start line, in a child inside the master host's namespace; this
+module imports nothing of the harness, so that child stays cheap.
 """
 
 from __future__ import annotations
@@ -231,3 +235,25 @@ def children(pid: int) -> List[int]:
 
 def lines(recs: Iterable[SocketRecord]) -> List[str]:
     return [r.line() for r in recs]
+
+
+def port_owners(port: int) -> List[Dict[str, Any]]:
+    """Processes with a socket on ``port`` (psutil), e.g. the holder of a busy port."""
+    import psutil
+
+    out: List[Dict[str, Any]] = []
+    try:
+        conns = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        return out
+    for c in conns:
+        if c.laddr and c.laddr.port == port:
+            rec: Dict[str, Any] = {"pid": c.pid, "status": c.status,
+                                   "laddr": f"{c.laddr.ip}:{c.laddr.port}"}
+            try:
+                proc = psutil.Process(c.pid) if c.pid else None
+                rec["cmdline"] = " ".join(proc.cmdline())[:200] if proc else ""
+            except psutil.Error:
+                rec["cmdline"] = ""
+            out.append(rec)
+    return out
