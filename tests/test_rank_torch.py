@@ -13,6 +13,7 @@ cannot be).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -42,20 +43,35 @@ def other_torch_site() -> Path:
     cannot install it here."""
     venv = _cache() / f"torch-{OTHER_TORCH}"
     done = venv / "installed"
-    if not done.exists():
-        shutil.rmtree(venv, ignore_errors=True)
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-        p = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin/python"),
-                            "install", "-q", "--disable-pip-version-check",
-                            f"torch=={OTHER_TORCH}"],
-                           capture_output=True, text=True, timeout=1500)
-        if p.returncode != 0:
-            shutil.rmtree(venv, ignore_errors=True)
-            pytest.skip(f"cannot install torch=={OTHER_TORCH} into a venv here: "
-                        f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
-        done.write_text(OTHER_TORCH)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    # one builder at a time: xdist workers reach this at once on a fresh machine, and two
+    # pip installs into one venv left files of the NVIDIA wheels missing (libnvrtc.so.13)
+    with open(venv.parent / f".torch-{OTHER_TORCH}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            _build_other_torch(venv, done)
     return purelib(venv / "bin" / "python")
+
+
+def _build_other_torch(venv: Path, done: Path) -> None:
+    shutil.rmtree(venv, ignore_errors=True)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    p = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin/python"),
+                        "install", "-q", "--disable-pip-version-check",
+                        f"torch=={OTHER_TORCH}"],
+                       capture_output=True, text=True, timeout=1500)
+    if p.returncode != 0:
+        shutil.rmtree(venv, ignore_errors=True)
+        pytest.skip(f"cannot install torch=={OTHER_TORCH} into a venv here: "
+                    f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
+    check = subprocess.run([str(venv / "bin/python"), "-c", "import torch"],
+                           capture_output=True, text=True, timeout=300)
+    if check.returncode != 0:   # a broken cache would fail every later session: not kept
+        shutil.rmtree(venv, ignore_errors=True)
+        pytest.fail(f"torch=={OTHER_TORCH} installed but does not import: "
+                    f"{(check.stderr.strip().splitlines() or ['?'])[-1]}")
+    done.write_text(OTHER_TORCH)
 
 
 @pytest.fixture(scope="module")
