@@ -8,7 +8,7 @@ ids, evidence paths). The schema, the faults and the triggers all take their typ
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Optional, Tuple, Union
+from typing import Annotated, Any, Tuple, Union
 
 from pydantic import AfterValidator, BeforeValidator, Field, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
@@ -80,15 +80,6 @@ def env_as_text(v: Any) -> Any:
         return {k: (str(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x)
                 for k, x in v.items()}
     return v
-
-
-def bare_address_problem(addr: str) -> Optional[str]:
-    """``[::1]`` is URL syntax: MASTER_ADDR must be the bare address (torch adds brackets)."""
-    if addr.startswith("[") or addr.endswith("]"):
-        bare = addr.strip("[]")
-        return (f"{addr!r}: write the bare address {bare} without brackets: MASTER_ADDR is used "
-                "as is, and torch adds the brackets where a URL needs them")
-    return None
 
 
 def located(field: Union[str, Tuple[Union[str, int], ...]], msg: str) -> PydanticCustomError:

@@ -68,7 +68,6 @@ from .schema import (
     MAX_NAME,
     MAX_WORLD,
     Scenario,
-    bare_address_problem,
     init_url_parts,
 )
 
@@ -789,8 +788,8 @@ def validate_case(data: Dict[str, Any], file: str,
         # only to the run's addresses or loopback: the hosts ask no one else
         own = {n.lower() for n in scn.hosts_file_names()}
         why = (f"an address of {len(addr)} characters: at most {MAX_ADDR}"
-               if len(addr) > MAX_ADDR else bare_address_problem(addr)
-               or (None if addr.lower() in own else refuse_address(addr, unresolvable=suggest)))
+               if len(addr) > MAX_ADDR
+               else None if addr.lower() in own else refuse_address(addr, unresolvable=suggest))
         if why:
             problems.append(Problem(file, lines.line_of(("env", "MASTER_ADDR")),
                                     "env.MASTER_ADDR", why))

@@ -30,6 +30,7 @@ from .protocol import (
     WorkerSpec,
     url_host,
 )
+from .safety import as_meant
 from .schema import Scenario, fill_init_url, init_url_parts
 from .steps import RUN, Step
 from .triggers import Trigger
@@ -560,6 +561,10 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
         rank_timeouts={str(r): t for r, t in scn.rank_timeouts.items()},
         allocation=allocation.to_dict() if allocation is not None else None,
     )
+    for told, where in ((addr, "master_addr"), (scn.env.get("MASTER_ADDR"), "env MASTER_ADDR")):
+        if told and as_meant(told) != told:   # harness.safety judged what it stands for
+            plan.notes.append(f"{where} {told!r} reaches torch as written (it stands for "
+                              f"{as_meant(told)}): what torch makes of it is the verdict")
     if scn.etcd is not None:   # the run's etcd, before the launcher, which points at it
         from .faults._etcd import plan_etcd
 

@@ -59,7 +59,6 @@ from .limits import (  # noqa: F401 - the limits are part of the format's vocabu
     Port,
     PositiveSeconds,
     Seconds,
-    bare_address_problem,
     env_as_text,
     located,
     no_bool,
@@ -848,14 +847,6 @@ class Scenario(Strict):
     @classmethod
     def _ip_word(cls, v: Any) -> Any:
         return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
-
-    @field_validator("master_addr")
-    @classmethod
-    def _bare(cls, v: str) -> str:
-        why = bare_address_problem(v)
-        if why:
-            raise ValueError(why)
-        return v
 
     @model_validator(mode="after")
     def _hosts(self) -> Scenario:

@@ -100,7 +100,7 @@ def test_url_host_brackets_ipv6_only():
     ("fe80::1", False),                   # link-local: another machine on the segment
     ("2001:db8::1", False),
     ("::ffff:10.1.2.3", False),           # IPv4-mapped: the IPv4 rule still holds
-    ("::ffff:127.0.0.1", False),          # refused rather than guessed at
+    ("::ffff:127.0.0.1", True),           # IPv4-mapped loopback: a v6 socket reaches 127.0.0.1
     ("::", False),
     ("10.1.2.3", False),
 ])
@@ -117,8 +117,13 @@ def test_an_ipv6_master_addr_outside_loopback_is_a_located_error():
     assert "env.MASTER_ADDR: fe80::1 is not a loopback address" in str(e.value)
 
 
-def test_a_bracketed_ipv6_master_addr_says_how_to_write_it():
-    assert "without brackets" in (refuse_address("[::1]") or "")
+def test_a_bracketed_master_addr_loads_and_reaches_torch_as_written(counter_ports):
+    # issue 41: users write it; torch's own behaviour is the verdict, the plan says so
+    assert refuse_address("[::1]") is None
+    assert "[fd00::1]" in (refuse_address("[fd00::1]") or "")
+    p = plan_of("name: s\nabout: why\nmaster_addr: \"[::1]\"\n", counter_ports)
+    assert p.ranks[0].env["MASTER_ADDR"] == "[::1]"
+    assert any("'[::1]' reaches torch as written (it stands for ::1)" in n for n in p.notes)
 
 
 def test_unreachable_master_on_ipv6_hosts_stays_inside_the_runs_64(counter_ports):

@@ -9,7 +9,7 @@ from typing import List, Literal
 
 from pydantic import Field
 
-from ..limits import MAX_ADDR, MAX_WORLD, bare_address_problem
+from ..limits import MAX_ADDR, MAX_WORLD
 from ..protocol import url_host
 from ..safety import refuse_address
 from . import REGISTRY, Fault
@@ -27,7 +27,7 @@ class WrongAddr(Fault):
 
     def check(self, scn):
         problems = super().check(scn)
-        why = bare_address_problem(self.addr) or refuse_address(
+        why = refuse_address(
             self.addr, unresolvable=REGISTRY.kind_for("a name that does not resolve"))
         if why:
             problems.append((("addr",), why))
