@@ -55,7 +55,8 @@ class RowSet:
                 and p.rank < self.world and p.attempt <= self.attempts)
 
     def describe(self) -> str:
-        parts = [f"ranks 0..{self.world - 1}" if self.world > 1 else "rank 0"]
+        pre = f"{self.job}:" if self.job else ""
+        parts = [f"ranks {pre}0..{pre}{self.world - 1}" if self.world > 1 else f"rank {pre}0"]
         if self.attempts:
             parts.append(f"restart attempts R@1..R@{self.attempts}")
         parts += self.agents + self.parents + self.extra

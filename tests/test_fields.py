@@ -165,6 +165,22 @@ def test_two_concurrent_jobs_have_labels_and_rows_of_their_own(counter_ports):
                                              "job3:agent:local"]
 
 
+def test_a_job_starts_once_another_jobs_process_has_ended_and_a_missing_one_is_located(
+        counter_ports):
+    # issue 41: a start ordered on another process's observed state (its end), any job's
+    chain = ("name: t\nabout: a\nfaults:\n"
+             "  - {kind: concurrent_job, phase: ended, rank: 0, delay: 0.5}\n"
+             "  - {kind: concurrent_job, phase: ended, rank: %s}\n")
+    (scn,) = load(chain % '"job2:0"')
+    plan = plan_of(scn, counter_ports)
+    assert [r.label for r in plan.ranks] == ["0", "1", "job2:0", "job2:1", "job3:0", "job3:1"]
+    assert [r.release.describe() for r in plan.ranks[2:]] == \
+        ["when rank 0 has ended + 0.5 s"] * 2 + ["when job2:0 has ended"] * 2
+    (line,) = problems(chain % '"job9:0"')
+    assert line.startswith("5: faults[1].rank: job9:0 is not a process of this run")
+    assert "ranks job2:0..job2:1" in line and "ranks job3:0..job3:1" in line
+
+
 def test_a_standalone_torchrun_merged_into_a_case_of_two_hosts_is_refused():
     out = problems("""\
         name: t

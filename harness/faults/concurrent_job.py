@@ -11,7 +11,7 @@ from typing import Literal, Optional
 from pydantic import Field, field_validator
 
 from ..limits import MAX_WORLD, Seconds
-from ..protocol import TRIGGER_PHASE_HELP, check_optional_trigger_phase, phase_problem
+from ..protocol import ANCHOR_HELP, ENDED, check_anchor, phase_problem
 from ..triggers import Trigger
 from . import Fault, Target
 
@@ -25,22 +25,25 @@ class ConcurrentJob(Fault):
     delay: Seconds = Field(0.0, description="the second job starts this long after the first "
                            "(with phase: this long after `rank` entered it)")
     phase: Optional[str] = Field(None, description="or: the second job starts when `rank` of "
-                                 f"the first job enters this phase ({TRIGGER_PHASE_HELP}), "
-                                 "plus delay: ordered on the first job's progress, not on a "
-                                 "clock that races it")
+                                 f"the first job enters this phase ({ANCHOR_HELP}), plus "
+                                 "delay: ordered on the first job's progress, not on a clock "
+                                 "that races it (`ended`: one job after another on one port)")
     rank: Target = Field(0, description="with phase: whose phase (a rank of the first job, or "
-                         "a label such as 'agent:local')")
+                         "a label such as 'agent:local' or another job's 'job2:0')")
     world_size: Optional[int] = Field(None, ge=1, le=MAX_WORLD, description="default: the "
                                       "scenario's (both jobs together: at most MAX_WORLD)")
 
-    _phase = field_validator("phase")(check_optional_trigger_phase)
+    @field_validator("phase")
+    @classmethod
+    def _phase(cls, v: Optional[str]) -> Optional[str]:
+        return None if v is None else check_anchor(v)
 
     def check(self, scn):
         problems = super().check(scn)
         if self.phase is None and "rank" in self.model_fields_set:
             problems.append((("rank",), "rank is whose phase starts the second job: give "
                              "phase too"))
-        elif self.phase is not None and isinstance(self.rank, int):
+        elif self.phase is not None and self.phase != ENDED and isinstance(self.rank, int):
             # a rank of the first job runs its workload: a phase it never enters would start
             # the second job never (an agent's phases are its own: rendezvous, workers...)
             why = phase_problem(self.phase, scn.workload.steps, scn.workload.destroy)
