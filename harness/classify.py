@@ -90,6 +90,7 @@ class Verdict:
     cause: str = ""                    # the diagnosis, one line (harness.diagnose)
     cause_evidence: List[str] = field(default_factory=list)   # the lines it rests on
     cause_rule: str = ""               # the diagnosis rule that gave the cause; "" for unknown
+    claims: Optional[int] = None       # the rank it told torch, where not its row's (RANK=0 on 1)
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -138,12 +139,41 @@ def classify(obs: RankObservation, t0: float = 0.0) -> Verdict:
                 role=obs.role, attempt=obs.attempt, node=obs.node)
     if obs.role == ROLE_AGENT:
         v.restarts = sum(1 for e in events if e.ev == RESTART)
+    v.claims = claimed_rank(obs)
     _classify(v, obs, result, phase)
     if obs.role in (ROLE_AGENT, ROLE_PARENT):
         v.reason += _tail_words(v, obs)
     if obs.notes:
         v.reason += " (" + "; ".join(obs.notes) + ")"
     return v
+
+
+def claimed_rank(obs: RankObservation) -> Optional[int]:
+    """The rank number a rank's process told torch when it is not the one its row is named
+    after (a copied env file: rank 1's process with RANK=0), else None: the ``rank`` it passed
+    to init_process_group (init_rank, tcp:// and file://), or else the RANK it started with
+    (env://, its start record). A row whose label has no rank number (an agent) claims none."""
+    own = parse_label(obs.label)
+    if own is None or own.rank is None or obs.role not in ("rank", "worker"):
+        return None
+    told: Any = None
+    for e in obs.events:
+        if e.ev == PHASE and e.phase == "init" and e.data.get("init_rank") is not None:
+            told = e.data["init_rank"]
+            break
+    if told is None:
+        for e in obs.events:
+            rec = e.data.get("launched")
+            env = rec.get("env") if isinstance(rec, dict) else \
+                e.data.get("env") if e.ev == HELLO else None
+            if isinstance(env, dict) and env.get("RANK") is not None:
+                told = env["RANK"]
+                break
+    try:
+        n = int(str(told).strip())
+    except ValueError:
+        return None
+    return None if n == own.rank else n
 
 
 def _classify(v: Verdict, obs: RankObservation, result: Any, phase: str) -> None:

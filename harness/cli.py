@@ -238,6 +238,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from .diagnose import explain_run
     from .expect import innermost_frames, label_ranges, stack_groups
     from .observe import RunObservation
+    from .protocol import row_name
 
     d = Path(args.dir)
     found = sorted(d.glob("**/observation.json")) if d.is_dir() else []
@@ -270,7 +271,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
             dur = "?" if not durs else f"{durs[0]:.2f} s" if durs[-1] - durs[0] < 0.005 \
                 else f"{durs[0]:.2f}-{durs[-1]:.2f} s"
             who = f"ranks {label_ranges([x.label for x in same])}" if len(same) > 1 \
-                else f"rank {v.label}" if v.role in ("rank", "worker") else v.label
+                else f"rank {row_name(v.label, v.claims)}" if v.role in ("rank", "worker") \
+                else v.label
             con.print(_text(f"{who}: {v.outcome} at {dur} in {v.phase or '-'}"
                             + (f" - {v.cause}" if v.cause else ""), "bold"))
             for ln in v.cause_evidence:
@@ -460,18 +462,21 @@ def _progress_plugin(enabled: bool) -> _Progress:
 
 
 def _ranks_cell(case: Dict[str, Any]) -> str:
+    from .protocol import row_name
+
     parts = []
     if (case.get("repeat") or 1) > 1:   # repeated: each rank's outcome frequencies
         n = case["repeat"]
         for r in case.get("ranks", []):
             counts = sorted((r.get("outcomes") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
             flaky = " (flaky)" if r.get("label") in (case.get("flaky") or []) else ""
-            parts.append(f"{r.get('label')}: " + ", ".join(f"{o} {k}/{n}" for o, k in counts)
+            parts.append(f"{row_name(r.get('label'), r.get('claims'))}: "
+                         + ", ".join(f"{o} {k}/{n}" for o, k in counts)
                          + flaky)
         return "\n".join(parts)
     for r in case.get("ranks", []):
         d = r.get("duration")
-        parts.append(f"{r.get('label')}: {r.get('outcome')}"
+        parts.append(f"{row_name(r.get('label'), r.get('claims'))}: {r.get('outcome')}"
                      + ("" if d is None else f" {d:.2f}s" if d < 10 else f" {d:.1f}s")
                      + (f" {r['exception']}" if r.get("exception") else ""))
     return "\n".join(parts)

@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from .protocol import row_name
 from .steps import RUN as RUN_STEPS
 
 PHASE_COLOURS = {
@@ -159,7 +160,7 @@ def timeline_svg(case: Dict[str, Any]) -> str:
         v = verdicts.get(label, {})
         end = ends[label]
         host = r.get("host") or "local"
-        name = f"rank {label}" + ("" if host == "local" else f" @{host}")
+        name = f"rank {row_name(label, r.get('claims'))}" + ("" if host == "local" else f" @{host}")
         if i % 2:
             out.append(f'<rect class="rowbg" x="0" y="{y}" width="{WIDTH}" height="{ROW_H}" '
                        'fill="#fafafa"/>')
@@ -401,7 +402,8 @@ def case_html(i: int, c: Dict[str, Any]) -> str:
         out.append(f'<div class="about">{esc(c["about"])}</div>')
     if (c.get("repeat") or 1) > 1:
         out.append(f'<p><b>{c["repeat"]} runs:</b> ' + "; ".join(
-            f"rank {esc(r.get('label'))}: {_rank_outcomes(c, r)}" for r in c.get("ranks", []))
+            f"rank {esc(row_name(r.get('label'), r.get('claims')))}: {_rank_outcomes(c, r)}"
+            for r in c.get("ranks", []))
             + " (the timeline and the table below are run 1's)</p>")
     if c.get("notes"):
         out.append("<ul>" + "".join(f"<li>fault: {esc(n)}</li>" for n in c["notes"]) + "</ul>")
@@ -426,7 +428,8 @@ def case_html(i: int, c: Dict[str, Any]) -> str:
         for r in ranks:
             msg = esc(r.get("message") or r.get("reason"))
             fam = f'<div class="fam">family: {esc(r["family"])}</div>' if r.get("family") else ""
-            rows.append([esc(r.get("label")), _outcome(r.get("outcome")), esc(r.get("phase")),
+            rows.append([esc(row_name(r.get("label"), r.get("claims"))),
+                         _outcome(r.get("outcome")), esc(r.get("phase")),
                          _dur(r.get("duration")), esc(r.get("host")) + (
                              f" {esc(r['addr'])}" if r.get("addr") else ""),
                          esc(r.get("exception") or ""), msg + fam,

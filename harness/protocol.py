@@ -341,6 +341,12 @@ def parent_label(host: str, job: str = "") -> str:
     return (f"{job}:" if job else "") + PARENT_PREFIX + host
 
 
+def row_name(label: Any, claims: Any = None) -> str:
+    """A row's label as every table shows it: with the rank its process told torch where that
+    is not its own (``1 (claims rank 0)``: two processes said RANK=0)."""
+    return f"{label}" if claims is None else f"{label} (claims rank {claims})"
+
+
 def parse_label(label: str) -> Optional[Label]:
     """The parts of a row's label; None if it is not one (a provisional "pid1234", say)."""
     m = _LABEL_RE.match(label) if isinstance(label, str) else None

@@ -220,6 +220,8 @@ def rank_record(verdict: Verdict, obs: Optional[RankObservation], t0: float) -> 
         # duration, at most): the diff's allowance (harness.diff)
         "cpu_wait": obs.cpu_wait() if obs is not None else None,
     }
+    if verdict.claims is not None:   # it told torch another rank than its row's
+        rec["claims"] = verdict.claims
     if verdict.role != "rank":   # a launcher's row: agent, parent, worker (docs/launchers.md)
         rec.update(role=verdict.role, attempt=verdict.attempt, node=verdict.node)
         if verdict.restarts is not None:

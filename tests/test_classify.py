@@ -251,3 +251,26 @@ def test_classify_run_gives_one_verdict_per_rank_in_order(obs):
     vs = classify_run(run)
     assert [(v.label, v.outcome, v.duration) for v in vs] == \
         [("0", "timeout", 7.0), ("1", "timeout", 13.0)]
+
+
+def test_a_rank_that_told_torch_another_rank_shows_the_rank_it_claimed(obs):
+    # issue 41: two processes with RANK=0; the table ties the row to the claimed number
+    from harness.protocol import row_name
+
+    honest = obs.rank("1")
+    assert classify(honest).claims is None
+    by_env = obs.rank_dict("1")
+    by_env["events"][0]["launched"]["env"] = {"RANK": "0"}
+    for e in by_env["events"]:
+        if e.get("phase") == "init":
+            e["init_rank"] = None          # env:// passes no rank: the one it started with
+    from harness.observe import RankObservation
+    v = classify(RankObservation.from_dict(by_env))
+    assert v.claims == 0 and row_name(v.label, v.claims) == "1 (claims rank 0)"
+    by_arg = obs.rank_dict("0")
+    for e in by_arg["events"]:
+        if e.get("phase") == "init":
+            e["init_rank"] = 1             # tcp:// with rank=1: what it passed wins
+    assert classify(RankObservation.from_dict(by_arg)).claims == 1
+    agent = obs.rank("agent:node0", role="agent")
+    assert classify(agent).claims is None and row_name("agent:node0") == "agent:node0"
