@@ -160,6 +160,20 @@ def test_firewall_defaults_master_port_drop_inbound_on_the_master_host_at_setup(
     assert plan.notes == ["firewall: drop inbound master port 30000 on host a, from the start"]
 
 
+def test_a_firewall_rule_with_a_peer_matches_only_that_host(counter_ports):
+    # issue 41: "host a drops SYNs from host b"; a real run: net-store-port-blocked.yaml
+    plan = plan_of(with_faults("{kind: firewall, peer: b}"), counter_ports)
+    (s,) = net_steps(plan)
+    assert (s.host, s.direction, s.peer) == ("a", "in", "b")
+    assert plan.notes == ["firewall: drop inbound master port 30000 from host b on host a, "
+                          "from the start"]
+    out = plan_of(with_faults("{kind: firewall, host: b, direction: out, peer: a}"),
+                  counter_ports)
+    assert "drop outbound master port 30001 to host a on host b" in out.notes[0]
+    (line,) = problems(with_faults("{kind: firewall, peer: z}"))
+    assert "faults[0].peer: no host 'z' (hosts: a, b)" in line
+
+
 def test_firewall_default_host_follows_master_host(counter_ports):
     plan = plan_of(with_faults("{kind: firewall}", base=TWO_HOSTS + "    master_host: b\n"),
                    counter_ports)

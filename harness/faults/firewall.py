@@ -6,7 +6,7 @@ from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 from pydantic import Discriminator, Field, Tag
 
 from ..jobstore import known_port
-from ..limits import Port
+from ..limits import MAX_NAME, Port
 from ..steps import Effect
 from ._net import HostNetFault, NetStep
 
@@ -27,13 +27,14 @@ class FirewallRule(NetStep):
     action: str = "drop"
     direction: str = "in"
     ports: Any = "all"           # as Topology.firewall takes them
+    peer: Optional[str] = None   # only packets from (in) / to (out) this host
     shown: str = ""
     _handle: Optional[str] = field(default=None, init=False, repr=False, compare=False)
     _seen: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False, compare=False)
 
     def do(self, rt):
         self._handle = rt.net.filter_rule(self.host, action=self.action, direction=self.direction,
-                                       ports=self.ports, counter=True)
+                                       ports=self.ports, peer=self.peer, counter=True)
 
     def undo(self, rt):
         if self._handle is not None:
@@ -69,6 +70,18 @@ class Firewall(HostNetFault):
                            "of ports")
     port_range: Optional[List[Port]] = Field(None, min_length=2, max_length=2,
                                             description="[low, high] instead of ports")
+    peer: Optional[str] = Field(None, max_length=MAX_NAME,
+                                description="only packets from this host of the scenario "
+                                "(direction in) or to it (out): 'host a drops SYNs from host b' "
+                                "while a's own ranks and the other hosts pass (default: every "
+                                "peer)")
+
+    def check(self, scn):
+        problems = super().check(scn)
+        if self.peer is not None and self.peer not in scn.host_names():
+            problems.append((("peer",), f"no host {self.peer!r} (hosts: "
+                             f"{', '.join(scn.host_names())})"))
+        return problems
 
     def apply(self, plan, scn):
         host = self.target_host(plan, scn)
@@ -88,8 +101,11 @@ class Firewall(HostNetFault):
             ports, shown = "all", "all ports"
         else:
             ports, shown = list(self.ports), f"ports {self.ports}"
+        if self.peer is not None:
+            shown += f" {'from' if self.direction == 'in' else 'to'} host {self.peer}"
         self.add_step(plan, FirewallRule(host=host, action=self.action, direction=self.direction,
-                                         ports=ports, shown=shown, target=f"host {host}"))
+                                         ports=ports, peer=self.peer, shown=shown,
+                                         target=f"host {host}"))
         unverified = self.ports in ("master", "data") and not self.port_range and \
             not plan.store().verified
         plan.notes.append(f"firewall: {self.action} {self.direction}bound {shown} on host "
