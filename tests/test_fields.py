@@ -181,6 +181,20 @@ def test_a_job_starts_once_another_jobs_process_has_ended_and_a_missing_one_is_l
     assert "ranks job2:0..job2:1" in line and "ranks job3:0..job3:1" in line
 
 
+def test_a_second_job_runs_a_workload_of_its_own_where_its_launcher_starts_ranks(
+        counter_ports):
+    (scn,) = load(TWO_JOBS.replace("world_size: 1}", "world_size: 1, workload: [barrier]}"))
+    plan = plan_of(scn, counter_ports)
+    assert [plan.worker_spec(r).steps for r in plan.ranks] == \
+        [plan.workload] * 4 + [["barrier"]]
+    (line,) = problems("name: t\nabout: a\nlauncher: torchrun\n"
+                       "faults: [{kind: concurrent_job, workload: [barrier]}]\n")
+    assert "faults[0].workload: a job's own workload needs a launcher that starts each rank" \
+        in line
+    (line,) = problems("name: t\nabout: a\nfaults: [{kind: concurrent_job, workload: [fly]}]\n")
+    assert "unknown step 'fly'" in line
+
+
 def test_a_standalone_torchrun_merged_into_a_case_of_two_hosts_is_refused():
     out = problems("""\
         name: t

@@ -6,12 +6,12 @@ Its evidence (harness.edits, read back from what the processes said): the second
 started (their pids) and when each was released.
 """
 
-from typing import Literal, Optional
+from typing import List, Literal, Optional
 
 from pydantic import Field, field_validator
 
-from ..limits import MAX_WORLD, Seconds
-from ..protocol import ANCHOR_HELP, ENDED, check_anchor, phase_problem
+from ..limits import MAX_STEPS, MAX_WORLD, Seconds
+from ..protocol import ANCHOR_HELP, ENDED, WORKLOAD_HELP, WORKLOAD_RE, check_anchor, phase_problem
 from ..triggers import Trigger
 from . import Fault, Target
 
@@ -32,6 +32,18 @@ class ConcurrentJob(Fault):
                          "a label such as 'agent:local' or another job's 'job2:0')")
     world_size: Optional[int] = Field(None, ge=1, le=MAX_WORLD, description="default: the "
                                       "scenario's (both jobs together: at most MAX_WORLD)")
+    workload: Optional[List[str]] = Field(None, max_length=MAX_STEPS, description="this job's "
+                                          "own steps after init, in the workload's vocabulary "
+                                          "(default: the scenario's): a job that only inits, "
+                                          "or trains longer than the first")
+
+    @field_validator("workload")
+    @classmethod
+    def _workload(cls, v: Optional[List[str]]) -> Optional[List[str]]:
+        for s in v or []:
+            if len(s) > 600 or not WORKLOAD_RE.match(s):
+                raise ValueError(f"unknown step {s[:80]!r}: use {WORKLOAD_HELP}")
+        return v
 
     @field_validator("phase")
     @classmethod
@@ -40,6 +52,13 @@ class ConcurrentJob(Fault):
 
     def check(self, scn):
         problems = super().check(scn)
+        if self.workload is not None and not scn.launcher.STARTS_RANKS:
+            problems.append((("workload",), f"a job's own workload needs a launcher that "
+                             f"starts each rank itself (direct); {scn.launcher.kind}'s job "
+                             "starts its workers from one shared spec"))
+        if self.workload is not None and scn.program_argv():
+            problems.append((("workload",), "a job's own workload is the harness worker's: "
+                             "this scenario runs a program of its own"))
         if self.phase is None and "rank" in self.model_fields_set:
             problems.append((("rank",), "rank is whose phase starts the second job: give "
                              "phase too"))
@@ -78,6 +97,12 @@ class ConcurrentJob(Fault):
         # ranks), on the same master address and port
         release = self.release()
         plan.add_job(scn, job, n, release=release)
+        if self.workload is not None:
+            for r in plan.ranks:
+                if r.job == job:
+                    r.variation.steps = list(self.workload)
         plan.notes.append(f"concurrent_job: another job of {n} ranks ({job}:0..{n - 1}), its "
                           f"{plan.store(job).describe()} (the first job's: "
-                          f"{plan.store().endpoint()}), started {release.describe()}")
+                          f"{plan.store().endpoint()}), started {release.describe()}"
+                          + (f", its own workload {self.workload}"
+                             if self.workload is not None else ""))
