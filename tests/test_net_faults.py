@@ -174,6 +174,21 @@ def test_a_firewall_rule_with_a_peer_matches_only_that_host(counter_ports):
     assert "faults[0].peer: no host 'z' (hosts: a, b)" in line
 
 
+def test_a_master_name_resolves_late_or_never_on_the_hosts_named_only(counter_ports):
+    # issue 41: per-host resolves_after; real runs: net-names.yaml *_on_one_host
+    three = TWO_HOSTS.replace("[{name: a}, {name: b}]", "[{name: a}, {name: b}, {name: c}]")
+    plan = plan_of(with_faults("{kind: master_name, resolves_after: {b: 3, c: never}}",
+                               base=three), counter_ports)
+    got = [(s.hosts, s.entries["master.harness.test"] != [], s.in_place, s.trigger)
+           for s in net_steps(plan)]
+    assert got == [(["a"], True, False, Trigger.setup()),
+                   (["b", "c"], False, False, Trigger.setup()),
+                   (["b"], True, True, Trigger.at_time(3))]
+    assert plan.notes[-1].endswith("on b known only 3 s after the start line, on c never known")
+    (line,) = problems(with_faults("{kind: master_name, resolves_after: {z: 3}}"))
+    assert "faults[0].resolves_after.z: no host 'z' (hosts: a, b)" in line
+
+
 def test_firewall_default_host_follows_master_host(counter_ports):
     plan = plan_of(with_faults("{kind: firewall}", base=TWO_HOSTS + "    master_host: b\n"),
                    counter_ports)

@@ -16,7 +16,7 @@ glibc's answer for the name inside a host's namespace at the end of the run.
 
 from __future__ import annotations
 
-from typing import Any, List, Literal, Optional
+from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import Field
 
@@ -40,10 +40,32 @@ class MasterName(Fault):
         "(AAAA only), both; default: the run's ip (dual: both)")
     dead: Literal["none", "first", "last"] = Field(
         "none", description="also a dead address of the run's network, before or after")
-    resolves_after: Optional[PositiveSeconds] = Field(
-        None, description="the name is unknown until so many seconds after the start line")
+    resolves_after: Optional[Union[PositiveSeconds,
+                                   Dict[str, Union[PositiveSeconds, Literal["never"]]]]] = Field(
+        None, description="the name is unknown until so many seconds after the start line; "
+        "per host ({HOST: SECONDS or never}): a name that one host resolves late or never "
+        "while the hosts not named know it from the start")
     ranks: Optional[List[int]] = Field(None, max_length=MAX_WORLD,
                                        description="ranks told the name (default: every rank)")
+
+    def check(self, scn: Any) -> List[Any]:
+        problems = super().check(scn)
+        if isinstance(self.resolves_after, dict):
+            names = scn.host_names()
+            for h in self.resolves_after:
+                if h not in names:
+                    problems.append((("resolves_after", h), f"no host {h!r} (hosts: "
+                                     f"{', '.join(names)})"))
+        return problems
+
+    def late(self, hosts: List[str]) -> Dict[str, Any]:
+        """Each host whose hosts file lacks the name at first: when it learns it (seconds after
+        the start line, or "never")."""
+        if self.resolves_after is None:
+            return {}
+        if isinstance(self.resolves_after, dict):
+            return dict(self.resolves_after)
+        return {h: self.resolves_after for h in hosts}
 
     def _family(self, plan: Any) -> str:
         if self.family is not None:
@@ -86,16 +108,32 @@ class MasterName(Fault):
             r.env["MASTER_ADDR"] = self.name
             if r.init.method == "tcp":
                 r.init = r.init.with_url(f"tcp://{url_host(self.name)}:{r.env['MASTER_PORT']}")
-        if self.resolves_after is None:
-            plan.add_step(self, WriteHosts(hosts=hosts, entries={self.name: addrs},
-                                           target="hosts files"))
-        else:
-            plan.add_step(self, WriteHosts(hosts=hosts, entries={self.name: []},
-                                           target="hosts files",
+        late = self.late(hosts)
+
+        def where(hs: List[str]) -> str:
+            return "hosts files" if hs == hosts else \
+                "hosts file" + "s" * (len(hs) > 1) + " of " + ", ".join(hs)
+
+        known = [h for h in hosts if h not in late]
+        if known:
+            plan.add_step(self, WriteHosts(hosts=known, entries={self.name: addrs},
+                                           target=where(known)))
+        unknown = [h for h in hosts if h in late]
+        if unknown:
+            plan.add_step(self, WriteHosts(hosts=unknown, entries={self.name: []},
+                                           target=where(unknown),
                                            shown=f"hosts file: {self.name} unknown"))
-            plan.add_step(self, WriteHosts(hosts=hosts, entries={self.name: addrs},
-                                           in_place=True, target="hosts files",
-                                           trigger=Trigger.at_time(self.resolves_after)))
-        late = "" if self.resolves_after is None else \
-            f", known only {self.resolves_after:g} s after the start line"
-        plan.notes.append(f"master_name: MASTER_ADDR={self.name} -> {', '.join(addrs)}{late}")
+        for t in sorted({v for v in late.values() if v != "never"}):
+            at = [h for h in unknown if late[h] == t]
+            plan.add_step(self, WriteHosts(hosts=at, entries={self.name: addrs},
+                                           in_place=True, target=where(at),
+                                           trigger=Trigger.at_time(t)))
+        if not late:
+            late_s = ""
+        elif not isinstance(self.resolves_after, dict):
+            late_s = f", known only {self.resolves_after:g} s after the start line"
+        else:
+            late_s = "".join(f", on {h} " + ("never known" if v == "never" else
+                                             f"known only {v:g} s after the start line")
+                             for h, v in late.items())
+        plan.notes.append(f"master_name: MASTER_ADDR={self.name} -> {', '.join(addrs)}{late_s}")
