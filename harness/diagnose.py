@@ -2377,6 +2377,23 @@ def _blocked_in(o: Optional[RankObservation], *names: str) -> bool:
     return bool(frames) and all(any(n in f for f in frames) for n in names)
 
 
+SLEEPING = ("nanosleep", "clock_nanosleep", "__nanosleep", "sleep_for")
+
+
+def _dialling(o: Optional[RankObservation]) -> bool:
+    """The row's main thread is in a store client's connect loop: in a connect
+    (TCPClient::connect), or between two tries, asleep in the TCPStore constructor's retry
+    loop (no frame deeper than the sleep; a refused connect fails at once, so a stack read
+    then mostly finds the sleep), never in a store's host waiting for its clients."""
+    frames = _main_frames(o)
+    if not frames or any(HOSTING in f for f in frames):
+        return False
+    if any(DIALLING[1] in f for f in frames):
+        return True
+    inner = [f for f in frames if not any(s in f for s in SLEEPING)]
+    return len(inner) < len(frames) and bool(inner) and "TCPStore::TCPStore" in inner[0]
+
+
 def _who(label: str) -> str:
     return label if "agent:" in label or label.startswith("parent") else f"rank {label}"
 
@@ -2417,13 +2434,14 @@ def _retry_line(c: RankContext, label: str) -> Optional[re.Match]:
 
 def dialling_a_store_nobody_hosts(c: RankContext) -> Optional[Cause]:
     """A row alive at the deadline in a store client's connect loop (its native stack:
-    TCPClient::connect, tryConnect): its connects fail and torch retries them until the
+    TCPClient::connect, tryConnect, or asleep between two tries in TCPStore's constructor,
+    :func:`_dialling`): its connects fail and torch retries them until the
     client's timeout, which torch's default (30 min) puts past any deadline. Why nothing
     answers, from what it was told and what listened: a name its host cannot resolve, a port
     where no store listens, or a store nobody hosts (no rank claimed RANK=0; no agent takes
     the c10d endpoint as its own)."""
     v, o = c.verdict, c.obs
-    if v.outcome != "hang" or o is None or not _blocked_in(o, DIALLING[1]):
+    if v.outcome != "hang" or o is None or not _dialling(o):
         return None
     if any(s.state == "SYN_SENT" for s in o.sockets):
         return None   # unanswered SYNs: the network's doing (syn_unanswered)
@@ -2486,7 +2504,7 @@ def dialling_a_store_nobody_hosts(c: RankContext) -> Optional[Cause]:
     if o.role == "agent" and refused:
         agents = [a for a in c.run.ranks if a.role == "agent" and _job(a.label) == _job(v.label)]
         if any("is_host=true" in _argv_opt(_argv_of(c, a.label), "--rdzv-conf").lower()
-               for a in agents) or not all(_blocked_in(a, DIALLING[1]) for a in agents):
+               for a in agents) or not all(_dialling(a) for a in agents):
             return None
         on = [a.label for a in agents if a.addr == addr or a.host == addr]
         return Cause(f"nobody hosted the rendezvous store at {addr}:{port}: every agent dials "
@@ -2599,7 +2617,7 @@ def waiting_for_a_peer_stuck_dialling(c: RankContext) -> Optional[Cause]:
     peers = [x for x in c.run.ranks if x.label != v.label and x.role == v.role
              and _job(x.label) == _job(v.label) and x.attempt == (o.attempt if o else 0)
              and (c.verdict_of(x.label) or v).outcome == "hang"]
-    stuck = [x for x in peers if _blocked_in(x, DIALLING[1])]
+    stuck = [x for x in peers if _dialling(x)]
     if not stuck:
         return None
     why = []

@@ -338,3 +338,14 @@ def test_a_top_level_launcher_option_merged_into_another_kind_names_the_merge():
     assert out == ["3: cases.sp: launcher.nproc_per_node: unknown field of launcher spawn "
                    "(known: kind, method, start_method) (launcher.nproc_per_node is set at the "
                    "file's top level, merged into case sp)"]
+
+
+def test_a_torchrun_endpoint_may_be_a_name_the_runs_hosts_files_give():
+    # issue 41: endpoints as users write them; a real run: hang-defaults.yaml c10d_endpoint_a_name
+    base = ("name: t\nabout: a\nhosts:\n  - {name: a, names: {store: a}}\n  - {name: b}\n"
+            "launcher: {kind: torchrun, rdzv_backend: c10d, rdzv_endpoint: %s}\n")
+    (scn,) = load(base % "store")
+    assert scn.launcher.rdzv_endpoint == "store"
+    (line,) = problems(base % "trainer-0.example.com")
+    assert "could send a DNS query off this machine" in line and "unresolvable" in line \
+        and "the a fault for that fault" not in line

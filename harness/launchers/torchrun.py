@@ -16,8 +16,9 @@ them for one agent, ``null`` there drops a flag):
 * ``rdzv_backend`` (static | c10d | etcd | etcd-v2; torchrun's default is static; the etcd
   ones on the run's own etcd, the scenario's ``etcd:`` block, whose address is then the
   endpoint), ``rdzv_endpoint``
-  (``HOST[:PORT]``: HOST a host of the scenario, written as its address on the run's link, or
-  a loopback address or name; PORT omitted: the run's leased port), ``rdzv_id``, ``rdzv_conf``
+  (``HOST[:PORT]``: HOST a host of the scenario, written as its address on the run's link, a
+  name the run's hosts files or name server give, or a loopback address or name; PORT omitted:
+  the run's leased port), ``rdzv_id``, ``rdzv_conf``
   (``join_timeout``, ``last_call_timeout``, ``close_timeout``, ``read_timeout``, ``timeout``,
   ``is_host``...);
 * ``master_addr`` (a host or an address, as above) and ``master_port`` (a number; omitted with a
@@ -195,10 +196,16 @@ class Torchrun(LauncherSpec, AgentFlags):
         return bool(self._ports())
 
     def check(self, scn: Any) -> List[Problem]:
+        from ..faults import REGISTRY
         from ..safety import refuse_address
 
         out: List[Problem] = []
         names = {h for h, _ in self._agents(scn)}
+        # a name the run's own hosts files give (a host's own name, a names: entry, a dns:
+        # record) leads to an address of the run, loopback or nowhere: the hosts ask no one else
+        own = {n.lower() for n in scn.hosts_file_names()} | \
+            ({str(n).lower() for n in scn.dns.records} if scn.dns is not None else set())
+        suggest = REGISTRY.kind_for("a name that does not resolve")
         jobs = {lab.split(":", 1)[0] for f in scn.faults for lab in f.extra_labels(scn)
                 if lab.startswith("job")}
         for key in self.agents:
@@ -216,9 +223,9 @@ class Torchrun(LauncherSpec, AgentFlags):
                 if value is None:
                     continue
                 host = _host_of(value) if name == "rdzv_endpoint" else value
-                if host in names:
+                if host in names or host.lower() in own:
                     continue
-                why = refuse_address(host.strip("[]"))
+                why = refuse_address(host.strip("[]"), unresolvable=suggest)
                 if why:
                     out.append((where + (name,), why))
         for where, flags in [((), self)] + [(("agents", k), f) for k, f in self.agents.items()]:
