@@ -362,11 +362,13 @@ class ResponderMode(Step):
 
 @dataclass
 class ServerFault(Step):
-    """The whole server stops answering: ``frozen`` (SIGSTOP to dnsmasq, SIGCONT to heal) or
-    ``dropped`` (an nftables drop of port 53 on its host, removed to heal). Its effect, read
+    """The whole server stops answering: ``frozen`` (SIGSTOP to dnsmasq, SIGCONT to heal),
+    ``dropped`` (an nftables drop of port 53 on its host, removed to heal) or ``rejected`` (the
+    same rule with reject: ICMP port unreachable for UDP, a reset for TCP). Its effect, read
     before the heal (else at the end of the run): frozen, the kernel's state of dnsmasq (T,
     stopped) and the queries waiting unread in its port-53 sockets (the bytes the kernel holds
-    for them, and datagrams dropped on a full queue); dropped, the packets the rules matched."""
+    for them, and datagrams dropped on a full queue); dropped and rejected, the packets the
+    rules matched."""
 
     mode: str = "frozen"
     host: str = ""
@@ -386,7 +388,8 @@ class ServerFault(Step):
             stopped = _wait_state(svc.pid, "T", STOP_WAIT)
             self._stopped = {"pid": svc.pid, "stopped": stopped, "t": round(rt.now(), 3)}
             return {"pid": svc.pid, "signal": "SIGSTOP", "stopped": stopped}
-        self.handles = [rt.net.filter_rule(self.host, action="drop", direction="in",
+        action = "reject" if self.mode == "rejected" else "drop"
+        self.handles = [rt.net.filter_rule(self.host, action=action, direction="in",
                                            ports=[53], proto=p, counter=True)
                         for p in ("udp", "tcp")]
         return {"rules": self.handles}
@@ -423,10 +426,11 @@ class ServerFault(Step):
     def effect(self, rt: Any) -> Effect:
         seen = self._seen if self._seen is not None else self._read(rt)
         when = "when healed" if self._seen is not None else "at the end of the run"
-        if self.mode == "dropped":
+        if self.mode in ("dropped", "rejected"):
             n, b = seen["packets"], seen["bytes"]
             return Effect(acted=n > 0,
-                          summary=f"{n} packet{'s' * (n != 1)} ({b} bytes) to port 53 dropped",
+                          summary=f"{n} packet{'s' * (n != 1)} ({b} bytes) to port 53 "
+                          f"{self.mode}",
                           numbers={"packets": n, "bytes": b},
                           events=[{"t": seen["t"], "what": f"rule counters read {when}: {n} "
                                    f"packets, {b} bytes"}])
@@ -456,7 +460,7 @@ class ServerFault(Step):
 
     def describe(self) -> str:
         return "dns: the server is frozen (SIGSTOP)" if self.mode == "frozen" else \
-            "dns: port 53 of the server dropped"
+            f"dns: port 53 of the server {self.mode}"
 
 
 __all__ = ["DNSMASQ", "DnsAnswers", "DnsPlan", "DnsUp", "RecordFile", "ResponderMode",

@@ -78,14 +78,17 @@ class DnsName(Fault, When):
 
 class DnsServer(Fault, When):
     kind: Literal["dns_server"] = "dns_server"
-    summary = "the run's DNS server stops answering: frozen (SIGSTOP) or its port dropped"
+    summary = "the run's DNS server stops answering: frozen (SIGSTOP), its port dropped, or " \
+        "refused at once (rejected)"
     HINTS = ("a resolver that never answers",)
     REQUIRES: ClassVar[Sequence[Requirement]] = (NAMESPACES, DNSMASQ)
     needs_netns = True
     needs_link = True
-    mode: Literal["frozen", "dropped"] = Field(
+    mode: Literal["frozen", "dropped", "rejected"] = Field(
         "frozen", description="frozen: SIGSTOP to dnsmasq (SIGCONT heals); dropped: an nftables "
-        "drop of port 53 on its host")
+        "drop of port 53 on its host; rejected: an nftables reject of port 53 (ICMP port "
+        "unreachable for UDP, a reset for TCP: a resolver host with no server running, each "
+        "query refused at once)")
 
     def check(self, scn: Any) -> List[Any]:
         return super().check(scn) + _needs_dns(scn, self.kind)
