@@ -150,7 +150,11 @@ def test_delayed_rank_is_released_after_its_delay_from_the_start_line():
                 for r in o["ranks"]}
     assert released["1"] >= 3.0
     assert released["0"] < 3.0
-    assert [vs["0"].outcome, vs["1"].outcome] == ["ok", "ok"]
+    # failed once in 2031 tests of a fresh clone's suite with a catalog run beside it
+    # (2026-11-29), 0 of 7 since: say what each rank saw if it fails again
+    assert [vs["0"].outcome, vs["1"].outcome] == ["ok", "ok"], \
+        {k: (v.outcome, v.phase, v.duration, v.exception, v.message[:300], v.reason)
+         for k, v in vs.items()}
     assert_nothing_left(o)
 
 
