@@ -384,6 +384,15 @@ def check_anchor(phase: str) -> str:
     return phase
 
 
+def check_workload_steps(steps: Optional[List[str]]) -> Optional[List[str]]:
+    """Workload steps a fault gives a rank or a job (rank_workload, concurrent_job): each in
+    the workload's vocabulary; raises ValueError naming the first unknown one."""
+    for s in steps or []:
+        if len(s) > 600 or not WORKLOAD_RE.match(s):
+            raise ValueError(f"unknown step {s[:80]!r}: use {WORKLOAD_HELP}")
+    return steps
+
+
 def check_optional_trigger_phase(phase: Optional[str]) -> Optional[str]:
     """A fault's optional ``phase:`` (None: not given), in the one syntax of triggers."""
     return None if phase is None else check_trigger_phase(phase)

@@ -11,7 +11,7 @@ from typing import List, Literal, Optional
 from pydantic import Field, field_validator
 
 from ..limits import MAX_STEPS, MAX_WORLD, Seconds
-from ..protocol import ANCHOR_HELP, ENDED, WORKLOAD_HELP, WORKLOAD_RE, check_anchor, phase_problem
+from ..protocol import ANCHOR_HELP, ENDED, check_anchor, check_workload_steps, phase_problem
 from ..triggers import Trigger
 from . import Fault, Target
 
@@ -37,13 +37,7 @@ class ConcurrentJob(Fault):
                                           "(default: the scenario's): a job that only inits, "
                                           "or trains longer than the first")
 
-    @field_validator("workload")
-    @classmethod
-    def _workload(cls, v: Optional[List[str]]) -> Optional[List[str]]:
-        for s in v or []:
-            if len(s) > 600 or not WORKLOAD_RE.match(s):
-                raise ValueError(f"unknown step {s[:80]!r}: use {WORKLOAD_HELP}")
-        return v
+    _workload = field_validator("workload")(check_workload_steps)
 
     @field_validator("phase")
     @classmethod

@@ -12,7 +12,7 @@ from typing import List, Literal
 from pydantic import Field, field_validator
 
 from ..limits import MAX_STEPS
-from ..protocol import WORKLOAD_HELP, WORKLOAD_RE
+from ..protocol import check_workload_steps
 from . import Fault
 
 
@@ -24,13 +24,7 @@ class RankWorkload(Fault):
     steps: List[str] = Field(max_length=MAX_STEPS, description="its steps after init, in the "
                              "workload's vocabulary; its phases are numbered by its own list")
 
-    @field_validator("steps")
-    @classmethod
-    def _steps(cls, v: List[str]) -> List[str]:
-        for s in v:
-            if len(s) > 600 or not WORKLOAD_RE.match(s):
-                raise ValueError(f"unknown step {s[:80]!r}: use {WORKLOAD_HELP}")
-        return v
+    _steps = field_validator("steps")(check_workload_steps)
 
     def check(self, scn):
         problems = super().check(scn)
