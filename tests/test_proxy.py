@@ -346,6 +346,27 @@ def test_limit_data_closes_after_so_many_bytes(proxy):
         assert got == b"012345"
 
 
+def test_limit_data_ends_cleanly_even_when_the_client_writes_on(proxy):
+    """The cut is a clean end of stream (FIN), whatever the client sends afterwards: the proxy
+    reads and drops it. Closing with those bytes unread would send a reset, and torch's store
+    client would read "Connection reset by peer" instead of "got 0 bytes", depending only on
+    when it wrote its next request (net-proxy-faults limit_data_store, 9 of 10 runs in one
+    -n 4 catalog run)."""
+    svc, port = proxy
+    toxic(svc, "lim", "limit_data", "out", bytes=6)
+    with dial(port) as s:
+        s.settimeout(20)
+        s.sendall(b"0123456789")
+        got = b""
+        while (chunk := s.recv(100)):
+            got += chunk
+        assert got == b"012345"
+        for _ in range(3):              # the next requests, after the end: no reset comes back
+            s.sendall(b"more" * 100)
+            time.sleep(0.2)
+            assert s.recv(100) == b""
+
+
 def test_slicer_sends_small_pieces_with_pauses(proxy):
     svc, port = proxy
     toxic(svc, "sl", "slicer", "out", size=10, variation=0, delay_ms=20)

@@ -1,5 +1,6 @@
 """limit_data: the fault proxy closes a connection once so many bytes went through it (a
-proxy or NAT that cuts flows, an MTU-sized stall ending in a close)."""
+proxy or NAT that cuts flows, an MTU-sized stall ending in a close). The close is a clean
+end of stream (FIN) to both sides, whatever they send afterwards; ``reset_peer`` is the reset."""
 
 from typing import Any, Dict, Literal
 

@@ -19,7 +19,9 @@ Two ways to stand in front of traffic:
 Toxics (Toxiproxy's model: a named thing with a direction, a probability and a few
 parameters): ``latency`` (delay_ms, jitter_ms), ``bandwidth`` (bytes_per_s), ``slicer``
 (size, variation, delay_ms), ``limit_data`` (bytes), ``reset_peer`` (after_bytes, after_s),
-``blackhole``, ``slow_close`` (delay_ms). Each has:
+``blackhole``, ``slow_close`` (delay_ms). ``limit_data``'s close is a clean end of stream
+on both sides (FIN; what a side sends afterwards is read and dropped until it closes), never a
+reset: a reset is ``reset_peer``'s. Each has:
 
 * ``direction``, seen from the proxy's host: ``out`` = bytes the host sends (for a connection
   to the host: the server's replies; for one it opened: its requests), ``in`` = bytes it
@@ -182,6 +184,30 @@ def _close(sock: Optional[socket.socket]) -> None:
             pass
 
 
+DRAIN_S = 30.0
+
+
+async def _close_after_drain(sock: socket.socket) -> None:
+    """Close ``sock`` after its peer has closed its side (or DRAIN_S), discarding what it sends.
+
+    The write side is already shut (a FIN went out). A socket closed with unread bytes in its
+    receive buffer sends a reset instead of that clean end, and whether bytes were waiting
+    depends on when the peer wrote its next request: a race of the harness's own making. So
+    whatever the peer sends after the cut is read and dropped until it closes."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(0)     # the pumps' cancelled reads let go of the socket first
+    await asyncio.sleep(0)
+    end = time.monotonic() + DRAIN_S
+    try:
+        while (left := end - time.monotonic()) > 0:
+            if not await asyncio.wait_for(loop.sock_recv(sock, CHUNK), left):
+                break
+    except (OSError, asyncio.TimeoutError):
+        pass
+    finally:
+        _close(sock)
+
+
 class Conn:
     """One proxied connection: client <-> proxy <-> server."""
 
@@ -335,7 +361,8 @@ class Conn:
             for t in self.active("limit_data", stream):
                 room = int(t.p("bytes")) - self.sent[stream]
                 if room <= 0:
-                    self.finish(f"limit_data {t.id}: {self.sent[stream]} bytes", reset=False)
+                    self.finish(f"limit_data {t.id}: {self.sent[stream]} bytes", reset=False,
+                                drain=True)
                     return
                 piece = piece[:room]
             for t in self.active("reset_peer", stream):
@@ -370,12 +397,23 @@ class Conn:
             timeout = None if due is None else max(0.0, due - time.monotonic())
             await self.proxy.changed(timeout)
 
-    def finish(self, why: str, reset: bool) -> None:
+    def finish(self, why: str, reset: bool, drain: bool = False) -> None:
+        """End the connection on both sides: with a reset, a close, or (``drain``) a clean
+        end of stream that the proxy keeps clean: each side's FIN first, what it still sends
+        read and dropped, the close when it has closed too."""
         if self.done:
             return
         self.done, self.why = True, why
         for s in (self.client, self.server):
-            (_reset if reset else _close)(s)
+            if s is not None and drain and not reset:
+                try:
+                    s.shutdown(socket.SHUT_WR)
+                except OSError:
+                    _close(s)
+                else:
+                    self.proxy.spawn(_close_after_drain(s))
+            else:
+                (_reset if reset else _close)(s)
         for t in self.tasks:
             if t is not asyncio.current_task():
                 t.cancel()
