@@ -23,6 +23,7 @@ from .classify import Verdict, mro_names, signal_name
 from .observe import RankObservation, RunObservation
 from .protocol import Label, parse_label
 from .pyspy import functions
+from .safety import as_meant
 from .sockets import SocketRecord
 
 UNKNOWN = "unknown: no rule of harness.diagnose explains it (see the evidence below)"
@@ -192,6 +193,14 @@ def _job(label: str) -> str:
     return label.rsplit(":", 1)[0] + ":" if ":" in label else ""
 
 
+def _is_ip(addr: str) -> bool:
+    try:
+        ipaddress.ip_address(addr)
+    except ValueError:
+        return False
+    return True
+
+
 def _is_loopback(addr: str) -> bool:
     return addr in LOOPBACK_NAMES or addr.startswith("127.") or addr == "::1"
 
@@ -348,9 +357,14 @@ def syn_unanswered(c: RankContext) -> Optional[Cause]:
     if not syn and rule is None:
         return None
     text = f"its SYN to {target[0]}:{target[1]} was never answered"
+    ip = as_meant(target[0])
     if rule is not None:
         text += f": dropped by the nft rule on host {rule[0]}: {rule[1]}"
         ev.append(f"nft on {rule[0]}: {rule[1]}")
+    elif _dead_address(c, ip):
+        # the connect waits for ARP, which nobody answers; it ends in No route to host
+        text += (f": {ip} is an address where no host of the run answers (nobody on the link "
+                 "has it)")
     if retrans:
         ev.append("TCPSynRetrans: " + ", ".join(f"{h} {n}" for h, n in retrans.items()))
     if c.verdict.exception:
@@ -421,6 +435,17 @@ REMOTE = re.compile(r"remote=\[([^\]]+)\]:(\d+)")
 def _host_addrs(c: RankContext) -> Dict[str, str]:
     return {str(h.get("name")): str(h.get("addr")) for h in c.run.plan.get("hosts") or []
             if h.get("addr")}
+
+
+def _dead_address(c: RankContext, addr: str) -> bool:
+    """``addr`` lies in the run's own subnet (its hosts' /24, or /64 with ip: 6), and no host
+    of the run has it: nobody on the link answers for it."""
+    own = list(_host_addrs(c).values())
+    if not own or not _is_ip(addr) or addr in own:
+        return False
+    nets = {ipaddress.ip_interface(f"{a}/{64 if ':' in a else 24}").network for a in own
+            if _is_ip(a)}
+    return any(ipaddress.ip_address(addr) in n for n in nets)
 
 
 def _ifname(c: RankContext, label: str) -> str:
@@ -2358,6 +2383,18 @@ RETRYING = re.compile(r"TCP client failed to connect/validate to host (\S+):(\d+
 GAI_OF = re.compile(r"The (?:IPv\d )?network addresses of \(([^,]+), (\d+)\) cannot be retrieved "
                     r"\(gai error: ([^)]*)\)")
 PROGRESS_WINDOW = 2.0    # a step entered this close to the deadline: the row was still stepping
+# torch's warning for one failed try of a store client's connect: nobody on the link answered
+NO_ROUTE_TRY = re.compile(r"failed to connect to (\S+?):(\d+) \(errno: 113 - No route to host\)")
+
+
+def _no_route_try(c: RankContext, port: int) -> Optional[re.Match]:
+    """torch's last line of a connect try to ``port`` that found no host (errno 113) at an
+    address (not a name: the line that names the address the name led to)."""
+    found = None
+    for m in NO_ROUTE_TRY.finditer(c.stderr()):
+        if int(m.group(2)) == port and _is_ip(as_meant(m.group(1))):
+            found = m
+    return found
 
 
 def _main_frames(o: Optional[RankObservation]) -> List[str]:
@@ -2472,6 +2509,15 @@ def dialling_a_store_nobody_hosts(c: RankContext) -> Optional[Cause]:
         why = unknown or f"it dials {addr}:{port}, a name that does not resolve on host " \
             f"{v.host} ({gai.group(3)})"  # type: ignore[union-attr]
         return Cause(why + tail, ev)
+    # an address where no host answers (ARP found nobody: a node that is gone, a names: entry
+    # "dead"): torch's own lines name the address each try led to
+    dead = _no_route_try(c, port)
+    if dead is not None and _dead_address(c, as_meant(dead.group(1))):
+        ip = as_meant(dead.group(1))
+        ev.append(f"stderr: {dead.group(0)}")
+        via = "" if ip == addr else f"; {addr} leads to {ip} on host {v.host}"
+        return Cause(f"it dials {addr}:{port}{via}, an address where no host of the run answers "
+                     f"(No route to host: nobody on the link has it){tail}", ev)
     listeners = [x for x in _listening(c, port)
                  if x.host == v.host or addr in (x.addr, x.host) or _is_loopback(addr)
                  and x.host == v.host]
