@@ -697,7 +697,8 @@ class Scenario(Strict):
         None, ge=0, le=MAX_WORLD, description="with NCCL: how many CUDA GPUs the case needs "
         "(skipped, with the count, where the machine has fewer); null: one per rank. Fewer "
         "than the ranks puts several ranks on one GPU (with LOCAL_RANK set in env)")
-    world_size: int = Field(2, ge=1, le=MAX_WORLD)
+    world_size: int = Field(2, ge=1, le=MAX_WORLD, description="number of ranks (with "
+                            "hosts: the hosts' ranks)")
     init: Literal["env", "tcp", "file"] = Field(
         "env", description="init method: env (env://, MASTER_ADDR/PORT), tcp (tcp://addr:port) or "
         "file (file:///shared/path)")
@@ -756,7 +757,10 @@ class Scenario(Strict):
         "rank, or a mapping of rank numbers (and '*') to paths; a host's python comes between "
         "(rank > host > '*'); ~ and $VARS are expanded; a scenario whose interpreter is "
         "missing or cannot import torch is skipped with the reason")
-    workload: Workload = Field(default_factory=lambda: Workload())
+    workload: Workload = Field(default_factory=lambda: Workload(),
+                               description="what the ranks do after init: init (init only), a "
+                               "list of steps, or {steps: [...], destroy: true} (the workload "
+                               "steps' reference)")
     launcher: Annotated[LauncherSpec, BeforeValidator(launcher_spec_of)] = Field(
         default_factory=lambda: launcher_spec_of("direct"),
         description="how the ranks start: direct (the harness starts each), torchrun (one "
