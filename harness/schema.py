@@ -6,8 +6,9 @@ plugin models (``harness.faults``, looked up by ``kind`` in the registry), valid
 kept typed on the scenario. The loader also leaves, on each expectation, the line it came from
 (``RankExpect.line``), so that a failed expectation names ``file.yaml:LINE``.
 
-Every value a file can give has a stated bound (README, "Limits"): what passes here must also
-start, run and be written down (spawned env, torch's timedelta, test ids, evidence paths).
+Every value a file can give has a stated bound (docs/reference/scenario-files.md, "Limits"):
+what passes here must also start, run and be written down (spawned env, torch's timedelta,
+test ids, evidence paths).
 """
 
 from __future__ import annotations
@@ -779,10 +780,11 @@ class Scenario(Strict):
         description="faults, each a mapping with its kind and the kind's parameters")
     dns: Optional[Dns] = Field(
         None, description="a real name server in the topology (dnsmasq, no upstream) that "
-        "every host resolves with: records, search domain, the master's name (README: DNS)")
+        "every host resolves with: records, search domain, the master's name "
+        "(docs/how-to/network-faults.md)")
     etcd: Optional[Etcd] = Field(
         None, description="a real etcd of the run, for torchrun's etcd / etcd-v2 rendezvous "
-        "(README: etcd)")
+        "(docs/how-to/torchrun.md)")
     expect: List[Expect] = Field(
         default_factory=lambda: [Expect()], max_length=MAX_EXPECT_BLOCKS,
         description="one block, or a list of torch-scoped blocks (the first whose 'torch' range "
