@@ -33,9 +33,12 @@ from harness import protocol as _protocol
 from harness import pytest_plugin as _pytest_plugin
 from harness import report as _report
 from harness.cli import build_parser as _build_parser
+from harness.explore import load_space_text as _load_space_text
 from harness.faults import REGISTRY as _FAULTS
 from harness.launchers import launcher_kinds as _launcher_kinds
 from harness.launchers.fields import markdown as _launcher_fields_table
+from harness.loader import ScenarioFileError as _ScenarioFileError
+from harness.loader import load_text as _load_scenario_text
 from harness.schema import Dns as _Dns
 from harness.schema import Etcd as _Etcd
 from harness.schema import Expect as _Expect
@@ -338,6 +341,57 @@ def report_page() -> str:
             "(../reports-and-cli.md#the-json-report).", ""]
     return _page("The JSON report", "One JSON object per session, written by `harness run "
                  "--report PATH` or `pytest --harness-report PATH`.", body)
+
+
+# -- the YAML examples of the documentation ------------------------------------------------
+
+FRAGMENT = "<!-- fragment -->"           # a part of a scenario: loaded, given a name and about
+NOT_LOADED = "<!-- not-a-scenario -->"   # another tool's YAML, an abridged output: not loaded
+_FENCE = re.compile(r"^( *)```yaml[ \t]*$")
+
+
+def yaml_examples(path: Path) -> List[Tuple[int, str, str]]:
+    """Every ```yaml block of a markdown file: (line of its fence, its text, its mark: "" for a
+    whole scenario or space file, "fragment" or "not loaded" when the line before the fence
+    says so)."""
+    lines = path.read_text().split("\n")
+    out = []
+    i = 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent = len(m.group(1))
+        j = i + 1
+        while j < len(lines) and lines[j].strip() != "```":
+            j += 1
+        body = "\n".join(ln[indent:] for ln in lines[i + 1:j]) + "\n"
+        before = next((ln.strip() for ln in reversed(lines[:i]) if ln.strip()), "")
+        mark = {FRAGMENT: "fragment", NOT_LOADED: "not loaded"}.get(before, "")
+        out.append((i + 1, body, mark))
+        i = j + 1
+    return out
+
+
+def example_problem(text: str, file: str, fragment: bool = False) -> Optional[str]:
+    """Why an example does not load as `harness validate` loads a file (None: it loads): a
+    scenario, or, with an ``explore:`` block, a fault space. A fragment is given the ``name``
+    and ``about`` it lacks (after its own lines, so that the lines of a problem are its own)."""
+    if fragment:
+        for key, value in (("name", "fragment"), ("about", "a part of a scenario, from the docs")):
+            if not re.search(rf"^{key}:", text, re.M):
+                text += f"{key}: {value}\n"
+    try:
+        if re.search(r"^explore:", text, re.M):
+            _load_space_text(text, file)
+        else:
+            _load_scenario_text(text, file)
+    except _ScenarioFileError as e:
+        return e.short()
+    except Exception as e:  # noqa: BLE001 - a space's own error type: say it, whatever it is
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 PAGES: Dict[str, Callable[[], str]] = {
