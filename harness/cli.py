@@ -828,9 +828,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
             scenario_paths(args)       # a clear error when this installation has no catalog
         if paths:
             find_scenarios(paths)      # a missing path is bad input before anything runs
-    elif args.paths or args.builtin or args.repeat:
-        raise UsageError("both sides are saved reports: nothing is run (no PATH, --builtin "
-                         "or --repeat)")
+    elif args.paths or args.builtin or args.repeat or args.smoke:
+        raise UsageError("both sides are saved reports: nothing is run (no PATH, --builtin, "
+                         "--smoke or --repeat)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     con = _console()
@@ -848,7 +848,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if s.report is not None:
             continue
         argv = cmp.run_argv(s, paths, out.resolve(), builtin=args.builtin, k=args.k, m=args.m,
-                            repeat=args.repeat, n=args.n, start=args.start, keep=None)
+                            repeat=args.repeat, n=args.n, start=args.start, keep=None,
+                            smoke=args.smoke)
         con.print(_text(f"side {s.name.upper()}: {s.describe()}", "bold"))
         echo = None if args.quiet else (lambda line: con.print(_text("  " + line),
                                                                soft_wrap=True))
@@ -1224,6 +1225,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--builtin", action="store_true", help="run the built-in catalog too")
     c.add_argument("-k", metavar="EXPR", help="only cases whose id/keywords match (pytest -k)")
     c.add_argument("-m", metavar="MARKEXPR", help="only cases whose marks match (pytest -m)")
+    c.add_argument("--smoke", action="store_true", help="only the smoke tier, on both sides "
+                   "(as harness run --smoke)")
     c.add_argument("--repeat", type=int, metavar="N", help="run every case N times per side: "
                    "frequencies compared with Fisher's exact test instead of one draw each")
     c.add_argument("-n", type=_workers, metavar="N", help="N scenarios at a time "

@@ -120,6 +120,20 @@ def test_list_selects_the_cases_run_would_select(scen, sel):
     assert not (scen.parent / ".harness").exists()   # nothing run, no evidence folder
 
 
+def test_run_list_and_compare_take_the_same_selection_options():
+    from harness import compare
+    from harness.cli import build_parser
+
+    p = build_parser()
+    for verb in (["run"], ["list"], ["compare", "a.json", "b"]):
+        a = p.parse_args([*verb, "x", "-k", "store", "-m", "not race", "--smoke"])
+        assert (a.k, a.m, a.smoke) == ("store", "not race", True), verb
+    side = compare.Side("b", "b", python=sys.executable, env={})
+    argv = compare.run_argv(side, ["x"], Path("out"), builtin=True, k="store", m="not race",
+                            repeat=None, n=None, start=None, keep=None, smoke=True)
+    assert argv[argv.index("-k") + 1] == "store" and "--smoke" in argv and "--builtin" in argv
+
+
 def test_show_expands_the_plan(scen):
     p = harness("show", scen / "stopped.yaml")
     assert p.returncode == 0, p.stderr
