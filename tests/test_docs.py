@@ -65,3 +65,17 @@ def test_mkdocs_builds_strictly(tmp_path):
                         "--site-dir", str(tmp_path / "site")], cwd=ROOT, capture_output=True,
                        text=True, timeout=300, env=env)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+
+
+def test_the_readme_keeps_to_issue_44s_acceptance():
+    """At most 250 lines, `harness new` in the first 120, and the quick start's two commands
+    (read there by a tool) first under its heading, as they were."""
+    lines = (ROOT / "README.md").read_text().split("\n")
+    assert len(lines) <= 251    # the text's last line ends with a newline
+    assert any("harness new" in ln for ln in lines[:120])
+    text = "\n".join(lines)
+    quick = text[text.index("\n## Quick start\n"):]
+    quick = quick[:quick.index("\n## ", 5)]
+    blocks = [b for b in quick.split("```")[1::2]]
+    assert blocks[:2] == ["bash\n./.ci/setup && .venv/bin/pytest scenarios/ -n 4\n",
+                          "bash\n./.ci/setup && .venv/bin/pytest tests/ -n 3\n"]
