@@ -512,6 +512,33 @@ def gloo_pair_to_a_second_card(c: RankContext) -> Optional[Cause]:
     return None
 
 
+LINK_LOCAL_STEP = re.compile(r"^add (\S+) \(up, link-local only\) on (\S+)$")
+
+
+def gloo_on_a_link_local_card(c: RankContext) -> Optional[Cause]:
+    """GLOO_SOCKET_IFNAME names a card whose only address is IPv6 link-local (second_nic
+    address: link_local): gloo advertises that address, a peer's pair dials it out of its own
+    card of that name, on a network where no other host is (a link-local address is good only
+    on its own link), and gloo's connect times out."""
+    v = c.verdict
+    if "connectFullMesh" not in (v.message or ""):
+        return None
+    names = [n.strip() for n in c.env(v.label).get("GLOO_SOCKET_IFNAME", "").split(",")]
+    for st in c.run.step_log:
+        m = LINK_LOCAL_STEP.match(st.what or "")
+        addr = (st.info or {}).get("addr") if st.action == "do" else None
+        if m is None or not addr or m.group(2) != v.host or m.group(1) not in names:
+            continue
+        return Cause(f"GLOO_SOCKET_IFNAME={','.join(n for n in names if n)} names "
+                     f"{m.group(1)}, whose only address on host {v.host} is the IPv6 "
+                     f"link-local {addr}: gloo advertised it, but a link-local address is "
+                     "good only on its own link, and each host's "
+                     f"{m.group(1)} is on a network no other host is on: no pair connected "
+                     "until gloo's connect timeout",
+                     [_exc_line(v), f"{v.host} {m.group(1)}: {addr} (link-local only)"])
+    return None
+
+
 def gloo_pair_to_no_host(c: RankContext) -> Optional[Cause]:
     """A gloo pair dialled an address no host of the run has (a peer advertised 127.0.0.1: on
     namespace hosts that is the dialler's own namespace): the dialler is refused, the peer
@@ -2789,6 +2816,7 @@ RULES: List[Rule] = [
     nccl_interface_missing,
     nccl_ranks_share_a_gpu,
     gloo_mesh_blocked,
+    gloo_on_a_link_local_card,
     gloo_pair_to_a_second_card,
     gloo_pair_to_no_host,
     syn_unanswered,
