@@ -55,10 +55,10 @@ class FakeNet:
     def clear_rate_limit(self, host, direction):
         self.kw["qdiscs"] = []
 
-    def add_spare_link(self, host, ifname, up):
+    def add_spare_link(self, host, ifname, up, link_local=False):
         return "10.213.9.2"
 
-    def count_link(self, host, ifname):
+    def count_link(self, host, ifname, family="ipv4"):
         return "count1"
 
     def snmp(self, host):
