@@ -20,7 +20,7 @@ T = TypeVar("T")
 def supervisor(scenario: str, tmp_path: Path, cwd: Optional[Path] = None) -> subprocess.Popen:
     """A python process that runs ``scenario`` (YAML text) with ``run_scenario``, its state
     under ``tmp_path`` (HARNESS_TMP); stderr is a pipe the caller closes."""
-    script = ("from harness.launch import run_scenario\n"
+    script = ("from harness.run.supervisor import run_scenario\n"
               "from harness.loader import load_text\n"
               f"(scn,) = load_text({textwrap.dedent(scenario)!r})\n"
               "run_scenario(scn)\n")

@@ -15,15 +15,15 @@ from typing import Any, Dict, List
 
 import pytest
 
-from harness import topology
-from harness.classify import classify_run
 from harness.faults.bandwidth import RateLimit
 from harness.faults.busy_port import holder_log
 from harness.faults.packet_loss import Loss
+from harness.faults.steps import Scheduler
 from harness.faults.wrong_interface import SpareLink
-from harness.launch import run_scenario
-from harness.loader import load_text
-from harness.steps import Scheduler
+from harness.judge.classify import classify_run
+from harness.net import topology
+from harness.run.supervisor import run_scenario
+from harness.scenario.loader import load_text
 
 _MISSING = topology.missing()
 real = pytest.mark.skipif(bool(_MISSING) or sys.platform != "linux",

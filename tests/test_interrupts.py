@@ -36,7 +36,7 @@ def py(code: str, **kw):
 def test_a_sigint_inside_a_shield_waits_for_the_end_of_the_shield():
     p = py("""
         import os, signal
-        from harness.interrupts import shield
+        from harness.machine.interrupts import shield
         log = []
         try:
             with shield():
@@ -58,7 +58,7 @@ def test_a_sigterm_inside_a_shield_ends_the_process_after_the_cleanup():
     """Without a front door, SIGTERM keeps its default action, only later."""
     p = py("""
         import os, signal
-        from harness.interrupts import shield
+        from harness.machine.interrupts import shield
         with shield():
             os.kill(os.getpid(), signal.SIGTERM)
             print("cleanup finished", flush=True)
@@ -135,7 +135,7 @@ lineless_entries = pytest.mark.skipif(sys.version_info < (3, 11),
 
 @lineless_entries
 def test_mend_traceback_gives_a_lineless_entry_the_line_before_it():
-    from harness import interrupts
+    from harness.machine import interrupts
 
     ns: dict = {}
     exec(textwrap.dedent(NO_LINE), ns)
@@ -224,7 +224,7 @@ def _what_runs_made(runs):
 
 
 def _alive(rec) -> bool:
-    from harness.procs import alive
+    from harness.machine.procs import alive
 
     return alive(rec)
 

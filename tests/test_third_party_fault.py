@@ -29,8 +29,8 @@ from typing import Literal
 from pydantic import Field
 
 from harness.faults import Fault
-from harness.steps import Step
-from harness.triggers import Trigger
+from harness.faults.steps import Step
+from harness.core.triggers import Trigger
 
 
 @dataclass

@@ -145,7 +145,7 @@ def parse_name(text: str) -> Tuple[str, Tuple[str, List[str]]]:
 
 
 def main(argv: Any = None) -> int:
-    from ..procs import die_with_parent
+    from ..machine.procs import die_with_parent
 
     die_with_parent()
     ap = argparse.ArgumentParser(prog="python -m harness.services.dns_responder")

@@ -1,0 +1,2 @@
+"""The scenario format and its files: schema, loader, which files are scenarios, the built-in
+catalog, templates, the strict reading, message patterns, programs."""
