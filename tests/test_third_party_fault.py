@@ -28,9 +28,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from harness.faults import Fault
-from harness.faults.steps import Step
-from harness.core.triggers import Trigger
+from harness.faults import Fault, Step, Trigger
 
 
 @dataclass

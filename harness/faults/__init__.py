@@ -43,7 +43,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from ..core.limits import Target  # noqa: F401 - a fault's rank field: a number or a label
 from ..core.protocol import EVERY_RANK
+from ..core.triggers import Trigger, When  # noqa: F401 - for fault modules, with Fault
 from ..machine.requirement import Requirement
+from .steps import Effect, Step  # noqa: F401 - for fault modules, with Fault
 
 Problem = Tuple[Tuple[Any, ...], str]   # (location inside the fault, message)
 # hints that more than one module speaks of (see Fault.HINTS)
