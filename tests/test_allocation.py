@@ -540,7 +540,7 @@ def test_a_sigkilled_run_on_an_allocation_leaves_nothing_on_the_nodes(tmp_path):
     assert killed["seen"], "the killed run's ranks were never released"
     names = " ".join(cmd for _, cmd in killed["before"])
     for what in ("harness run", "harness.launchers.slurm_job", "srun", "alloc_task",
-                 "harness.worker"):
+                 "harness.ranks.worker"):
         assert what in names, what
     # the supervisor's SIGKILL took its job script and srun with it (death signals), Slurm
     # ended the step, the helpers their ranks: nothing of the run on the nodes

@@ -241,7 +241,7 @@ def test_entering_needs_a_single_thread(tmp_path):
     view = resolver.write_view(tmp_path / "view")
     code = textwrap.dedent(f"""\
         import threading, time, sys
-        from harness import resolver
+        from harness.net import resolver
         threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
         try:
             resolver.enter({str(view)!r})
