@@ -237,8 +237,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from .core.protocol import row_name
     from .judge.classify import classify_run
     from .judge.diagnose import explain_run
-    from .judge.expect import innermost_frames, label_ranges, stack_groups
     from .judge.observation import RunObservation
+    from .scenario.expect import innermost_frames, label_ranges, stack_groups
 
     d = Path(args.dir)
     found = sorted(d.glob("**/observation.json")) if d.is_dir() else []

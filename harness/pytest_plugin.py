@@ -29,13 +29,13 @@ import pytest
 
 from .judge.classify import Verdict, classify_run, job_outcome
 from .judge.diagnose import explain_run
-from .judge.expect import RepeatedCheck, check, check_repeated, failure_table, repeated_table
 from .judge.observation import RunObservation
 from .machine import interrupts
 from .machine.admission import Gate
 from .machine.torch_probe import probe
 from .reports import evidence as evidence_mod
 from .scenario.discovery import is_scenario_file
+from .scenario.expect import RepeatedCheck, check, check_repeated, failure_table, repeated_table
 from .scenario.loader import ScenarioFileError, item_name, load_file
 from .scenario.schema import Scenario
 

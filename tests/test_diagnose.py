@@ -12,8 +12,8 @@ import pytest
 from harness.core.protocol import Event
 from harness.judge.classify import classify_run
 from harness.judge.diagnose import UNKNOWN, RankContext, diagnose, explain_run
-from harness.judge.expect import check_rank, failure_table, label_ranges, stack_groups
 from harness.net.sockets import SocketRecord, parse_proc_net_tcp, snapshot
+from harness.scenario.expect import check_rank, failure_table, label_ranges, stack_groups
 from harness.scenario.schema import RankExpect
 
 IN_USE = ("The server socket has failed to listen on any local network address. port: 29500, "

@@ -21,10 +21,10 @@ from harness.faults._proxy import connections_met
 from harness.faults.steps import Effect, Scheduler, Step
 from harness.judge import effects as fx
 from harness.judge.classify import classify_run
-from harness.judge.expect import check, check_effects, failure_table
 from harness.net import topology
 from harness.net.nft import counters_of
 from harness.run.supervisor import run_scenario
+from harness.scenario.expect import check, check_effects, failure_table
 from harness.scenario.loader import ScenarioFileError, load_text
 from harness.scenario.schema import Expect
 

@@ -15,10 +15,10 @@ import pytest
 from harness.core.protocol import Event
 from harness.judge import edits
 from harness.judge.classify import classify_run
-from harness.judge.expect import check
 from harness.judge.observation import RankObservation
 from harness.run.plan import make_plan
 from harness.run.supervisor import run_scenario
+from harness.scenario.expect import check
 from harness.scenario.loader import load_text
 from harness.scenario.schema import Expect
 

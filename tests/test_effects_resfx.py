@@ -28,10 +28,10 @@ from harness.faults.file_init import (
 )
 from harness.faults.open_files_limit import LimitOpenFiles
 from harness.judge.classify import classify_run
-from harness.judge.expect import check_effects
 from harness.judge.observation import RankObservation
 from harness.machine import cgroups
 from harness.run.supervisor import run_scenario
+from harness.scenario.expect import check_effects
 from harness.scenario.loader import load_text
 from harness.scenario.schema import Expect
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from harness.judge.classify import Verdict, classify_run
-from harness.judge.expect import (
+from harness.scenario.expect import (
     PATTERN_TIMEOUT,
     Mismatch,
     check,

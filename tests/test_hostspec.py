@@ -10,7 +10,6 @@ import textwrap
 import pytest
 
 from harness.judge.classify import Verdict
-from harness.judge.expect import check
 from harness.net.hostspec import (
     DEAD,
     MACHINE,
@@ -22,6 +21,7 @@ from harness.net.hostspec import (
 )
 from harness.net.topology import Topology
 from harness.run.plan import ShapeHosts, make_plan
+from harness.scenario.expect import check
 from harness.scenario.loader import ScenarioFileError, load_text
 
 

@@ -14,8 +14,8 @@ import textwrap
 import pytest
 
 from harness.judge.classify import Verdict
-from harness.judge.expect import check_repeated, repeated_table
 from harness.reports.diff import diff_reports, fisher_exact
+from harness.scenario.expect import check_repeated, repeated_table
 from harness.scenario.loader import ScenarioFileError, load_text
 from harness.scenario.schema import Expect, bound_holds, parse_bound
 

@@ -441,7 +441,7 @@ def case_html(i: int, c: Dict[str, Any]) -> str:
     svg = timeline_svg(c)
     if svg:
         out.append("<h3>Timeline</h3>" + legend_html() + f'<div class="chart">{svg}</div>')
-    from ..judge.expect import label_ranges, stack_groups
+    from ..scenario.expect import label_ranges, stack_groups
 
     groups = stack_groups({str(r.get("label")): str(r.get("stacks") or "") for r in ranks})
     for r in ranks:

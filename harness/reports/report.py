@@ -505,7 +505,7 @@ def item_record(item: Any) -> Dict[str, Any]:
 
 
 def _item_record(item: Any) -> Dict[str, Any]:
-    from ..judge.expect import check, check_repeated
+    from ..scenario.expect import check, check_repeated
 
     expectation = getattr(item, "expectation", None)
     verdicts = list(getattr(item, "verdicts", []) or [])

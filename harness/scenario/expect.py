@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..core.rows import key_for
-from ..scenario.patterns import PATTERN_TIMEOUT, compile_message_pattern, search  # noqa: F401
-from ..scenario.schema import Expect, RankExpect, bound_holds
-from .classify import Verdict, job_outcome, mro_names
+from ..judge.classify import Verdict, job_outcome, mro_names
+from .patterns import PATTERN_TIMEOUT, compile_message_pattern, search  # noqa: F401
+from .schema import Expect, RankExpect, bound_holds
 
 
 @dataclass
@@ -118,7 +118,7 @@ REQUIRED = "an effect (effect: required)"
 def check_effects(exp: Expect, effects: Sequence[Mapping[str, Any]]) -> List[Mismatch]:
     """A fault whose probe saw no effect fails the case unless it says ``effect: optional``;
     ``exp.effects`` (fault number -> acted | no effect) must match what was seen."""
-    from . import effects as fx
+    from ..judge import effects as fx
 
     out = [Mismatch(fx.label(e), NO_EFFECT_FIELD, REQUIRED, f"no effect: {e['summary']}")
            for e in fx.unproven(effects)]
