@@ -1237,7 +1237,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.set_defaults(func=cmd_new)
     _add_capture(sub)
 
-    from .tools import explore  # `harness explore`: its parser and command live in harness.explore
+    from .tools import explore  # `harness explore`: parser and command in tools/explore
     explore.add_parser(sub)
     return p
 

@@ -98,7 +98,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--harness-order", choices=("longest", "collected"), default="longest",
                     help="the order scenario cases start in: longest (default: the longest "
                     "expected first, by the durations the catalog's durations.json and "
-                    "pytest's cache recorded; harness.schedule) or collected (the files' "
+                    "pytest's cache recorded; harness.run.schedule) or collected (the files' "
                     "order)")
     parser.addini("harness_scenarios", type="args", default=[],
                   help="extra globs of YAML files to collect as scenarios (relative to rootdir)")

@@ -239,7 +239,7 @@ def _run(argv: Sequence[str], *, stdin: Optional[str] = None) -> subprocess.Comp
         )
     except FileNotFoundError as exc:
         raise TopologyError(
-            f"`{shlex.join(argv)}` could not start: {exc}; see harness.topology.missing()",
+            f"`{shlex.join(argv)}` could not start: {exc}; see harness.net.topology.missing()",
             argv=full,
         ) from exc
     except subprocess.TimeoutExpired as exc:

@@ -110,8 +110,9 @@ def write_file(path: Path, cases: Mapping[str, float], source: str) -> None:
     path.write_text(json.dumps({
         "format": FORMAT,
         "about": "each catalog case's seconds in one whole-catalog run (a repeated case's "
-                 "runs together): the order harness.schedule starts cases in when this "
-                 "machine's pytest cache has none; regenerate with python -m harness.schedule",
+                 "runs together): the order harness.run.schedule starts cases in when this "
+                 "machine's pytest cache has none; regenerate with python -m "
+                 "harness.run.schedule",
         "source": source,
         "cases": dict(sorted(cases.items())),
     }, indent=1) + "\n")
