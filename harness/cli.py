@@ -132,6 +132,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     files = find_scenarios(scenario_paths(args))
     rows: List[Dict[str, Any]] = []
     broken: List[str] = []
+    selected = _selected_cases(args, files) \
+        if args.k or args.m or args.smoke else None
     catalog = None
     if getattr(args, "builtin", False):
         from .scenario.catalog import require_builtin
@@ -148,6 +150,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         named = f.resolve().relative_to(catalog).as_posix() \
             if catalog is not None and catalog in f.resolve().parents else f.as_posix()
         for scn in loaded:
+            if selected is not None and (str(f.resolve()), item_name(scn)) not in selected:
+                continue
             rows.append({
                 "id": f"{named}::{item_name(scn)}", "file": f.as_posix(),
                 "scenario": scn.name, "case": scn.case, "marks": list(scn.marks),
@@ -173,6 +177,36 @@ def cmd_list(args: argparse.Namespace) -> int:
     for b in broken:
         con.print(_text(f"✗ {b}", "red"))
     return 1 if broken else 0
+
+
+def _selected_cases(args: argparse.Namespace, files: List[Path]) -> set:
+    """(file, case name) of every case that ``harness run`` with the same -k / -m / --smoke
+    would run: pytest's own collection and deselection, with the arguments ``harness run``
+    gives it (``_selection_args``), nothing run."""
+    import contextlib
+    import io
+
+    import pytest
+
+    class _Keep:
+        def __init__(self) -> None:
+            self.items: List[Any] = []
+
+        def pytest_collection_finish(self, session: Any) -> None:
+            self.items = list(session.items)
+
+    keep = _Keep()
+    pargs = _selection_args(args, files) + [
+        "--collect-only", "-q", "--assert=plain", "-p", "no:cacheprovider",
+        "--harness-order", "collected", "--harness-keep-sessions", str(10 ** 6)]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        rc = int(pytest.main(pargs, plugins=[keep]))
+    if rc not in (0, 1, 5):   # 1: a broken file (listed below), 5: nothing selected
+        raise UsageError(f"selecting cases failed (pytest exit {rc}): "
+                         f"{out.getvalue().strip()[-800:]}")
+    return {(str(Path(it.path).resolve()), it.name) for it in keep.items
+            if getattr(it, "scenario", None) is not None}
 
 
 # -- show ----------------------------------------------------------------------------------------
@@ -582,6 +616,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _run_pytest(args, files, str(own / "report.json"), str(own))
 
 
+def _selection_args(args: argparse.Namespace, files: List[Path]) -> List[str]:
+    """The paths and the -k / -m / --smoke selection as ``harness run`` hands them to pytest;
+    ``harness list -k`` collects with the same, so both select the same cases."""
+    pargs: List[str] = [str(f) for f in files]
+    if getattr(args, "builtin", False):
+        # the catalog as a folder: its cases are named relative to it (FILE.yaml::CASE), as a
+        # file named alone would be "::CASE" outside the rootdir; the current folder is the
+        # rootdir: evidence goes there, never inside an installed package, and the user's
+        # folders keep their ids
+        from .scenario.catalog import require_builtin
+
+        cat = require_builtin().resolve()
+        pargs = [str(cat)] + [p for p in pargs if cat not in Path(p).resolve().parents]
+        pargs += ["--rootdir", os.getcwd()]
+    if getattr(args, "k", None):
+        pargs += ["-k", args.k]
+    if getattr(args, "m", None) or getattr(args, "smoke", False):
+        # --smoke: the catalog's smoke tier (the cases marked smoke), within any -m given
+        expr = " and ".join(f"({e})" for e in (args.m, "smoke" if getattr(args, "smoke", False)
+                                               else None) if e)
+        pargs += ["-m", expr]
+    return pargs
+
+
 def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
                 tmpdir: Optional[str]) -> int:
     import contextlib
@@ -592,14 +650,7 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
     from .machine import interrupts
     from .reports import report as report_mod
 
-    pargs: List[str] = [str(f) for f in files]
-    if getattr(args, "builtin", False):
-        # the catalog as a folder: its cases are named relative to it (FILE.yaml::CASE), as a
-        # file named alone would be "::CASE" outside the rootdir
-        from .scenario.catalog import require_builtin
-
-        cat = require_builtin().resolve()
-        pargs = [str(cat)] + [p for p in pargs if cat not in Path(p).resolve().parents]
+    pargs = _selection_args(args, files)
     # --assert=plain: scenario items assert nothing, and pytest would otherwise rewrite every
     # module of every pytest11 plugin's distribution (~200 here, 1-2 s of CPU per process and
     # per xdist worker, each time where bytecode is not written)
@@ -616,23 +667,8 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
         pargs += ["--sw"]
     if args.html:
         pargs += ["--harness-html", args.html]
-    if getattr(args, "builtin", False):
-        from .scenario.catalog import require_builtin
-
-        # the current folder is the rootdir: evidence goes there, never inside an installed
-        # package, the user's folders keep their ids, and the catalog's cases are named
-        # relative to the catalog (FILE.yaml::CASE), wherever the package is installed
-        require_builtin()
-        pargs += ["--rootdir", os.getcwd()]
     if args.keep:
         pargs += ["--harness-evidence", args.keep]
-    if args.k:
-        pargs += ["-k", args.k]
-    if args.m or getattr(args, "smoke", False):
-        # --smoke: the catalog's smoke tier (the cases marked smoke), within any -m given
-        expr = " and ".join(f"({e})" for e in (args.m, "smoke" if getattr(args, "smoke", False)
-                                               else None) if e)
-        pargs += ["-m", expr]
     if args.n is not None:
         pargs += ["-n", str(args.n)]
     if args.x:
@@ -792,9 +828,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
             scenario_paths(args)       # a clear error when this installation has no catalog
         if paths:
             find_scenarios(paths)      # a missing path is bad input before anything runs
-    elif args.paths or args.builtin or args.repeat:
-        raise UsageError("both sides are saved reports: nothing is run (no PATH, --builtin "
-                         "or --repeat)")
+    elif args.paths or args.builtin or args.repeat or args.smoke:
+        raise UsageError("both sides are saved reports: nothing is run (no PATH, --builtin, "
+                         "--smoke or --repeat)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     con = _console()
@@ -812,7 +848,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if s.report is not None:
             continue
         argv = cmp.run_argv(s, paths, out.resolve(), builtin=args.builtin, k=args.k, m=args.m,
-                            repeat=args.repeat, n=args.n, start=args.start, keep=None)
+                            repeat=args.repeat, n=args.n, start=args.start, keep=None,
+                            smoke=args.smoke)
         con.print(_text(f"side {s.name.upper()}: {s.describe()}", "bold"))
         echo = None if args.quiet else (lambda line: con.print(_text("  " + line),
                                                                soft_wrap=True))
@@ -1136,6 +1173,12 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="list scenario cases: ids, marks, faults, expectations")
     ls.add_argument("paths", nargs="*", metavar="PATH")
     ls.add_argument("--builtin", action="store_true", help="the built-in catalog too")
+    ls.add_argument("-k", metavar="EXPR", help="only cases whose id/keywords match, as "
+                    "`harness run -k` selects them (pytest -k); fault kinds, backend and init "
+                    "method are keywords")
+    ls.add_argument("-m", metavar="MARKEXPR", help="only cases whose marks match (pytest -m)")
+    ls.add_argument("--smoke", action="store_true", help="only the smoke tier (pytest -m "
+                    "smoke), as `harness run --smoke`")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(func=cmd_list)
 
@@ -1182,6 +1225,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--builtin", action="store_true", help="run the built-in catalog too")
     c.add_argument("-k", metavar="EXPR", help="only cases whose id/keywords match (pytest -k)")
     c.add_argument("-m", metavar="MARKEXPR", help="only cases whose marks match (pytest -m)")
+    c.add_argument("--smoke", action="store_true", help="only the smoke tier, on both sides "
+                   "(as harness run --smoke)")
     c.add_argument("--repeat", type=int, metavar="N", help="run every case N times per side: "
                    "frequencies compared with Fisher's exact test instead of one draw each")
     c.add_argument("-n", type=_workers, metavar="N", help="N scenarios at a time "

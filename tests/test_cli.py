@@ -102,6 +102,38 @@ def test_list_shows_ids_marks_faults_and_expectations(scen):
     assert "6 scenario cases in 5 files" in table.stdout
 
 
+@pytest.mark.parametrize("sel", [["-k", "stop_rank"], ["-k", "not delayed and not busy"],
+                                 ["-k", "wrong_expectation and nccl"], ["-m", "not port"],
+                                 ["-k", "nosuchthing"]])
+def test_list_selects_the_cases_run_would_select(scen, sel):
+    """`harness list -k/-m` collects with the arguments `harness run` gives pytest, so it lists
+    exactly the cases pytest's own -k/-m selects (fault kinds, backends are keywords)."""
+    p = harness("list", "scenarios", *sel, "--json", cwd=scen.parent)
+    assert p.returncode == 0, p.stderr
+    listed = {r["id"] for r in json.loads(p.stdout)["cases"]}
+    col = subprocess.run([sys.executable, "-m", "pytest", "scenarios", "--collect-only", "-q",
+                          "-p", "no:cacheprovider", *sel], cwd=scen.parent,
+                         capture_output=True, text=True, timeout=300)
+    collected = {ln for ln in col.stdout.splitlines() if "::" in ln}
+    assert listed == collected
+    assert sel[1] != "stop_rank" or listed == {"scenarios/stopped.yaml::stopped_rank"}
+    assert not (scen.parent / ".harness").exists()   # nothing run, no evidence folder
+
+
+def test_run_list_and_compare_take_the_same_selection_options():
+    from harness.cli import build_parser
+    from harness.reports import compare
+
+    p = build_parser()
+    for verb in (["run"], ["list"], ["compare", "a.json", "b"]):
+        a = p.parse_args([*verb, "x", "-k", "store", "-m", "not race", "--smoke"])
+        assert (a.k, a.m, a.smoke) == ("store", "not race", True), verb
+    side = compare.Side("b", "b", python=sys.executable, env={})
+    argv = compare.run_argv(side, ["x"], Path("out"), builtin=True, k="store", m="not race",
+                            repeat=None, n=None, start=None, keep=None, smoke=True)
+    assert argv[argv.index("-k") + 1] == "store" and "--smoke" in argv and "--builtin" in argv
+
+
 def test_show_expands_the_plan(scen):
     p = harness("show", scen / "stopped.yaml")
     assert p.returncode == 0, p.stderr

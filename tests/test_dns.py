@@ -109,6 +109,59 @@ def test_a_faulted_name_is_forwarded_to_the_responder_and_nothing_else_is():
     assert step.trigger.at == 2 and step.undo_trigger is not None
 
 
+def test_a_name_faulted_for_some_hosts_goes_through_the_responder_with_their_addresses():
+    plan = _plan("dns: {domain: c.test, records: {m: node0}, master: m}\n"
+                 "faults: [{kind: dns_name, name: m, answer: nxdomain, hosts: [node1]}]\n")
+    conf = plan.dns.config()
+    assert "add-subnet=32,128" in conf and "server=/m.c.test/" in conf   # not the record file
+    step = plan.steps[-1]
+    assert step.hosts == ["node1"] and plan.host("node1").addr in step.only
+    assert plan.host("node0").addr not in step.only
+    assert "add-subnet" not in _plan("dns: {domain: c.test, records: {m: node0}}\n"
+                                     "faults: [{kind: dns_name, name: m, answer: servfail}]\n"
+                                     ).dns.config()
+
+
+@pytest.mark.parametrize("hosts, words", [("[nodeX]", "no host 'nodeX'"),
+                                          ("[dns]", "name server's own host")])
+def test_a_dns_name_fault_for_a_host_that_is_not_a_client_is_refused(hosts, words):
+    with pytest.raises(ScenarioFileError) as e:
+        _plan("dns: {domain: c.test, records: {m: node0}}\n"
+              f"faults: [{{kind: dns_name, name: m, answer: servfail, hosts: {hosts}}}]\n")
+    assert words in str(e.value) and "hosts" in str(e.value)
+
+
+def _ecs_query(name: str, client: str) -> bytes:
+    """A query as dnsmasq forwards it with add-subnet: an OPT record with a Client Subnet."""
+    import ipaddress
+    import struct
+
+    from harness.services.dnswire import build_query
+
+    q = bytearray(build_query(name, "A", qid=7))
+    q[10:12] = struct.pack("!H", 1)                          # ARCOUNT 1
+    ip = ipaddress.ip_address(client)
+    fam, bits = (1, 32) if ip.version == 4 else (2, 128)
+    ecs = struct.pack("!HBB", fam, bits, 0) + ip.packed
+    opt = struct.pack("!HH", 8, len(ecs)) + ecs
+    return bytes(q) + b"\0" + struct.pack("!HHIH", 41, 4096, 0, len(opt)) + opt
+
+
+def test_the_responder_answers_the_faulted_way_only_to_the_hosts_named():
+    from harness.services.dns_responder import Responder
+    from harness.services.dnswire import client_subnet, parse_answer
+
+    assert client_subnet(_ecs_query("m.c.test", "10.1.2.3")) == "10.1.2.3"
+    assert client_subnet(_ecs_query("m.c.test", "fd00::2")) == "fd00::2"
+    r = Responder({"m.c.test": ("answer", ["10.1.2.1"])}, live={"m.c.test": ["10.1.2.1"]})
+    r.set("m.c.test", "servfail", [], only=["10.1.2.3"])
+    assert parse_answer(r.reply(_ecs_query("m.c.test", "10.1.2.3"))).rcode == "SERVFAIL"
+    other = parse_answer(r.reply(_ecs_query("m.c.test", "10.1.2.2")))
+    assert (other.rcode, other.values("A")) == ("NOERROR", ["10.1.2.1"])
+    r.set("m.c.test", "servfail", [])                        # every client again
+    assert parse_answer(r.reply(_ecs_query("m.c.test", "10.1.2.2"))).rcode == "SERVFAIL"
+
+
 def test_ptr_false_leaves_no_hosts_line_every_name_goes_to_the_responder():
     plan = _plan("dns: {domain: c.test, records: {m: node0, n: node1}, ptr: false}\n"
                  "faults: [{kind: dns_name, name: m, answer: nxdomain, heal_after: 3}]\n")

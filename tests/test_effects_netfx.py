@@ -255,6 +255,15 @@ def test_a_second_card_gloo_is_pointed_at_carries_the_dials_to_it(tmp_path):
     assert " up on host node" in e["summary"]
 
 
+def test_a_link_local_only_card_must_come_up():
+    from harness.scenario.loader import ScenarioFileError, load_text
+
+    with pytest.raises(ScenarioFileError) as e:
+        load_text(TWO_HOSTS + "workload: [barrier]\n"
+                  "faults: [{kind: second_nic, address: link_local, up: false}]\n", "e.yaml")
+    assert "faults[0].address" in str(e.value) and "leave up true" in str(e.value)
+
+
 @real
 def test_a_down_card_in_the_interface_list_makes_a_send_find_no_route(tmp_path):
     obs, fx = _run(TWO_HOSTS + "workload: [barrier]\n"

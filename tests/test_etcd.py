@@ -80,6 +80,9 @@ def _agent_argv(plan: Any, label: str = "agent:node0") -> List[str]:
     ("etcd: {host: node0}\nlauncher: {kind: torchrun, rdzv_backend: etcd}\n"
      "faults: [{kind: etcd_server, mode: dropped, at: 1, hosts: [node0]}]\n", 9,
      "etcd's own host"),
+    ("etcd: {}\nlauncher: {kind: torchrun, rdzv_backend: etcd}\n"
+     "faults: [{kind: etcd_server, mode: killed, at: 1, restart: dialled}]\n", 9,
+     "restart is for mode wiped"),
 ])
 def test_a_bad_etcd_block_or_fault_is_a_located_error(text, line, words):
     with pytest.raises(ScenarioFileError) as e:
@@ -156,6 +159,18 @@ def test_the_faults_become_steps_with_their_triggers():
     assert steps["EtcdKill"].undo_trigger is None and steps["EtcdDrop"].trigger.at == 3
     assert not type(steps["EtcdKill"]).UNDO_AT_TEARDOWN   # a kill is never healed at teardown
     assert steps["EtcdDrop"].peers == []                   # from every host
+
+
+def test_a_wipe_restarted_once_dialled_waits_for_every_agents_host():
+    """restart: dialled: the new etcd is the step's undo, right after it, held by can_undo
+    until each agent's host was counted dialling the dead etcd (the real runs are the catalog's
+    rdzv-etcd wiped_in_training_etcd)."""
+    plan = _plan("etcd: {}\nlauncher: {kind: torchrun, rdzv_backend: etcd}\n"
+                 "faults: [{kind: etcd_server, mode: wiped, restart: dialled, at: 4}]\n")
+    (step,) = [s for s in plan.steps if s.fault == "etcd_server"]
+    assert step.wipe and step.dialled == ["node0", "node1"]
+    assert step.undo_trigger is not None and step.undo_trigger.after == step.id
+    assert "once node0, node1 dialled it" in step.describe()
 
 
 def test_dropped_from_some_hosts_drops_only_their_packets():

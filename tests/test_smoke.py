@@ -1,7 +1,7 @@
 """The catalog's smoke tier (cases marked ``smoke``; ``pytest scenarios/ -m smoke``, ``harness
 run --smoke``): every fault kind, launcher, init method, service and workload step at least
 once, so that a developer's loop and a CI gate touch every part. Pure: read from the loader
-and the registries, nothing runs here (the tier itself is measured in the README)."""
+and the registries, nothing runs here (the tier itself is measured in docs/reference/running.md)."""
 
 from __future__ import annotations
 

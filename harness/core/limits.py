@@ -1,8 +1,9 @@
 """Limits of the scenario format and the field types that carry them (pure).
 
-Every value a scenario file can give has a stated bound (README, "Limits"), so that what
-validates also starts, runs and is written down (a spawned environment, torch's timedelta, test
-ids, evidence paths). The schema, the faults and the triggers all take their types from here.
+Every value a scenario file can give has a stated bound (docs/reference/scenario-files.md,
+"Limits"), so that what validates also starts, runs and is written down (a spawned
+environment, torch's timedelta, test ids, evidence paths). The schema, the faults and the
+triggers all take their types from here.
 """
 
 from __future__ import annotations

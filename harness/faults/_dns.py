@@ -61,6 +61,9 @@ class DnsPlan:
     clients: List[str] = field(default_factory=list)                 # scenario hosts
     dead4: str = ""                             # an address of the run where no host is
     dead6: str = ""
+    add_subnet: bool = False                    # forwarded queries carry the asker's address
+    # scenario host -> its link addresses (v4, v6): who asked, for a fault of some hosts
+    host_addrs: Dict[str, List[str]] = field(default_factory=dict)
 
     def config(self) -> str:
         d = Path(self.directory)
@@ -74,6 +77,8 @@ class DnsPlan:
             lines.append(f"local=/{self.domain}/")
         lines += [f"local=/{z}/" for z in self.reverse_zones]
         lines += [f"server=/{n}/127.0.0.1#{self.responder_port}" for n in self.forwarded]
+        if self.add_subnet:   # the responder answers per asking host (dns_name hosts:)
+            lines.append("add-subnet=32,128")
         return "".join(f"{ln}\n" for ln in lines)
 
     def record_text(self, name: str, addrs: List[str]) -> str:
@@ -125,6 +130,7 @@ def plan_dns(plan: Any, scn: Any) -> DnsPlan:
                   directory=str(Path(plan.run_dir) / "dns"), domain=spec.domain,
                   ptr=spec.ptr, timeout=spec.timeout, attempts=spec.attempts,
                   clients=names, dead4=dead4, dead6=dead6,
+                  host_addrs={n: [topo.hosts[n].addr4, topo.hosts[n].addr6] for n in names},
                   reverse_zones=[_zone(topo.network), _zone6(topo.network6)])
     for rec, targets in spec.records.items():
         out: List[str] = []
@@ -202,7 +208,8 @@ class DnsUp(Step):
             argv = rt.python("harness.services.dns_responder", "--control",
                              "dns-responder.sock", "--port", str(dns.responder_port))
             for n, addrs in dns.forwarded.items():
-                argv += ["--name", f"{n}=answer:{','.join(addrs)}"]
+                argv += ["--name", f"{n}=answer:{','.join(addrs)}",
+                         "--live", f"{n}={','.join(addrs)}"]
             svc = rt.start_service(ServiceSpec(RESPONDER, argv, dns.host, ready=Answers(),
                                                control=control))
             info["responder_pid"] = svc.pid
@@ -312,11 +319,15 @@ def faulted_answers(log: Any, name: str, mode: str, addrs: List[str], start_line
             continue
         if rec.get("event") == "set":
             holds = rec.get("mode") == mode and list(rec.get("addrs") or []) == list(addrs)
-        elif rec.get("event") == "query" and holds and rec.get("mode") == mode:
+        elif rec.get("event") == "query" and holds and rec.get("mode") == mode \
+                and rec.get("held", True):
             rtype: Any = rec.get("type")
             qtype = {1: "A", 28: "AAAA", 12: "PTR"}.get(rtype, str(rtype))
+            client = rec.get("client")
             out.append({"t": round(float(rec.get("t") or 0.0) - start_line, 3), "type": qtype,
-                        "what": f"{qtype} query for {name} answered the faulted way"})
+                        **({"client": client} if client else {}),
+                        "what": f"{qtype} query for {name} answered the faulted way"
+                                + (f" (asked from {client})" if client else "")})
     return out
 
 
@@ -330,10 +341,12 @@ class ResponderMode(Step):
     mode: str = "servfail"
     addrs: List[str] = field(default_factory=list)
     live: List[str] = field(default_factory=list)
+    hosts: List[str] = field(default_factory=list)   # only the queries of these hosts
+    only: Optional[List[str]] = None                 # their addresses (None: every client)
 
     def do(self, rt: Any) -> None:
         rt.service(RESPONDER).request({"op": "set", "name": self.name, "mode": self.mode,
-                                       "addrs": self.addrs})
+                                       "addrs": self.addrs, "only": self.only})
 
     def undo(self, rt: Any) -> None:
         rt.service(RESPONDER).request({"op": "set", "name": self.name, "mode": "answer",
@@ -357,7 +370,8 @@ class ResponderMode(Step):
     def describe(self) -> str:
         what = {"servfail": "SERVFAIL", "silent": "no answer", "nxdomain": "NXDOMAIN",
                 "answer": "answers " + ", ".join(self.addrs)}[self.mode]
-        return f"dns: {self.name} -> {what}"
+        return f"dns: {self.name} -> {what}" + (
+            f" (asked from {', '.join(self.hosts)} only)" if self.hosts else "")
 
 
 @dataclass

@@ -239,13 +239,21 @@ class EtcdAbsent(Step):
 @dataclass
 class EtcdKill(Step):
     """etcd SIGKILLed (its group, reaped); ``wipe``: its data directory removed and etcd
-    started again empty at once. A heal (``undo``, never at teardown) starts it again on
-    what is left of its data."""
+    started again empty at once, or (``dialled``: scenario hosts) once each of those hosts has
+    dialled the dead etcd (its connects refused by a counting reject rule on etcd's host per
+    host: what a closed port answers anyway), at most ``bound`` s: the undo, gated on the
+    counters. A heal (``undo``, never at teardown) starts it again on what is left of its
+    data."""
 
     UNDO_AT_TEARDOWN: ClassVar[bool] = False
     etcd: Optional[EtcdPlan] = None
     wipe: bool = False
+    dialled: List[str] = field(default_factory=list)
+    bound: float = 30.0
     _seen: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False, compare=False)
+    _rules: Dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _first: Dict[str, float] = field(default_factory=dict, init=False, repr=False,
+                                     compare=False)
 
     def do(self, rt: Any) -> Dict[str, Any]:
         etcd = self.etcd
@@ -260,36 +268,94 @@ class EtcdKill(Step):
         if self.wipe:
             shutil.rmtree(etcd.data_dir, ignore_errors=True)
             self._seen["data_left"] = Path(etcd.data_dir).exists()
-            etcd.generation += 1
-            info["restarted"] = start_etcd(rt, etcd)
-            self._seen["new_pid"] = info["restarted"]["pid"]
+            if self.dialled:
+                self._rules = {h: rt.net.filter_rule(etcd.host, action="reject", direction="in",
+                                                     ports=[etcd.client_port], peer=h,
+                                                     counter=True)
+                               for h in self.dialled}
+                info["restart"] = "once " + ", ".join(self.dialled) + " dialled it"
+            else:
+                info["restarted"] = self._start_again(rt)
         return info
+
+    def _start_again(self, rt: Any) -> Dict[str, Any]:
+        assert self.etcd is not None and self._seen is not None
+        self.etcd.generation += 1
+        started = start_etcd(rt, self.etcd)
+        self._seen["new_pid"] = started["pid"]
+        self._seen["restarted_at"] = round(rt.now(), 3)
+        return started
+
+    def can_undo(self, rt: Any) -> bool:
+        """Gated (``dialled``): every host's reject rule has counted a packet, or ``bound`` s
+        went by since the kill. Each host's first count is kept (to the supervisor's tick)."""
+        if not self._rules or self._seen is None:
+            return True
+        assert self.etcd is not None
+        for h, handle in self._rules.items():
+            if h not in self._first and \
+                    rt.net.rule_counters(self.etcd.host, handle).get("packets", 0) > 0:
+                self._first[h] = round(rt.now(), 3)
+        return len(self._first) == len(self._rules) or rt.now() - self._seen["t"] >= self.bound
+
+    def undo(self, rt: Any) -> None:
+        assert self.etcd is not None
+        if self._rules:       # the gated restart of a wiped etcd
+            assert self._seen is not None
+            self._seen["dialled"] = {h: {"first": self._first.get(h),
+                                         "packets": rt.net.rule_counters(
+                                             self.etcd.host, hd).get("packets", 0)}
+                                     for h, hd in self._rules.items()}
+            for hd in self._rules.values():
+                rt.net.remove_rule(self.etcd.host, hd)
+            self._rules = {}
+            self._start_again(rt)
+            return
+        self.etcd.generation += 1
+        start_etcd(rt, self.etcd)
 
     def effect(self, rt: Any) -> Effect:
         """How the killed etcd ended (its exit status, reaped by the supervisor); wiped: its
-        data directory gone and the new etcd that answered."""
+        data directory gone and the new etcd that answered (gated: when each host first
+        dialled the dead one)."""
         assert self._seen is not None
         seen = self._seen
         killed = seen["status"] == -signal.SIGKILL
         ended = "ended by SIGKILL" if killed else f"exit status {seen['status']}"
         summary = f"etcd (pid {seen['pid']}) {ended} at {seen['t']:.2f} s"
         ok = killed
+        events = [{"t": seen["t"], "what": summary}]
         if self.wipe:
             ok = ok and not seen.get("data_left")
-            summary += ("; its data directory removed" if not seen.get("data_left") else
-                        "; its data directory NOT removed") + \
-                f"; a new empty etcd (pid {seen.get('new_pid')}) answered"
-        return Effect(acted=ok, summary=summary, numbers={"pid": seen["pid"]},
-                      events=[{"t": seen["t"], "what": summary}])
-
-    def undo(self, rt: Any) -> None:
-        assert self.etcd is not None
-        self.etcd.generation += 1
-        start_etcd(rt, self.etcd)
+            summary += "; its data directory removed" if not seen.get("data_left") else \
+                "; its data directory NOT removed"
+            dialled = seen.get("dialled") or {}
+            for h, d in sorted(dialled.items(), key=lambda x: x[1]["first"] or 1e9):
+                if d["first"] is not None:
+                    events.append({"t": d["first"], "what": f"host {h} dialled the dead etcd "
+                                   f"({d['packets']} packets refused)"})
+            never = [h for h, d in dialled.items() if d["first"] is None]
+            if self.dialled and "new_pid" not in seen:
+                ok = False
+                summary += "; no new etcd: the run ended before every host had dialled it"
+            elif "new_pid" in seen:
+                if self.dialled:
+                    summary += (f"; the new empty etcd (pid {seen['new_pid']}) started at "
+                                f"{seen['restarted_at']:.2f} s, once "
+                                + (", ".join(sorted(dialled)) + " had dialled the dead one"
+                                   if not never else f"{self.bound:g} s went by without a "
+                                   f"dial from {', '.join(never)}"))
+                    ok = ok and not never
+                else:
+                    summary += f"; a new empty etcd (pid {seen['new_pid']}) answered"
+                events.append({"t": seen["restarted_at"], "what": "the new empty etcd answers"})
+        return Effect(acted=ok, summary=summary, numbers={"pid": seen["pid"]}, events=events)
 
     def describe(self) -> str:
-        return "etcd's data wiped (SIGKILL, data removed, started again empty)" if self.wipe \
-            else "etcd killed (SIGKILL)"
+        if self.wipe:
+            return "etcd's data wiped (SIGKILL, data removed, started again empty" + (
+                f" once {', '.join(self.dialled)} dialled it)" if self.dialled else ")")
+        return "etcd killed (SIGKILL)"
 
 
 @dataclass

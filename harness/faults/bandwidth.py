@@ -65,8 +65,10 @@ class Bandwidth(ProxyFault):
     summary = "a rate limit on a host's link (tc tbf), or per connection (the fault proxy)"
     TOXIC = "bandwidth"
     rate: str = Field("1mbit",
-                      pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?(bit|kbit|mbit|gbit|bps|kbps|mbps)$")
-    direction: Literal["in", "out", "both"] = "out"
+                      pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?(bit|kbit|mbit|gbit|bps|kbps|mbps)$",
+                      description="the rate, as tc writes it: 1mbit, 512kbit, 10mbps...")
+    direction: Literal["in", "out", "both"] = Field(
+        "out", description="bytes the host sends (out), receives (in), or both")
     engine: Literal["tc", "proxy"] = Field("tc", description="tc (tbf on the link) or proxy")
 
     def check(self, scn: Any) -> List[Any]:

@@ -3,6 +3,9 @@
 that exists only N s after the start line is ``answer: nxdomain, heal_after: N``),
 ``servfail`` (SERVFAIL), ``silent`` (no answer at all: each lookup costs glibc's timeout x
 attempts), ``dead_first`` (an address of the run where no host is, before the live ones).
+``hosts``: only the queries asked from these hosts (dnsmasq adds the asker's address to each
+forwarded query, ``add-subnet``; the responder answers everyone else the live way): a name one
+host resolves and another does not.
 The last three go through the harness's responder (dnsmasq forwards the name to it, on the
 server's own loopback), and so does ``nxdomain`` with ``ptr: false`` (every name is the
 responder's there). dns_server: the whole server frozen (SIGSTOP) or its port dropped.
@@ -44,6 +47,10 @@ class DnsName(Fault, When):
                       "name goes under its domain)")
     answer: Literal["nxdomain", "servfail", "silent", "dead_first"] = Field(
         description="what the server answers for it while the fault holds")
+    hosts: List[str] = Field(
+        default_factory=list, max_length=16, description="only the queries asked from these "
+        "scenario hosts are answered the faulted way; every other host gets the live answer "
+        "(default: every host)")
 
     def check(self, scn: Any) -> List[Any]:
         problems = super().check(scn) + _needs_dns(scn, self.kind)
@@ -52,13 +59,21 @@ class DnsName(Fault, When):
             if scn.dns.fqdn(self.name) not in known:
                 problems.append((("name",), f"{self.name!r} is not a record of the dns: block "
                                  f"({', '.join(sorted(known)) or 'none'})"))
+        names = scn.host_names()
+        for i, h in enumerate(self.hosts):
+            if getattr(scn, "dns", None) is not None and h == scn.dns.host:
+                problems.append((("hosts", i), f"{h!r} is the name server's own host: it asks "
+                                 "no one"))
+            elif h not in names:
+                problems.append((("hosts", i), f"no host {h!r} in this scenario (hosts: "
+                                 f"{', '.join(names)})"))
         return problems
 
     def apply(self, plan: Any, scn: Any) -> None:
         dns = plan.dns
         fqdn = scn.dns.fqdn(self.name)
         live = dns.records.get(fqdn) or dns.forwarded[fqdn]
-        if self.answer == "nxdomain" and fqdn in dns.records:
+        if self.answer == "nxdomain" and fqdn in dns.records and not self.hosts:
             step: Any = RecordFile(dns=dns, name=fqdn, trigger=self.trigger(),
                                    target=f"host {dns.host}")
         else:
@@ -67,13 +82,19 @@ class DnsName(Fault, When):
                 dns.responder_port = dns.responder_port or plan.new_port()
             mode = "answer" if self.answer == "dead_first" else self.answer
             dead = dns.dead6 if plan.ip == "6" else dns.dead4
+            only = None
+            if self.hosts:   # dnsmasq tells the responder who asked (EDNS Client Subnet)
+                dns.add_subnet = True
+                only = [a for h in self.hosts for a in dns.host_addrs.get(h, [])]
             step = ResponderMode(name=fqdn, mode=mode,
                                  addrs=[dead] + live if self.answer == "dead_first" else [],
-                                 live=live, trigger=self.trigger(),
-                                 target=f"host {dns.host}")
+                                 live=live, hosts=list(self.hosts), only=only,
+                                 trigger=self.trigger(), target=f"host {dns.host}")
         plan.add_step(self, step)
         step.undo_trigger = self.heal(step.id)
-        plan.notes.append(f"dns_name: {fqdn} {self.answer}, {self.when()}")
+        plan.notes.append(f"dns_name: {fqdn} {self.answer}"
+                          + (f" (asked from {', '.join(self.hosts)})" if self.hosts else "")
+                          + f", {self.when()}")
 
 
 class DnsServer(Fault, When):

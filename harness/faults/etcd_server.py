@@ -6,9 +6,11 @@ time), ``killed`` (SIGKILL; ``heal_after``: started again on its data), ``frozen
 ``heal_after``: SIGCONT), ``dropped`` (an nftables drop of its client port on its host, live
 connections too; ``hosts``: only from these scenario hosts; ``heal_after``: removed),
 ``wiped`` (SIGKILL, its data directory removed, started again empty at once: every key of the
-rendezvous is gone), ``slow`` (a duty cycle: SIGSTOP for ``stopped_ms``, SIGCONT for
-``running_ms``, again, until the heal). The timed modes take the
-usual trigger (``at``, or ``phase`` + ``rank`` + ``after``): "during rendezvous" is
+rendezvous is gone; ``restart: dialled``: started again only once every agent's host has
+dialled the dead etcd, its connects refused as by a closed port, at most 30 s: whether an
+agent meets etcd gone no longer depends on when its poll falls), ``slow`` (a duty cycle:
+SIGSTOP for ``stopped_ms``, SIGCONT for ``running_ms``, again, until the heal). The timed
+modes take the usual trigger (``at``, or ``phase`` + ``rank`` + ``after``): "during rendezvous" is
 ``{phase: rendezvous, rank: "agent:node0"}``, "in training step k" ``{phase: "train step k",
 rank: 0}`` (a ``ddp`` workload).
 
@@ -25,7 +27,7 @@ from typing import Any, ClassVar, List, Literal, Sequence
 
 from pydantic import Field
 
-from ..core.triggers import When
+from ..core.triggers import Trigger, When
 from ..machine.requirement import NAMESPACES, Requirement
 from ..services.etcd import ETCD, PYTHON_ETCD
 from . import Fault
@@ -53,6 +55,10 @@ class EtcdServer(Fault, When):
     hosts: List[str] = Field(
         default_factory=list, max_length=16, description="dropped only: the scenario hosts "
         "cut off from etcd (default: every host)")
+    restart: Literal["at_once", "dialled"] = Field(
+        "at_once", description="wiped only: when the new empty etcd starts: at_once, or "
+        "dialled: once every agent's host has dialled the dead etcd (its connects refused, "
+        "as by a closed port; at most 30 s)")
 
     def requirements(self, scn: Any) -> Sequence[Requirement]:
         return (ETCD, PYTHON_ETCD, NAMESPACES) if self.mode == "dropped" \
@@ -73,6 +79,13 @@ class EtcdServer(Fault, When):
                              "(+ rank), e.g. {phase: rendezvous, rank: 'agent:node0'}"))
         if self.mode != "slow" and ({"stopped_ms", "running_ms"} & self.model_fields_set):
             problems.append((("mode",), "stopped_ms and running_ms are for mode slow"))
+        if self.restart != "at_once" and self.mode != "wiped":
+            problems.append((("restart",), "restart is for mode wiped (when the new empty "
+                             "etcd starts)"))
+        if self.restart == "dialled" and not scn.needs_namespaces():
+            problems.append((("restart",), "restart: dialled counts the agents' dials on "
+                             "etcd's host: etcd needs a host of the run's network (etcd: "
+                             "host: a host of its own)"))
         if self.mode == "wiped" and self.heal_after is not None:
             problems.append((("heal_after",), "wiped has nothing to heal: the new etcd is "
                              "already running"))
@@ -104,8 +117,16 @@ class EtcdServer(Fault, When):
         target = etcd.where()
         step: Any
         if self.mode in ("killed", "wiped"):
-            step = EtcdKill(etcd=etcd, wipe=self.mode == "wiped", trigger=self.trigger(),
-                            target=target)
+            dialled = [h for h in scn.host_names() if h != etcd.host] \
+                if self.restart == "dialled" else []
+            step = EtcdKill(etcd=etcd, wipe=self.mode == "wiped", dialled=dialled,
+                            trigger=self.trigger(), target=target)
+            if dialled:   # the restart is the undo, gated on the dials (EtcdKill.can_undo)
+                plan.add_step(self, step)
+                step.undo_trigger = Trigger.after_step(step.id)
+                plan.notes.append(f"etcd_server: wiped, {self.when()}; started again once "
+                                  f"{', '.join(dialled)} dialled it")
+                return
         elif self.mode == "frozen":
             step = EtcdFreeze(etcd=etcd, trigger=self.trigger(), target=target)
         elif self.mode == "slow":

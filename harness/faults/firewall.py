@@ -62,8 +62,10 @@ class FirewallRule(NetStep):
 class Firewall(HostNetFault):
     kind: Literal["firewall"] = "firewall"
     summary = "nftables drop/reject on a host (inbound or outbound; master port, data ports...)"
-    action: Literal["drop", "reject"] = "drop"
-    direction: Literal["in", "out"] = "in"
+    action: Literal["drop", "reject"] = Field(
+        "drop", description="drop (the peer waits out its connect) or reject (refused at once)")
+    direction: Literal["in", "out"] = Field(
+        "in", description="packets the host receives (in) or sends (out)")
     ports: PortSel = Field("master", description="master (the job's store port: the lease, "
                            "init_url's, the launcher's rdzv_endpoint or master_port), data (every "
                            "new connection but to the store port: gloo's mesh), all, or a list "

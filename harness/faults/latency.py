@@ -54,8 +54,9 @@ class Latency(ProxyFault):
     summary = "added delay and jitter on a host's traffic (tc netem, else the fault proxy)"
     REQUIRES: ClassVar[Sequence[Requirement]] = (NAMESPACES, NFT, NETEM)
     TOXIC = "latency"
-    delay_ms: float = Field(gt=0, le=60000)
-    jitter_ms: float = Field(0, ge=0, le=60000)
+    delay_ms: float = Field(gt=0, le=60000, description="the delay added, milliseconds")
+    jitter_ms: float = Field(0, ge=0, le=60000,
+                             description="random variation of the delay, milliseconds")
     engine: Literal["auto", "netem", "proxy"] = Field(
         "auto", description="netem where present (auto), or force netem or the proxy")
     direction: Literal["in", "out", "both"] = Field(

@@ -60,8 +60,9 @@ class Loss(NetStep):
 class PacketLoss(HostNetFault):
     kind: Literal["packet_loss"] = "packet_loss"
     summary = "a share of a host's packets is dropped (nftables numgen random)"
-    percent: float = Field(gt=0, le=100)
-    direction: Literal["in", "out", "both"] = "both"
+    percent: float = Field(gt=0, le=100, description="the share of packets dropped, %")
+    direction: Literal["in", "out", "both"] = Field(
+        "both", description="packets the host receives (in), sends (out), or both")
 
     def is_random(self):
         return self.percent < 100

@@ -27,7 +27,8 @@ class RaiseException(Fault):
                            description="a builtin exception class (RuntimeError, "
                                        "MemoryError...) or one of torch.distributed's "
                                        "(DistBackendError...)")
-    message: str = Field("raised by the harness (raise_exception)", max_length=MAX_TEXT)
+    message: str = Field("raised by the harness (raise_exception)", max_length=MAX_TEXT,
+                         description="the exception's message")
 
     @field_validator("phase")
     @classmethod

@@ -4,7 +4,9 @@ A node with two cards, the second one on a management or storage network its pee
 share: each chosen host gets ``name`` (eth1) with an address of a subnet of the run's that no
 link joins (the same subnet on every host, so a peer's address there looks on-link, and its
 ARP is never answered). ``up`` (the default): the card has carrier; else it is configured and
-down. What points gloo or NCCL at it is the scenario's own: ``GLOO_SOCKET_IFNAME: eth1`` in
+down. ``address: link_local``: no address given at all, only the IPv6 link-local one the
+kernel makes when the card comes up (a card on a network with no DHCP and no router). What
+points gloo or NCCL at it is the scenario's own: ``GLOO_SOCKET_IFNAME: eth1`` in
 ``env:``, the Slurm launcher's ``interface: eth1`` (its task script exports it), or a list in
 ``wrong_interface``'s list modes."""
 
@@ -31,6 +33,10 @@ class SecondNic(Fault):
                       description="its interface name (1-14 of [A-Za-z0-9_.:-]: the veth's other "
                       "end is this name + 'p'); not eth0 (the host's link) nor lo")
     up: bool = Field(True, description="true: up, with carrier; false: configured and down")
+    address: Literal["subnet", "link_local"] = Field(
+        "subnet", description="subnet: an IPv4 address of a subnet no other host is on; "
+        "link_local: no address given, only the IPv6 link-local one the kernel makes when the "
+        "card comes up (a network with no DHCP and no router; needs up)")
 
     def check(self, scn):
         problems = super().check(scn)
@@ -38,6 +44,10 @@ class SecondNic(Fault):
             if len(h) > MAX_NAME or h not in scn.host_names():
                 problems.append((("hosts", i), f"no host {h[:40]!r} (hosts: "
                                                f"{', '.join(scn.host_names())})"))
+        if self.address == "link_local" and not self.up:
+            problems.append((("address",), "link_local: the kernel gives a card its "
+                                           "link-local address only when it comes up: "
+                                           "leave up true"))
         if self.name in ("eth0", "lo"):
             problems.append((("name",), f"{self.name} is the host's own "
                                         f"{'link' if self.name == 'eth0' else 'loopback'}: "
@@ -48,6 +58,9 @@ class SecondNic(Fault):
         hosts = self.hosts or [h.name for h in plan.hosts]
         for host in hosts:
             plan.add_step(self, SpareLink(host=host, ifname=self.name, up=self.up,
+                                          link_local=self.address == "link_local",
                                           trigger=Trigger.setup(), target=f"host {host}"))
+        where = "with only an IPv6 link-local address" if self.address == "link_local" \
+            else "on a network no other host is on"
         plan.notes.append(f"second_nic: {self.name} ({'up' if self.up else 'down'}) on "
-                          f"{', '.join(hosts)}, on a network no other host is on")
+                          f"{', '.join(hosts)}, {where}")

@@ -11,7 +11,8 @@ class SlowClose(ProxyFault):
     kind: Literal["slow_close"] = "slow_close"
     summary = "the fault proxy delays the close (FIN) of a host's connections"
     TOXIC = "slow_close"
-    delay_ms: float = Field(gt=0, le=3_600_000)
+    delay_ms: float = Field(gt=0, le=3_600_000,
+                            description="how long the close (FIN) is held back, milliseconds")
 
     def params(self) -> Dict[str, Any]:
         return {"delay_ms": self.delay_ms}

@@ -157,6 +157,11 @@ class Step:
         rank, for instance, waits until the rank was released and never fires once it ended."""
         return True
 
+    def can_undo(self, rt: Runtime) -> bool:
+        """Whether the undo may run now that its trigger holds (default: yes): an undo gated
+        on what other processes did (etcd started again once every agent dialled it)."""
+        return True
+
     @property
     def undoable(self) -> bool:
         return type(self).undo is not Step.undo
@@ -233,7 +238,7 @@ class Scheduler:
                 if not s.trigger.is_setup and s.trigger.due(now, clock) and s.can_fire(self.rt):
                     self._do(s, now)
             elif s.undo_trigger is not None and s.id not in self.undone \
-                    and s.undo_trigger.due(now, clock):
+                    and s.undo_trigger.due(now, clock) and s.can_undo(self.rt):
                 self._undo(s, now)
 
     def effects(self, now: float) -> List[Dict[str, Any]]:

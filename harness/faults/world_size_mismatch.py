@@ -16,7 +16,8 @@ class WorldSizeMismatch(Fault):
     kind: Literal["world_size_mismatch"] = "world_size_mismatch"
     ON_ALLOCATION = None   # works on an allocation's nodes
     summary = "chosen ranks are told another WORLD_SIZE"
-    ranks: List[int] = Field(default_factory=lambda: [0], max_length=MAX_WORLD)
+    ranks: List[int] = Field(default_factory=lambda: [0], max_length=MAX_WORLD,
+                             description="the ranks told another WORLD_SIZE")
     world_size: int = Field(ge=1, le=1024, description="the WORLD_SIZE they are told")
 
     def check(self, scn):

@@ -20,7 +20,8 @@ class WrongAddr(Fault):
     ON_ALLOCATION = None   # works on an allocation's nodes
     HINTS = ("another master address",)
     summary = "chosen ranks get another MASTER_ADDR"
-    ranks: List[int] = Field(default_factory=lambda: [1], max_length=MAX_WORLD)
+    ranks: List[int] = Field(default_factory=lambda: [1], max_length=MAX_WORLD,
+                             description="the ranks given another MASTER_ADDR")
     addr: str = Field(max_length=MAX_ADDR, description="the address they get; must be loopback "
                       "(127.0.0.0/8, ::1, localhost): on Linux every 127.x address is local, so "
                       "this is no fault")

@@ -32,12 +32,15 @@ class SpareLink(NetStep):
     host: str = ""
     ifname: str = SPARE_IFNAME
     up: bool = False
+    link_local: bool = False     # only the kernel's IPv6 link-local address (with up)
     _handle: Optional[str] = field(default=None, init=False, repr=False, compare=False)
     _noroutes: Optional[int] = field(default=None, init=False, repr=False, compare=False)
 
     def do(self, rt):
-        addr = rt.net.add_spare_link(self.host, self.ifname, up=self.up)
-        self._handle = rt.net.count_link(self.host, self.ifname)
+        addr = rt.net.add_spare_link(self.host, self.ifname, up=self.up,
+                                     link_local=self.link_local)
+        self._handle = rt.net.count_link(self.host, self.ifname,
+                                         "ipv6" if self.link_local else "ipv4")
         self._noroutes = rt.net.snmp(self.host).get("Ip.OutNoRoutes")
         return {"addr": addr}
 
@@ -59,13 +62,17 @@ class SpareLink(NetStep):
         missed = None if noroutes is None or self._noroutes is None \
             else noroutes - self._noroutes
         state = "up" if link["up"] else "down"
-        addr = ", ".join(a for a in link["addrs"] if not a.startswith("fe80:")) \
-            or "no address"
-        numbers = {"ipv4_out": out, "ipv4_in": inn, "tx_packets": link["tx_packets"],
+        fam = "IPv6 TCP" if self.link_local else "IPv4"
+        addr = ", ".join(a for a in link["addrs"] if self.link_local
+                         or not a.startswith("fe80:")) or "no address"
+        if self.link_local:
+            addr = f"only the link-local {addr}"
+        key = "ipv6_tcp" if self.link_local else "ipv4"
+        numbers = {f"{key}_out": out, f"{key}_in": inn, "tx_packets": link["tx_packets"],
                    "rx_packets": link["rx_packets"]}
         if missed is not None:
             numbers["no_route"] = missed
-        took = f"{out} IPv4 packet{'s' * (out != 1)} sent out of it, {inn} received"
+        took = f"{out} {fam} packet{'s' * (out != 1)} sent out of it, {inn} received"
         if link["up"]:
             acted = out + inn > 0
             summary = f"{self.ifname} ({addr}) up on host {self.host}: {took}"
@@ -82,7 +89,8 @@ class SpareLink(NetStep):
                                        f"{link['rx_packets']} packets; {took}"}])
 
     def describe(self):
-        return f"add {self.ifname} ({'up' if self.up else 'down'}) on {self.host}"
+        return f"add {self.ifname} ({'up' if self.up else 'down'}" + (
+            ", link-local only" if self.link_local else "") + f") on {self.host}"
 
 
 class WrongInterface(Fault):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..core.protocol import Label, parse_label
+from ..net.safety import as_meant
 from ..net.sockets import SocketRecord
 from .classify import Verdict, mro_names, signal_name
 from .observation import RankObservation, RunObservation
@@ -192,6 +193,14 @@ def _job(label: str) -> str:
     return label.rsplit(":", 1)[0] + ":" if ":" in label else ""
 
 
+def _is_ip(addr: str) -> bool:
+    try:
+        ipaddress.ip_address(addr)
+    except ValueError:
+        return False
+    return True
+
+
 def _is_loopback(addr: str) -> bool:
     return addr in LOOPBACK_NAMES or addr.startswith("127.") or addr == "::1"
 
@@ -348,9 +357,14 @@ def syn_unanswered(c: RankContext) -> Optional[Cause]:
     if not syn and rule is None:
         return None
     text = f"its SYN to {target[0]}:{target[1]} was never answered"
+    ip = as_meant(target[0])
     if rule is not None:
         text += f": dropped by the nft rule on host {rule[0]}: {rule[1]}"
         ev.append(f"nft on {rule[0]}: {rule[1]}")
+    elif _dead_address(c, ip):
+        # the connect waits for ARP, which nobody answers; it ends in No route to host
+        text += (f": {ip} is an address where no host of the run answers (nobody on the link "
+                 "has it)")
     if retrans:
         ev.append("TCPSynRetrans: " + ", ".join(f"{h} {n}" for h, n in retrans.items()))
     if c.verdict.exception:
@@ -423,6 +437,17 @@ def _host_addrs(c: RankContext) -> Dict[str, str]:
             if h.get("addr")}
 
 
+def _dead_address(c: RankContext, addr: str) -> bool:
+    """``addr`` lies in the run's own subnet (its hosts' /24, or /64 with ip: 6), and no host
+    of the run has it: nobody on the link answers for it."""
+    own = list(_host_addrs(c).values())
+    if not own or not _is_ip(addr) or addr in own:
+        return False
+    nets = {ipaddress.ip_interface(f"{a}/{64 if ':' in a else 24}").network for a in own
+            if _is_ip(a)}
+    return any(ipaddress.ip_address(addr) in n for n in nets)
+
+
 def _ifname(c: RankContext, label: str) -> str:
     """The rank's GLOO_SOCKET_IFNAME in words: as planned, else as the process said at its
     start (a task srun started, a worker of an agent)."""
@@ -484,6 +509,33 @@ def gloo_pair_to_a_second_card(c: RankContext) -> Optional[Cause]:
                          f"no other host is on, and gave up at {o.duration:g} s; this rank "
                          "waited for the pair until gloo's connect timeout",
                          [_exc_line(v), _exc_line(o), f"{host} {ifname}: {om.group(1)}"])
+    return None
+
+
+LINK_LOCAL_STEP = re.compile(r"^add (\S+) \(up, link-local only\) on (\S+)$")
+
+
+def gloo_on_a_link_local_card(c: RankContext) -> Optional[Cause]:
+    """GLOO_SOCKET_IFNAME names a card whose only address is IPv6 link-local (second_nic
+    address: link_local): gloo advertises that address, a peer's pair dials it out of its own
+    card of that name, on a network where no other host is (a link-local address is good only
+    on its own link), and gloo's connect times out."""
+    v = c.verdict
+    if "connectFullMesh" not in (v.message or ""):
+        return None
+    names = [n.strip() for n in c.env(v.label).get("GLOO_SOCKET_IFNAME", "").split(",")]
+    for st in c.run.step_log:
+        m = LINK_LOCAL_STEP.match(st.what or "")
+        addr = (st.info or {}).get("addr") if st.action == "do" else None
+        if m is None or not addr or m.group(2) != v.host or m.group(1) not in names:
+            continue
+        return Cause(f"GLOO_SOCKET_IFNAME={','.join(n for n in names if n)} names "
+                     f"{m.group(1)}, whose only address on host {v.host} is the IPv6 "
+                     f"link-local {addr}: gloo advertised it, but a link-local address is "
+                     "good only on its own link, and each host's "
+                     f"{m.group(1)} is on a network no other host is on: no pair connected "
+                     "until gloo's connect timeout",
+                     [_exc_line(v), f"{v.host} {m.group(1)}: {addr} (link-local only)"])
     return None
 
 
@@ -2358,6 +2410,18 @@ RETRYING = re.compile(r"TCP client failed to connect/validate to host (\S+):(\d+
 GAI_OF = re.compile(r"The (?:IPv\d )?network addresses of \(([^,]+), (\d+)\) cannot be retrieved "
                     r"\(gai error: ([^)]*)\)")
 PROGRESS_WINDOW = 2.0    # a step entered this close to the deadline: the row was still stepping
+# torch's warning for one failed try of a store client's connect: nobody on the link answered
+NO_ROUTE_TRY = re.compile(r"failed to connect to (\S+?):(\d+) \(errno: 113 - No route to host\)")
+
+
+def _no_route_try(c: RankContext, port: int) -> Optional[re.Match]:
+    """torch's last line of a connect try to ``port`` that found no host (errno 113) at an
+    address (not a name: the line that names the address the name led to)."""
+    found = None
+    for m in NO_ROUTE_TRY.finditer(c.stderr()):
+        if int(m.group(2)) == port and _is_ip(as_meant(m.group(1))):
+            found = m
+    return found
 
 
 def _main_frames(o: Optional[RankObservation]) -> List[str]:
@@ -2472,6 +2536,15 @@ def dialling_a_store_nobody_hosts(c: RankContext) -> Optional[Cause]:
         why = unknown or f"it dials {addr}:{port}, a name that does not resolve on host " \
             f"{v.host} ({gai.group(3)})"  # type: ignore[union-attr]
         return Cause(why + tail, ev)
+    # an address where no host answers (ARP found nobody: a node that is gone, a names: entry
+    # "dead"): torch's own lines name the address each try led to
+    dead = _no_route_try(c, port)
+    if dead is not None and _dead_address(c, as_meant(dead.group(1))):
+        ip = as_meant(dead.group(1))
+        ev.append(f"stderr: {dead.group(0)}")
+        via = "" if ip == addr else f"; {addr} leads to {ip} on host {v.host}"
+        return Cause(f"it dials {addr}:{port}{via}, an address where no host of the run answers "
+                     f"(No route to host: nobody on the link has it){tail}", ev)
     listeners = [x for x in _listening(c, port)
                  if x.host == v.host or addr in (x.addr, x.host) or _is_loopback(addr)
                  and x.host == v.host]
@@ -2743,6 +2816,7 @@ RULES: List[Rule] = [
     nccl_interface_missing,
     nccl_ranks_share_a_gpu,
     gloo_mesh_blocked,
+    gloo_on_a_link_local_card,
     gloo_pair_to_a_second_card,
     gloo_pair_to_no_host,
     syn_unanswered,

@@ -94,6 +94,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -150,6 +151,8 @@ LINK_IFNAME = "eth0"
 BRIDGE_IFNAME = "br0"
 MAX_HOSTS = 253
 COMMAND_TIMEOUT_S = 30.0
+IFA_F_TENTATIVE = 0x40      # an IPv6 address still in duplicate address detection
+LINK_LOCAL_WAIT = 5.0       # s for a link-local address to settle (DAD: ~1 s on this kernel)
 
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,7}-$")
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9_]{1,24}$")
@@ -1285,14 +1288,18 @@ class Topology:
 
     # ---- extra interfaces ------------------------------------------------------------------
 
-    def add_spare_link(self, host: str, ifname: str, up: bool = False) -> str:
+    def add_spare_link(self, host: str, ifname: str, up: bool = False,
+                       link_local: bool = False) -> str:
         """A second interface on the host with an address of its own subnet (the harness's
         pool, routed by no link of the run: every host's is in the same subnet, and nothing
         joins them), left down unless ``up``: a NIC that is configured but has no carrier. It
         is one end of a veth pair whose other end (``<ifname>p``) stays in the same namespace
         (this kernel may lack the dummy link type), down, or with ``up`` up too (the card has
         carrier on a network where no other host is: ARP for a peer's address there is never
-        answered); both go with the namespace. Returns its address."""
+        answered); both go with the namespace. Returns its address. ``link_local`` (with
+        ``up``): no address of the pool, only the IPv6 link-local one the kernel gives an
+        interface that comes up (a card on a network with no DHCP and no router), returned once
+        its duplicate address detection is over (a tentative address cannot be bound)."""
         self._require_up()
         net = self.host(host)
         index = list(self._hosts).index(host)
@@ -1300,25 +1307,49 @@ class Topology:
         def make(ipr: Any) -> None:
             ipr.link("add", ifname=ifname, kind="veth", peer={"ifname": f"{ifname}p"})
             index = _index(ipr, ifname)
-            ipr.addr("add", index=index, address=addr, prefixlen=self.spare_network.prefixlen)
+            if not link_local:
+                ipr.addr("add", index=index, address=addr,
+                         prefixlen=self.spare_network.prefixlen)
             if up:
                 ipr.link("set", index=_index(ipr, f"{ifname}p"), state="up")
                 ipr.link("set", index=index, state="up")
 
         _in_netns(net.netns, f"adding the spare link {ifname}", make)
-        return addr
+        if not link_local:
+            return addr
 
-    def count_link(self, host: str, ifname: str) -> str:
+        def settled(ipr: Any) -> Optional[str]:
+            for a in ipr.get_addr(index=_index(ipr, ifname), family=socket.AF_INET6):
+                if str(a.get_attr("IFA_ADDRESS") or "").startswith("fe80:") \
+                        and not (a.get_attr("IFA_FLAGS") or a["flags"]) & IFA_F_TENTATIVE:
+                    return str(a.get_attr("IFA_ADDRESS"))
+            return None
+
+        deadline = time.monotonic() + LINK_LOCAL_WAIT
+        while True:
+            found = _in_netns(net.netns, f"reading {ifname}'s link-local address", settled)
+            if found:
+                return found
+            if time.monotonic() > deadline:
+                raise TopologyError(f"{ifname} on host {host} had no usable IPv6 link-local "
+                                    f"address {LINK_LOCAL_WAIT:g} s after it came up (is IPv6 "
+                                    "disabled in the namespace?)")
+            time.sleep(0.05)
+
+    def count_link(self, host: str, ifname: str, family: str = "ipv4") -> str:
         """Count the IPv4 packets the host sends out of ``ifname`` (chain ``output``) and
         receives on it (chain ``input``), with two nft rules that only count (no verdict);
         returns a handle for :meth:`rule_counters` and :meth:`remove_rule`. IPv4 only: an
         interface that is up sends IPv6 neighbour and router messages of its own, which are not
-        traffic of the run's programs."""
-        ipv4 = nftjson.match(nftjson.meta("nfproto"), "ipv4")
+        traffic of the run's programs. ``family="ipv6"``: IPv6 TCP packets only (a card with
+        only a link-local address), for the same reason."""
+        match = [nftjson.match(nftjson.meta("nfproto"), "ipv4")] if family == "ipv4" else \
+            [nftjson.match(nftjson.meta("nfproto"), "ipv6"),
+             nftjson.match(nftjson.meta("l4proto"), "tcp")]
         return self._add_rules("count", {host: [
-            ("output", [nftjson.match(nftjson.meta("oifname"), ifname), ipv4,
+            ("output", [nftjson.match(nftjson.meta("oifname"), ifname), *match,
                         {"counter": None}]),
-            ("input", [nftjson.match(nftjson.meta("iifname"), ifname), ipv4,
+            ("input", [nftjson.match(nftjson.meta("iifname"), ifname), *match,
                        {"counter": None}])]})
 
     def link_stats(self, host: str, ifname: str) -> Dict[str, Any]:

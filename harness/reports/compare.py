@@ -111,7 +111,7 @@ def side(name: str, spec: str, env: Optional[Dict[str, str]] = None) -> Side:
 
 def run_argv(s: Side, paths: Sequence[str], out: Path, *, builtin: bool, k: Optional[str],
              m: Optional[str], repeat: Optional[int], n: Optional[Union[int, str]],
-             start: Optional[str], keep: Optional[str]) -> List[str]:
+             start: Optional[str], keep: Optional[str], smoke: bool = False) -> List[str]:
     """The ``harness run`` command line of one side (what the side's log shows first)."""
     assert s.python is not None
     argv = [sys.executable, "-m", "harness", "run", *paths, "--python", s.python,
@@ -119,6 +119,8 @@ def run_argv(s: Side, paths: Sequence[str], out: Path, *, builtin: bool, k: Opti
             "--no-progress"]
     if builtin:
         argv.append("--builtin")
+    if smoke:
+        argv.append("--smoke")
     for flag, value in (("-k", k), ("-m", m), ("--repeat", repeat), ("-n", n),
                         ("--start", start)):
         if value:

@@ -1,8 +1,9 @@
 """Loading: YAML text -> validated Scenario cases; every problem located as file:line: field.
 
 Scenario files are user input and may be hostile (a billion laughs, 40,000 keys, a FIFO named
-x.yaml): loading is linear in the file's size, with stated caps (README, "Limits"), and every
-problem is one located line, never a traceback or a hang. The passes:
+x.yaml): loading is linear in the file's size, with stated caps
+(docs/reference/scenario-files.md, "Limits"), and every problem is one located line, never a
+traceback or a hang. The passes:
 
 1. read: at most ``MAX_FILE_BYTES`` + 1 bytes of a regular file (a FIFO, device or directory is
    refused without being read);
@@ -73,7 +74,7 @@ from .schema import (
 
 Path_ = Tuple[str, ...]
 
-# -- limits (README "Limits") ----------------------------------------------------------------
+# -- limits (docs/reference/scenario-files.md "Limits") -----------------------------------------
 MAX_FILE_BYTES = 1 << 20   # 1 MiB: a scenario is a few KB
 MAX_DEPTH = 20             # lists/mappings inside each other, aliases expanded (scenarios use 8)
 MAX_NODES = 100_000        # YAML nodes once every alias is expanded

@@ -6,8 +6,9 @@ plugin models (``harness.faults``, looked up by ``kind`` in the registry), valid
 kept typed on the scenario. The loader also leaves, on each expectation, the line it came from
 (``RankExpect.line``), so that a failed expectation names ``file.yaml:LINE``.
 
-Every value a file can give has a stated bound (README, "Limits"): what passes here must also
-start, run and be written down (spawned env, torch's timedelta, test ids, evidence paths).
+Every value a file can give has a stated bound (docs/reference/scenario-files.md, "Limits"):
+what passes here must also start, run and be written down (spawned env, torch's timedelta,
+test ids, evidence paths).
 """
 
 from __future__ import annotations
@@ -697,7 +698,8 @@ class Scenario(Strict):
         None, ge=0, le=MAX_WORLD, description="with NCCL: how many CUDA GPUs the case needs "
         "(skipped, with the count, where the machine has fewer); null: one per rank. Fewer "
         "than the ranks puts several ranks on one GPU (with LOCAL_RANK set in env)")
-    world_size: int = Field(2, ge=1, le=MAX_WORLD)
+    world_size: int = Field(2, ge=1, le=MAX_WORLD, description="number of ranks (with "
+                            "hosts: the hosts' ranks)")
     init: Literal["env", "tcp", "file"] = Field(
         "env", description="init method: env (env://, MASTER_ADDR/PORT), tcp (tcp://addr:port) or "
         "file (file:///shared/path)")
@@ -756,7 +758,10 @@ class Scenario(Strict):
         "rank, or a mapping of rank numbers (and '*') to paths; a host's python comes between "
         "(rank > host > '*'); ~ and $VARS are expanded; a scenario whose interpreter is "
         "missing or cannot import torch is skipped with the reason")
-    workload: Workload = Field(default_factory=lambda: Workload())
+    workload: Workload = Field(default_factory=lambda: Workload(),
+                               description="what the ranks do after init: init (init only), a "
+                               "list of steps, or {steps: [...], destroy: true} (the workload "
+                               "steps' reference)")
     launcher: Annotated[LauncherSpec, BeforeValidator(launcher_spec_of)] = Field(
         default_factory=lambda: launcher_spec_of("direct"),
         description="how the ranks start: direct (the harness starts each), torchrun (one "
@@ -775,10 +780,11 @@ class Scenario(Strict):
         description="faults, each a mapping with its kind and the kind's parameters")
     dns: Optional[Dns] = Field(
         None, description="a real name server in the topology (dnsmasq, no upstream) that "
-        "every host resolves with: records, search domain, the master's name (README: DNS)")
+        "every host resolves with: records, search domain, the master's name "
+        "(docs/how-to/network-faults.md)")
     etcd: Optional[Etcd] = Field(
         None, description="a real etcd of the run, for torchrun's etcd / etcd-v2 rendezvous "
-        "(README: etcd)")
+        "(docs/how-to/torchrun.md)")
     expect: List[Expect] = Field(
         default_factory=lambda: [Expect()], max_length=MAX_EXPECT_BLOCKS,
         description="one block, or a list of torch-scoped blocks (the first whose 'torch' range "

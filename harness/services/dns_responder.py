@@ -9,7 +9,10 @@ dnsmasq forwards each faulted name to it (``server=/NAME/127.0.0.1#PORT``), so t
 still ask only the run's name server and every query stays inside the run's namespaces.
 Modes per name: ``servfail`` (rcode 2), ``silent`` (reads the query, never answers),
 ``nxdomain`` (rcode 3), ``answer`` (the addresses, A and AAAA as asked, in the given order,
-TTL 0 so that nothing is cached). Names it was not told: REFUSED.
+TTL 0 so that nothing is cached). Names it was not told: REFUSED. A name's fault may hold
+for some clients only (``--only NAME=ADDR,...``; the set op's ``only``): dnsmasq adds the
+asking host's address to each forwarded query (``add-subnet``, an EDNS Client Subnet option),
+and every other client gets the name's live addresses (``--live NAME=ADDR,...``).
 
 Control: a UNIX socket, one JSON line each way: ``{"op": "ping"}``, ``{"op": "set", "name",
 "mode", "addrs"}``, ``{"op": "stats"}`` (queries seen per name and mode). Every query is one
@@ -27,17 +30,22 @@ import socket
 import struct
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from .dnswire import DnsError, encode_name, error_reply, question
+from .dnswire import DnsError, client_subnet, encode_name, error_reply, question
 
 MODES = ("servfail", "silent", "nxdomain", "answer")
 LOG_MAX = 20000
 
 
 class Responder:
-    def __init__(self, names: Dict[str, Tuple[str, List[str]]]):
+    def __init__(self, names: Dict[str, Tuple[str, List[str]]],
+                 only: Optional[Dict[str, List[str]]] = None,
+                 live: Optional[Dict[str, List[str]]] = None):
         self.names = {n.lower().rstrip("."): v for n, v in names.items()}
+        # name -> the clients its fault holds for (absent: every client), and its live answer
+        self.only = {n.lower().rstrip("."): list(v) for n, v in (only or {}).items()}
+        self.live = {n.lower().rstrip("."): list(v) for n, v in (live or {}).items()}
         self.seen: Dict[str, int] = {}
         self.logged = 0
 
@@ -46,21 +54,33 @@ class Responder:
             self.logged += 1
             print(json.dumps({"t": round(time.time(), 3), **rec}), file=sys.stderr, flush=True)
 
-    def set(self, name: str, mode: str, addrs: List[str]) -> None:
+    def set(self, name: str, mode: str, addrs: List[str],
+            only: Optional[List[str]] = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        for a in addrs:
+        for a in [*addrs, *(only or [])]:
             ipaddress.ip_address(a)
-        self.names[name.lower().rstrip(".")] = (mode, list(addrs))
-        self.log(event="set", name=name, mode=mode, addrs=addrs)
+        key = name.lower().rstrip(".")
+        self.names[key] = (mode, list(addrs))
+        if only is None:
+            self.only.pop(key, None)
+        else:
+            self.only[key] = list(only)
+        self.log(event="set", name=name, mode=mode, addrs=addrs, only=only)
 
     def reply(self, msg: bytes) -> bytes:
         """The answer to a query, b"" for none."""
         qid, qname, qtype = question(msg)
-        mode, addrs = self.names.get(qname.lower().rstrip("."), ("refused", []))
+        name = qname.lower().rstrip(".")
+        mode, addrs = self.names.get(name, ("refused", []))
+        client = client_subnet(msg)
+        only = self.only.get(name)
+        held = only is None or client in only
+        if not held:   # not a host the name's setting holds for: its live answer
+            mode, addrs = "answer", self.live.get(name, [])
         key = f"{qname} {mode}"
         self.seen[key] = self.seen.get(key, 0) + 1
-        self.log(event="query", name=qname, type=qtype, mode=mode)
+        self.log(event="query", name=qname, type=qtype, mode=mode, client=client, held=held)
         if mode == "silent":
             return b""
         if mode == "servfail":
@@ -130,7 +150,9 @@ def handle(resp: Responder, req: Dict[str, Any]) -> Dict[str, Any]:
         name = req.get("name")
         if not isinstance(name, str) or not name:
             return {"ok": False, "error": "set needs a name"}
-        resp.set(name, str(req.get("mode")), list(req.get("addrs") or []))
+        only = req.get("only")
+        resp.set(name, str(req.get("mode")), list(req.get("addrs") or []),
+                 None if only is None else list(only))
         return {"ok": True}
     return {"ok": False, "error": f"unknown op {op!r}"}
 
@@ -144,6 +166,13 @@ def parse_name(text: str) -> Tuple[str, Tuple[str, List[str]]]:
     return name, (mode, [a for a in addrs.split(",") if a])
 
 
+def parse_list(text: str) -> Tuple[str, List[str]]:
+    name, _, addrs = text.partition("=")
+    if not name:
+        raise argparse.ArgumentTypeError(f"NAME=ADDR,... expected, got {text!r}")
+    return name, [a for a in addrs.split(",") if a]
+
+
 def main(argv: Any = None) -> int:
     from ..machine.procs import die_with_parent
 
@@ -152,8 +181,13 @@ def main(argv: Any = None) -> int:
     ap.add_argument("--control", required=True)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--name", type=parse_name, action="append", default=[])
+    ap.add_argument("--only", type=parse_list, action="append", default=[],
+                    help="NAME=ADDR,...: the name's mode holds only for these clients")
+    ap.add_argument("--live", type=parse_list, action="append", default=[],
+                    help="NAME=ADDR,...: what every other client gets for the name")
     args = ap.parse_args(argv)
-    serve(args.port, args.control, Responder(dict(args.name)))
+    serve(args.port, args.control, Responder(dict(args.name), dict(args.only),
+                                             dict(args.live)))
     return 0
 
 

@@ -79,6 +79,40 @@ def question(msg: bytes) -> Tuple[int, str, int]:
     return qid, name, qtype
 
 
+def client_subnet(msg: bytes) -> Optional[str]:
+    """The address of an EDNS Client Subnet option (RFC 7871) in a query, as dnsmasq's
+    ``add-subnet`` puts the asking client's address there; None without one."""
+    try:
+        _qid, _flags, qd, an, ns, ar = struct.unpack("!HHHHHH", msg[:12])
+        off = 12
+        for _ in range(qd):
+            _, off = _read_name(msg, off)
+            off += 4
+        for i in range(an + ns + ar):
+            _, off = _read_name(msg, off)
+            rtype, _cls, _ttl, length = struct.unpack("!HHIH", msg[off:off + 10])
+            off += 10
+            data, off = msg[off:off + length], off + length
+            if rtype != 41 or i < an + ns:      # OPT, in the additional section
+                continue
+            at = 0
+            while at + 4 <= len(data):
+                code, olen = struct.unpack("!HH", data[at:at + 4])
+                opt = data[at + 4:at + 4 + olen]
+                at += 4 + olen
+                if code != 8 or len(opt) < 4:   # ECS: family, source prefix, scope, address
+                    continue
+                family, prefix = struct.unpack("!HB", opt[:3])
+                size = 4 if family == 1 else 16 if family == 2 else 0
+                if not size or prefix > size * 8:
+                    return None
+                raw = opt[4:].ljust(size, b"\0")[:size]
+                return str(ipaddress.ip_address(raw))
+    except (struct.error, IndexError, ValueError, DnsError):
+        return None
+    return None
+
+
 def parse_answer(msg: bytes) -> Answer:
     try:
         _qid, flags, qd, an = struct.unpack("!HHHH", msg[:8])

@@ -298,8 +298,8 @@ def scenario_of(command: List[str], out: Path, env: Optional[Dict[str, str]] = N
     word = Path(argv[0]).name
     scn: Dict[str, Any] = {}
     if word in ("srun", "salloc", "sbatch", "mpirun", "mpiexec"):
-        hint = ("write a launcher: slurm scenario by hand, README: Slurm" if word.startswith("s")
-                else "the harness has no MPI launcher")
+        hint = ("write a launcher: slurm scenario by hand, docs/how-to/slurm.md"
+                if word.startswith("s") else "the harness has no MPI launcher")
         raise CaptureError(f"{word}: not supported yet ({hint}). " + UNDERSTOOD)
     python = ""
     if word == "torchrun":
