@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.capture import Capture
+from harness.machine.output_caps import Capture
 
 WRITER = """
 import os, sys

@@ -60,7 +60,8 @@ def _run(cmd: List[str], cwd: Path, limit: int) -> Dict[str, Any]:
 def _processes(path: Path, cwd: Path) -> Optional[int]:
     """How many processes the file's largest case would start (None: it does not load). In a
     subprocess with a time limit: the loader being measured may hang on this very file."""
-    code = ("import sys\nfrom harness.faults import resolve\nfrom harness.loader import load_file\n"
+    code = ("import sys\nfrom harness.faults import resolve\n"
+            "from harness.scenario.loader import load_file\n"
             "cases = load_file(sys.argv[1])\nprint(max(s.world_size + sum(len(f.extra_labels(s)) "
             "for f in resolve(s)) for s in cases))")
     r = _run([sys.executable, "-c", code, str(path)], cwd, VALIDATE_LIMIT)
@@ -131,7 +132,7 @@ def judge(path: Path, special: bool) -> Dict[str, Any]:
 
 
 def load_time(path: Path, limit: int = 180) -> str:
-    code = ("import sys,time; from harness.loader import load_file, ScenarioFileError\n"
+    code = ("import sys,time; from harness.scenario.loader import load_file, ScenarioFileError\n"
             "t=time.perf_counter()\ntry: load_file(sys.argv[1])\nexcept ScenarioFileError: pass\n"
             "except BaseException as e: print(type(e).__name__, end=' ')\n"
             "print(f'{time.perf_counter()-t:.2f} s')")

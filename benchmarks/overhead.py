@@ -17,8 +17,8 @@ import subprocess
 import sys
 import time
 
-from harness.launch import run_scenario
-from harness.loader import load_text
+from harness.run.supervisor import run_scenario
+from harness.scenario.loader import load_text
 
 BARE = """
 import torch, torch.distributed as dist

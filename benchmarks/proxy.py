@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness.procs import ManagedProcess
+from harness.machine.procs import ManagedProcess
 from harness.services import Answers, Service, ServiceSpec
 
 SMALL = b"s" * 64

@@ -14,9 +14,9 @@ from __future__ import annotations
 import statistics
 import sys
 
-from harness.classify import classify_run
-from harness.launch import run_scenario
-from harness.loader import load_text
+from harness.judge.classify import classify_run
+from harness.run.supervisor import run_scenario
+from harness.scenario.loader import load_text
 
 BASE = """\
 name: bench

@@ -16,9 +16,9 @@ import time
 
 import yaml
 
-from harness.classify import classify_run
-from harness.launch import native_stacks_available, run_scenario
-from harness.loader import load_text
+from harness.judge.classify import classify_run
+from harness.run.supervisor import native_stacks_available, run_scenario
+from harness.scenario.loader import load_text
 
 DEADLINE = 10.0
 

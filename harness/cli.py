@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from .errors import UsageError
+from .core.errors import UsageError
 
 
 def _console(stderr: bool = False) -> Any:
@@ -42,8 +42,8 @@ def _text(s: str, style: str = "") -> Any:
 def find_scenarios(paths: Sequence[str], skipped: Optional[List[Path]] = None) -> List[Path]:
     """Scenario files among the paths named, by the rule pytest's collection uses
     (harness.discovery); an entry that is not a regular file goes to ``skipped``."""
-    from .discovery import explain_none
-    from .discovery import find_scenarios as discover
+    from .scenario.discovery import explain_none
+    from .scenario.discovery import find_scenarios as discover
 
     try:
         files = discover(paths, skipped=skipped)
@@ -58,7 +58,7 @@ def scenario_paths(args: argparse.Namespace) -> List[str]:
     """The paths a command was given, with the built-in catalog first under ``--builtin``."""
     paths = list(getattr(args, "paths", None) or [])
     if getattr(args, "builtin", False):
-        from .catalog import require_builtin
+        from .scenario.catalog import require_builtin
 
         try:
             paths.insert(0, str(require_builtin()))
@@ -72,8 +72,8 @@ def scenario_paths(args: argparse.Namespace) -> List[str]:
 # -- validate ------------------------------------------------------------------------------------
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .determinism import widenings
-    from .loader import Problem, ScenarioFileError, item_name, load_file, one_line
+    from .scenario.determinism import widenings
+    from .scenario.loader import Problem, ScenarioFileError, item_name, load_file, one_line
 
     skipped: List[Path] = []
     paths = scenario_paths(args)
@@ -127,7 +127,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 # -- list ----------------------------------------------------------------------------------------
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from .loader import ScenarioFileError, item_name, load_file
+    from .scenario.loader import ScenarioFileError, item_name, load_file
 
     files = find_scenarios(scenario_paths(args))
     rows: List[Dict[str, Any]] = []
@@ -136,7 +136,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         if args.k or args.m or args.smoke else None
     catalog = None
     if getattr(args, "builtin", False):
-        from .catalog import require_builtin
+        from .scenario.catalog import require_builtin
 
         catalog = require_builtin().resolve()
     for f in files:
@@ -214,13 +214,13 @@ def _selected_cases(args: argparse.Namespace, files: List[Path]) -> set:
 def plan_for_show(scn: Any) -> Dict[str, Any]:
     """The scenario's RunPlan as a dict, with real ports reserved (and released) from the
     harness's range and an example run directory."""
-    from .plan import make_plan
-    from .ports import PortLease
-    from .rundir import base_dir
+    from .machine.ports import PortLease
+    from .machine.rundir import base_dir
+    from .run.plan import make_plan
 
     base = base_dir()
     try:
-        from . import topology
+        from .net import topology
         can_netns = not topology.missing()
     except ImportError:
         can_netns = False
@@ -238,7 +238,7 @@ def _kv(d: Dict[str, Any]) -> str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from .loader import ScenarioFileError, load_file
+    from .scenario.loader import ScenarioFileError, load_file
 
     path = Path(args.file)
     if not path.is_file():
@@ -268,11 +268,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     """The diagnosis of a kept run: one line of cause per row and the evidence it rests on,
     then the stacks of the hung rows, identical ones once ('ranks 1-7, same stack')."""
-    from .classify import classify_run
-    from .diagnose import explain_run
-    from .expect import innermost_frames, label_ranges, stack_groups
-    from .observe import RunObservation
-    from .protocol import row_name
+    from .core.protocol import row_name
+    from .judge.classify import classify_run
+    from .judge.diagnose import explain_run
+    from .judge.observation import RunObservation
+    from .scenario.expect import innermost_frames, label_ranges, stack_groups
 
     d = Path(args.dir)
     found = sorted(d.glob("**/observation.json")) if d.is_dir() else []
@@ -286,8 +286,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
             raise UsageError(f"{path}: not an observation the harness wrote: {e}") from None
         verdicts = explain_run(run, classify_run(run))
         con.rule(_text(str(path.parent), "bold"))
-        from .effects import event_lines
-        from .effects import line as effect_line
+        from .judge.effects import event_lines
+        from .judge.effects import line as effect_line
 
         for eff in run.effects:   # what each fault did, with its evidence (harness.effects)
             con.print(_text(effect_line(eff), "bold"))
@@ -316,13 +316,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
                                 f"{label_ranges([x.label for x in same[1:]])} have the same "
                                 "cause: their own lines are in the JSON report)", "dim"))
         if run.store:
-            from .storeprobe import StoreSnapshot
+            from .net.storeprobe import StoreSnapshot
 
             con.print(_text("what the store held:", "bold"))
             for ln in StoreSnapshot.from_dict(run.store).lines():
                 con.print(_text(f"    {ln}", "dim"))
         for other in run.stores:
-            from .storeprobe import StoreSnapshot
+            from .net.storeprobe import StoreSnapshot
 
             con.print(_text("what a store the workers hosted themselves held:", "bold"))
             for ln in StoreSnapshot.from_dict(other).lines():
@@ -344,7 +344,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def _store_header(plan: Dict[str, Any]) -> str:
     """Where the job's store is (harness.jobstore), and the lease when the job does not use
     it: ``ports: master`` and the store probe mean the store's port."""
-    from .jobstore import JobStore
+    from .core.jobstore import JobStore
 
     lease = f"{plan['master_addr']}:{plan['master_port']}"
     if not plan.get("store"):
@@ -496,7 +496,7 @@ def _progress_plugin(enabled: bool) -> _Progress:
 
 
 def _ranks_cell(case: Dict[str, Any]) -> str:
-    from .protocol import row_name
+    from .core.protocol import row_name
 
     parts = []
     if (case.get("repeat") or 1) > 1:   # repeated: each rank's outcome frequencies
@@ -608,7 +608,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError("-n needs pytest-xdist: pip install pytest-xdist") from None
     if args.report is not None:
         return _run_pytest(args, files, args.report, None)
-    from .rundir import own_folder
+    from .machine.rundir import own_folder
 
     # an owned folder in the state folder, not a bare temp dir: a SIGKILLed command (no
     # finally) leaves it to the next run's sweep
@@ -625,7 +625,7 @@ def _selection_args(args: argparse.Namespace, files: List[Path]) -> List[str]:
         # file named alone would be "::CASE" outside the rootdir; the current folder is the
         # rootdir: evidence goes there, never inside an installed package, and the user's
         # folders keep their ids
-        from .catalog import require_builtin
+        from .scenario.catalog import require_builtin
 
         cat = require_builtin().resolve()
         pargs = [str(cat)] + [p for p in pargs if cat not in Path(p).resolve().parents]
@@ -647,8 +647,8 @@ def _run_pytest(args: argparse.Namespace, files: List[Path], report_path: str,
 
     import pytest
 
-    from . import interrupts
-    from . import report as report_mod
+    from .machine import interrupts
+    from .reports import report as report_mod
 
     pargs = _selection_args(args, files)
     # --assert=plain: scenario items assert nothing, and pytest would otherwise rewrite every
@@ -777,8 +777,8 @@ def _seconds(s: str) -> float:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from . import report as report_mod
-    from .diff import KINDS, diff_reports, render_table
+    from .reports import report as report_mod
+    from .reports.diff import KINDS, diff_reports, render_table
 
     try:
         old, new = report_mod.read(args.old), report_mod.read(args.new)
@@ -802,10 +802,10 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from . import compare as cmp
-    from . import report as report_mod
-    from .diff import KINDS, diff_reports, render_table
-    from .html import write_compare_html
+    from .reports import compare as cmp
+    from .reports import report as report_mod
+    from .reports.diff import KINDS, diff_reports, render_table
+    from .reports.html import write_compare_html
 
     ignore = [k.strip() for x in args.ignore for k in x.split(",") if k.strip()]
     bad = [k for k in ignore if k not in KINDS]
@@ -857,7 +857,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             path = cmp.run_side(s, argv, out, echo=echo)
             reports[s.name] = report_mod.read(path)
         except (cmp.CompareError, report_mod.ReportError) as e:
-            from .errors import HarnessError
+            from .core.errors import HarnessError
             raise HarnessError(str(e)) from None
     old, new = reports["a"], reports["b"]
     res = diff_reports(old, new, rel_tol=args.tolerance, abs_tol=args.abs_tolerance,
@@ -883,8 +883,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_html(args: argparse.Namespace) -> int:
-    from . import report as report_mod
-    from .html import write_html
+    from .reports import report as report_mod
+    from .reports.html import write_html
 
     try:
         rep = report_mod.read(args.report)
@@ -899,7 +899,7 @@ def cmd_html(args: argparse.Namespace) -> int:
 # -- doctor --------------------------------------------------------------------------------------
 
 def _free_ports() -> Dict[str, Any]:
-    from .ports import HIGH, LOW, ephemeral_range, port_is_free
+    from .machine.ports import HIGH, LOW, ephemeral_range, port_is_free
 
     eph_lo, eph_hi = ephemeral_range()
     hi = min(HIGH, eph_lo - 1)
@@ -929,17 +929,17 @@ REQUIREMENTS_OK: Dict[str, str] = {}   # what having a requirement means, for th
 
 
 def doctor_facts() -> Dict[str, Any]:
-    from .probe import probe
-    from .rundir import leftovers
+    from .machine.rundir import leftovers
+    from .machine.torch_probe import probe
 
     env = dict(probe())
     facts: Dict[str, Any] = {"torch": env, "root": os.geteuid() == 0, "euid": os.geteuid()}
-    from .pyspy import executable as _py_spy
+    from .judge.pyspy import executable as _py_spy
 
     facts["tools"] = {t: shutil.which(t) for t in ("ip", "nft", "chromium")}
     facts["tools"]["py-spy"] = _py_spy()   # also the one beside this Python (a venv)
     try:
-        from . import topology
+        from .net import topology
         facts["topology_missing"] = topology.missing()
         prefix = getattr(topology, "PREFIX", "thx-")
         try:
@@ -948,9 +948,9 @@ def doctor_facts() -> Dict[str, Any]:
             names = []
         facts["namespaces"] = [n for n in names if n.startswith(prefix)]
     except ImportError:
-        facts["topology_missing"] = ["harness.topology is not installed"]
+        facts["topology_missing"] = ["harness.net.topology is not installed"]
         facts["namespaces"] = []
-    from .requirements import all_requirements
+    from .run.requirements import all_requirements
 
     reqs = all_requirements()
     facts["requirements"] = {r.name: r.missing() for r in reqs}
@@ -959,7 +959,7 @@ def doctor_facts() -> Dict[str, Any]:
     facts["ptrace"] = _ptrace_ok()
     facts["ports"] = _free_ports()
     facts["leftovers"] = leftovers()
-    from . import cgroups
+    from .machine import cgroups
     facts["cgroups"] = [str(p) for p in cgroups.run_cgroups()]
     try:
         import xdist  # noqa: F401
@@ -973,12 +973,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     con = _console()
     cleaned: Dict[str, List[str]] = {}
     if args.clean:
-        from . import cgroups
-        from .rundir import sweep
+        from .machine import cgroups
+        from .machine.rundir import sweep
         cleaned["cgroups"] = cgroups.sweep()   # while the run directories say which are dead
         cleaned["run directories"] = sweep()
         try:
-            from . import topology
+            from .net import topology
             if not topology.missing():
                 cleaned["namespaces"] = topology.sweep()
         except ImportError:
@@ -1071,7 +1071,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 # -- schema and new ------------------------------------------------------------------------------
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from .loader import json_schema
+    from .scenario.loader import json_schema
 
     text = json.dumps(json_schema(), indent=2)
     if args.output:
@@ -1085,7 +1085,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_new(args: argparse.Namespace) -> int:
     import re
 
-    from .templates import new_scenario
+    from .scenario.templates import new_scenario
 
     if not re.match(r"^[A-Za-z0-9_.-]+$", args.name):
         raise UsageError(f"{args.name!r}: a scenario name may use letters, digits, . _ - only")
@@ -1107,7 +1107,7 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
-    from .diff import DEFAULT_ABS_TOL, DEFAULT_REL_TOL
+    from .reports.diff import DEFAULT_ABS_TOL, DEFAULT_REL_TOL
 
     p = argparse.ArgumentParser(
         prog="harness", description="torchdist-harness: fault-injection scenarios for PyTorch "
@@ -1270,7 +1270,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "starts one task per node with srun; or as that task (srun "
                         "--ntasks-per-node=1 harness preflight --task --dir SHARED). Exit 0 only "
                         "when every node passes.")
-    from . import preflight as _pf
+    from .tools import preflight as _pf
 
     _pf.add_arguments(pf)
     pf.set_defaults(func=cmd_preflight)
@@ -1282,7 +1282,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.set_defaults(func=cmd_new)
     _add_capture(sub)
 
-    from . import explore  # `harness explore`: its parser and command live in harness.explore
+    from .tools import explore  # `harness explore`: parser and command in tools/explore
     explore.add_parser(sub)
     return p
 
@@ -1319,7 +1319,7 @@ def _add_capture(sub: Any) -> None:
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
-    from .capturelaunch import capture
+    from .tools.capture import capture
 
     command = list(args.pytest_args or [])
     if not command:
@@ -1333,7 +1333,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from . import preflight
+    from .tools import preflight
 
     return preflight.run(args)
 
@@ -1354,8 +1354,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if extra and args.command not in ("run", "capture"):   # capture: the user's command
         parser.error("arguments after -- are passed to pytest, only by `harness run`")
     args.pytest_args = extra
-    from . import interrupts
-    from .errors import HarnessError
+    from .core.errors import HarnessError
+    from .machine import interrupts
 
     owner = interrupts.install()
     try:

@@ -26,26 +26,27 @@ import typing
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from harness import pytest_plugin as _pytest_plugin
+from harness.cli import build_parser as _build_parser
+
 # -- every harness internal this module reads, in one block (issue 42 moves modules: re-point
 # -- them here and nowhere else) ------------------------------------------------------------
-from harness import outcomes as _outcomes
-from harness import protocol as _protocol
-from harness import pytest_plugin as _pytest_plugin
-from harness import report as _report
-from harness.cli import build_parser as _build_parser
-from harness.explore import load_space_text as _load_space_text
+from harness.core import outcomes as _outcomes
+from harness.core import protocol as _protocol
 from harness.faults import REGISTRY as _FAULTS
 from harness.launchers import launcher_kinds as _launcher_kinds
 from harness.launchers.fields import markdown as _launcher_fields_table
-from harness.loader import ScenarioFileError as _ScenarioFileError
-from harness.loader import load_text as _load_scenario_text
-from harness.schema import Dns as _Dns
-from harness.schema import Etcd as _Etcd
-from harness.schema import Expect as _Expect
-from harness.schema import Host as _Host
-from harness.schema import RankExpect as _RankExpect
-from harness.schema import Scenario as _Scenario
-from harness.schema import Workload as _Workload
+from harness.reports import report as _report
+from harness.scenario.loader import ScenarioFileError as _ScenarioFileError
+from harness.scenario.loader import load_text as _load_scenario_text
+from harness.scenario.schema import Dns as _Dns
+from harness.scenario.schema import Etcd as _Etcd
+from harness.scenario.schema import Expect as _Expect
+from harness.scenario.schema import Host as _Host
+from harness.scenario.schema import RankExpect as _RankExpect
+from harness.scenario.schema import Scenario as _Scenario
+from harness.scenario.schema import Workload as _Workload
+from harness.tools.explore import load_space_text as _load_space_text
 
 # -------------------------------------------------------------------------------------------
 
@@ -153,7 +154,7 @@ def scenario_page() -> str:
     body += ["See also: [fault kinds](faults.md), [launchers](launchers.md), "
              "[workload steps](workload.md), [expectations](expectations.md).", ""]
     return _page("Scenario fields", "Every field of a scenario file, from the pydantic models "
-                 "of `harness.schema`.", body)
+                 "of `harness.scenario.schema`.", body)
 
 
 def _builtin_faults() -> List[Tuple[str, Any]]:
@@ -197,7 +198,7 @@ def launchers_page() -> str:
 
 
 def workload_page() -> str:
-    body = ["## Steps", "", "The grammar (`harness.protocol.WORKLOAD_RE`) admits these steps:",
+    body = ["## Steps", "", "The grammar (`harness.core.protocol.WORKLOAD_RE`) admits these steps:",
             "", _protocol.WORKLOAD_HELP + ".", "",
             "| step kind | a collective every rank of its group must enter |", "|---|---|"]
     body += [f"| `{k}` | {'yes' if k in _protocol.COLLECTIVES else 'no'} |"
@@ -224,7 +225,7 @@ def expectations_page() -> str:
     body += _fields_table(_RankExpect) + [""]
     body += ["Outcome words: " + ", ".join(f"`{o}`" for o in _outcomes.ALL_OUTCOMES) +
              " ([outcomes](outcomes.md)).", ""]
-    return _page("Expectation keys", "From `harness.schema.Expect` and `RankExpect`. "
+    return _page("Expectation keys", "From `harness.scenario.schema.Expect` and `RankExpect`. "
                  "`expect:` is one block, or a list of blocks each scoped by `torch:` (and "
                  "`build:`): the first that holds for the torch that ran is used.", body)
 
@@ -237,7 +238,7 @@ def outcomes_page() -> str:
         body.append(f"| `{o}` | {sev} |")
     body += ["", _rst(inspect.cleandoc(_outcomes.__doc__ or "")), ""]
     return _page("Outcomes", "The words a rank's verdict and an expectation use, from "
-                 "`harness.outcomes`.", body)
+                 "`harness.core.outcomes`.", body)
 
 
 def _action_row(a: argparse.Action) -> Optional[str]:
@@ -333,7 +334,8 @@ def report_page() -> str:
     layout = doc.split("::", 1)[1].split("\n\n", 2)[1] if "::" in doc else ""
     body = [f"Format: `{_report.FORMAT}`. A case's `status`: "
             + ", ".join(f"`{s}`" for s in _report.STATUSES) + ".", "",
-            "Layout, from `harness.report`:", "", "```text", inspect.cleandoc(layout), "```",
+            "Layout, from `harness.reports.report`:", "", "```text", inspect.cleandoc(layout),
+            "```",
             "", "Environment variables recorded in `environment` (prefixes): "
             + ", ".join(f"`{p}`" for p in _report.ENV_PREFIXES) + "; exact names: "
             + ", ".join(f"`{p}`" for p in _report.ENV_EXACT) + ".", "",

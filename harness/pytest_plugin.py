@@ -27,17 +27,17 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from . import evidence as evidence_mod
-from . import interrupts
-from .admission import Gate
-from .classify import Verdict, classify_run, job_outcome
-from .diagnose import explain_run
-from .discovery import is_scenario_file
-from .expect import RepeatedCheck, check, check_repeated, failure_table, repeated_table
-from .loader import ScenarioFileError, item_name, load_file
-from .observe import RunObservation
-from .probe import probe
-from .schema import Scenario
+from .judge.classify import Verdict, classify_run, job_outcome
+from .judge.diagnose import explain_run
+from .judge.observation import RunObservation
+from .machine import interrupts
+from .machine.admission import Gate
+from .machine.torch_probe import probe
+from .reports import evidence as evidence_mod
+from .scenario.discovery import is_scenario_file
+from .scenario.expect import RepeatedCheck, check, check_repeated, failure_table, repeated_table
+from .scenario.loader import ScenarioFileError, item_name, load_file
+from .scenario.schema import Scenario
 
 _BROKEN_KEY = pytest.StashKey[int]()
 _ALLOC_KEY = pytest.StashKey[Any]()
@@ -98,7 +98,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--harness-order", choices=("longest", "collected"), default="longest",
                     help="the order scenario cases start in: longest (default: the longest "
                     "expected first, by the durations the catalog's durations.json and "
-                    "pytest's cache recorded; harness.schedule) or collected (the files' "
+                    "pytest's cache recorded; harness.run.schedule) or collected (the files' "
                     "order)")
     parser.addini("harness_scenarios", type="args", default=[],
                   help="extra globs of YAML files to collect as scenarios (relative to rootdir)")
@@ -114,7 +114,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                     f"{', '.join(files[:3])}{' ...' * (len(files) > 3)})")
     config.stash[_BROKEN_KEY] = 0
     if config.getoption("harness_launcher", None) == "slurm":
-        from . import allocation
+        from .tools import allocation_catalog as allocation
 
         try:
             config.stash[_ALLOC_KEY] = allocation.current(
@@ -150,7 +150,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[evidence_mod.SESSION_KEY] = session
     report, html = config.getoption("harness_report"), config.getoption("harness_html")
     if report or html:
-        from .report import SessionRecorder
+        from .reports.report import SessionRecorder
         config.pluginmanager.register(SessionRecorder(config, report, html), "harness-report")
     state.owner = interrupts.install(on_first=None if worker else
                                      lambda sig: _forward_to_workers(state, sig),
@@ -177,7 +177,7 @@ class _LongestFirst:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: List[pytest.Item]) -> None:
-        from . import schedule
+        from .run import schedule
 
         opt = self.config.option
         if getattr(opt, "failedfirst", False) or getattr(opt, "newfirst", False) or \
@@ -198,7 +198,7 @@ class _LongestFirst:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if hasattr(self.config, "workerinput") or "scenario" not in report.keywords:
             return   # (a worker: the controller records what its workers report)
-        from . import schedule
+        from .run import schedule
 
         key = schedule.key_of(report.nodeid)
         if report.skipped:
@@ -212,7 +212,7 @@ class _LongestFirst:
         cache = self._cache()
         if hasattr(self.config, "workerinput") or cache is None or not self.measured:
             return
-        from . import schedule
+        from .run import schedule
 
         cache.set(schedule.CACHE_KEY,
                   schedule.updated(cache.get(schedule.CACHE_KEY, {}), self.measured))
@@ -222,7 +222,7 @@ def scenario_marks(config: pytest.Config) -> Dict[str, List[str]]:
     """Every ``marks:`` name of the scenario files this session would collect (the paths
     given, and the rootdir's scenario folders and ``harness_scenarios`` globs), with the files
     that use it: what ``pytest --markers`` lists, although it collects nothing."""
-    from .discovery import find_scenarios
+    from .scenario.discovery import find_scenarios
 
     paths = [a.split("::")[0] for a in config.args if Path(a.split("::")[0]).exists()]
     root = config.rootpath
@@ -293,7 +293,7 @@ def _forward_to_workers(state: _SessionState, sig: int) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """The session's zygotes (``start: fork``'s warm parents, harness.forkserver) end with it;
     (xdist worker) tell the controller what an interrupt made this worker clean up."""
-    from .forkserver import close_zygotes
+    from .ranks.forkserver import close_zygotes
 
     with interrupts.shield():
         close_zygotes()
@@ -372,12 +372,12 @@ def _sweep_leftovers() -> List[str]:
     out: List[str] = []
     with interrupts.shield():
         try:
-            from .rundir import sweep
+            from .machine.rundir import sweep
             out += sweep()
         except Exception:  # noqa: BLE001 - a best effort at the very end
             pass
         try:
-            from . import topology
+            from .net import topology
             if not topology.missing():
                 out += topology.sweep()
         except Exception:  # noqa: BLE001
@@ -440,7 +440,7 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
     """A failure of the harness itself (in the item's setup) is one line, said as such."""
     outcome = yield
-    from .errors import HarnessError
+    from .core.errors import HarnessError
 
     if isinstance(item, ScenarioItem) and call.excinfo is not None \
             and isinstance(call.excinfo.value, HarnessError):
@@ -503,14 +503,14 @@ class ScenarioItem(pytest.Item):
         return self.path, 0, f"scenario {self.name}"
 
     def setup(self) -> None:
-        from .launch import run_scenario
-        from .requirements import skip_reason
+        from .run.requirements import skip_reason
+        from .run.supervisor import run_scenario
 
         python = self.python()
         env = probe(python or None)
         alloc = self.config.stash.get(_ALLOC_KEY, None)
         if alloc is not None:
-            from . import allocation
+            from .tools import allocation_catalog as allocation
 
             why = allocation.unsupported(self.started(), alloc)
             if why:
@@ -560,13 +560,13 @@ class ScenarioItem(pytest.Item):
         alloc = self.config.stash.get(_ALLOC_KEY, None)
         if alloc is None:
             return scn
-        from . import allocation
+        from .tools import allocation_catalog as allocation
 
         return allocation.adapt(scn, alloc)
 
     def python(self) -> str:
         """--harness-python, resolved ('' when not given)."""
-        from . import interpreters
+        from .machine import interpreters
 
         opt = self.config.getoption("harness_python", None)
         return interpreters.resolve(opt) if opt else ""
@@ -599,7 +599,7 @@ class ScenarioItem(pytest.Item):
         return max(1, int(opt)) if opt else self.scenario.repeat
 
     def _evidence_dir(self) -> Path:
-        from .errors import HarnessError
+        from .core.errors import HarnessError
 
         state = self.config.stash.get(_STATE_KEY, None)
         session = evidence_session(self.config)
@@ -638,7 +638,7 @@ class ScenarioItem(pytest.Item):
         return str(self.path) if shown.startswith("..") else shown
 
     def repr_failure(self, excinfo, style=None):  # type: ignore[no-untyped-def]
-        from .errors import HarnessError
+        from .core.errors import HarnessError
 
         if isinstance(excinfo.value, ScenarioMismatch):
             notes = self.run.plan.get("notes", []) if self.run is not None else []
@@ -648,7 +648,7 @@ class ScenarioItem(pytest.Item):
                 how = (f"flaky over {self.repeated.runs} runs" if self.repeated.flaky else
                        f"ranks did not end as expected over {self.repeated.runs} runs")
             head = f"scenario {self.scenario.test_id} ({self.path.name}) on torch {version}: {how}"
-            from .effects import line as effect_line
+            from .judge.effects import line as effect_line
 
             faults = "\n".join([f"  fault: {n}" for n in notes] + [
                 f"  effect: {effect_line(e)}" for e in (self.run.effects if self.run else [])])

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import pytest
 
-from harness.observe import RankObservation, RunObservation
+from harness.judge.observation import RankObservation, RunObservation
 
 pytest_plugins = ["pytester"]
 
@@ -56,9 +56,9 @@ Current thread 0x00007f3a2f1b5740 (most recent call first):
   File "/site-packages/torch/distributed/rendezvous.py", line 189 in _create_c10d_store
   File "/site-packages/torch/distributed/rendezvous.py", line 268 in _env_rendezvous_handler
   File "/site-packages/torch/distributed/distributed_c10d.py", line 1683 in init_process_group
-  File "/work/main/harness/worker.py", line 83 in run_workload
-  File "/work/main/harness/worker.py", line 143 in main
-  File "/work/main/harness/worker.py", line 157 in <module>
+  File "/work/main/harness/ranks/worker.py", line 83 in run_workload
+  File "/work/main/harness/ranks/worker.py", line 143 in main
+  File "/work/main/harness/ranks/worker.py", line 157 in <module>
   File "<frozen runpy>", line 88 in _run_code
   File "<frozen runpy>", line 198 in _run_module_as_main
 """
@@ -82,7 +82,7 @@ def rank_obs(label: str = "0", *, reached: str = "exit", exc: Optional[Dict[str,
     upto = PHASES.index(reached)
     events: List[Dict[str, Any]] = [
         {"ev": "phase", "t": T0 - 1.2, "phase": "start", "pid": pid,
-         "launched": {"argv": ["/venv/bin/python", "-m", "harness.worker"], "env": {}}},
+         "launched": {"argv": ["/venv/bin/python", "-m", "harness.ranks.worker"], "env": {}}},
         {"ev": "phase", "t": T0 - 1.1, "phase": "import"},
         {"ev": "ready", "t": T0 - 0.1, "torch": "2.13.0+cpu", "pid": pid,
          "python": "/venv/bin/python", "python_version": "3.11.7", "hostname": "vm",

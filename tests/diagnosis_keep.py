@@ -34,9 +34,9 @@ GZIP_OVER = 64 * 1024   # bytes of JSON above which an entry is written gzipped
 
 def diagnosed(observation: Dict[str, Any]) -> Tuple[Any, List[Any]]:
     """The run and its verdicts with causes, as the harness gives them now."""
-    from harness.classify import classify_run
-    from harness.diagnose import explain_run
-    from harness.observe import RunObservation
+    from harness.judge.classify import classify_run
+    from harness.judge.diagnose import explain_run
+    from harness.judge.observation import RunObservation
 
     run = RunObservation.from_dict(observation)
     return run, explain_run(run, classify_run(run))

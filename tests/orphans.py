@@ -20,8 +20,8 @@ T = TypeVar("T")
 def supervisor(scenario: str, tmp_path: Path, cwd: Optional[Path] = None) -> subprocess.Popen:
     """A python process that runs ``scenario`` (YAML text) with ``run_scenario``, its state
     under ``tmp_path`` (HARNESS_TMP); stderr is a pipe the caller closes."""
-    script = ("from harness.launch import run_scenario\n"
-              "from harness.loader import load_text\n"
+    script = ("from harness.run.supervisor import run_scenario\n"
+              "from harness.scenario.loader import load_text\n"
               f"(scn,) = load_text({textwrap.dedent(scenario)!r})\n"
               "run_scenario(scn)\n")
     env = dict(os.environ, HARNESS_TMP=str(tmp_path))

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, List
 
-from harness.procs import ManagedProcess
+from harness.machine.procs import ManagedProcess
 from harness.services import Services
 
 

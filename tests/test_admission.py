@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from harness.admission import Gate
+from harness.machine.admission import Gate
 
 
 def busy(window, cores):
@@ -108,7 +108,8 @@ def test_a_run_that_must_run_alone_waits_for_the_others_and_holds_new_ones(tmp_p
 
 
 def test_a_killed_runs_place_is_freed_with_its_process(tmp_path):
-    code = ("import sys, time; from pathlib import Path; from harness.admission import Gate\n"
+    code = ("import sys, time; from pathlib import Path\n"
+            "from harness.machine.admission import Gate\n"
             "g = Gate(Path(sys.argv[1]), cores=2, idle=lambda w, c: 0.0)\n"
             "with g.admitted():\n    print('in', flush=True); time.sleep(60)\n")
     p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,

@@ -20,13 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from harness import allocation, topology
-from harness.allocation import Allocation, adapt, unsupported
+from harness.core.protocol import GO_LINE
 from harness.launchers import slurm_job
-from harness.loader import load_text
-from harness.plan import make_plan
-from harness.protocol import GO_LINE
+from harness.net import topology
+from harness.run.plan import make_plan
+from harness.scenario.loader import load_text
 from harness.services import slurm as svc
+from harness.tools import allocation_catalog as allocation
+from harness.tools.allocation_catalog import Allocation, adapt, unsupported
 
 ROOT = Path(__file__).resolve().parent.parent
 ALLOC = Allocation("77", ("cn1", "cn2"))
@@ -227,7 +228,7 @@ def test_outside_an_allocation_both_front_doors_say_so(monkeypatch, tmp_path, ca
 
 
 def test_a_shared_run_directory_of_another_machine_is_never_swept(tmp_path):
-    from harness import rundir
+    from harness.machine import rundir
 
     base = rundir.shared_base(str(tmp_path))
     mine = rundir.RunDir(base, shared=True)
@@ -407,7 +408,7 @@ cases:
 def in_allocation(out: Path, steps: list, deadline: int = 500) -> dict:
     """Bring up the test cluster (two nodes), and inside its job run ``steps`` as task 0 (a
     user in the allocation: tests/data/alloc_driver.py); return what it saw."""
-    from harness.launch import run_scenario
+    from harness.run.supervisor import run_scenario
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "steps.json").write_text(json.dumps(steps))
@@ -539,7 +540,7 @@ def test_a_sigkilled_run_on_an_allocation_leaves_nothing_on_the_nodes(tmp_path):
     assert killed["seen"], "the killed run's ranks were never released"
     names = " ".join(cmd for _, cmd in killed["before"])
     for what in ("harness run", "harness.launchers.slurm_job", "srun", "alloc_task",
-                 "harness.worker"):
+                 "harness.ranks.worker"):
         assert what in names, what
     # the supervisor's SIGKILL took its job script and srun with it (death signals), Slurm
     # ended the step, the helpers their ranks: nothing of the run on the nodes

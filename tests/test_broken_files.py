@@ -21,8 +21,8 @@ from faker import Faker
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.loader import ScenarioFileError, load_file, load_text
-from harness.schema import STEP_RE
+from harness.scenario.loader import ScenarioFileError, load_file, load_text
+from harness.scenario.schema import STEP_RE
 
 BROKEN = Path(__file__).parent / "data" / "broken"
 HEADER = re.compile(r"^# (line|field|message): ?(.*)$", re.M)

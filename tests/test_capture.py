@@ -15,8 +15,8 @@ import textwrap
 
 import pytest
 
-from harness import capture
-from harness.capture import Capture
+from harness.machine import output_caps as capture
+from harness.machine.output_caps import Capture
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -66,9 +66,9 @@ def test_a_stream_under_the_cap_is_kept_whole(tmp_path):
 
 
 def test_a_rank_that_prints_a_lot_is_cut_and_still_ends_ok(tmp_path, monkeypatch):
-    from harness.classify import classify_run
-    from harness.launch import run_scenario
-    from harness.loader import load_text
+    from harness.judge.classify import classify_run
+    from harness.run.supervisor import run_scenario
+    from harness.scenario.loader import load_text
 
     monkeypatch.setattr(capture, "HEAD", 64 << 10)
     monkeypatch.setattr(capture, "TAIL", 16 << 10)
@@ -100,7 +100,7 @@ def test_a_rank_that_prints_a_lot_is_cut_and_still_ends_ok(tmp_path, monkeypatch
 
 
 def test_stacks_beyond_the_cap_are_cut_in_the_file_too(tmp_path, monkeypatch):
-    from harness import launch
+    from harness.run import supervisor as launch
 
     monkeypatch.setattr(launch, "STACKS_MAX", 1000)
     path = tmp_path / "rank-0.stacks"

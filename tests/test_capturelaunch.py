@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import capturelaunch as cl
+from harness.tools import capture as cl
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -152,7 +152,7 @@ def test_every_understood_form_writes_a_scenario_that_loads(tmp_path, command, l
     """Each command form capture claims (torchrun, python -m torch.distributed.run, the legacy
     launch with and without --use-env, env NAME=VALUE python -m MODULE): the scenario it
     writes, with an expectation, is one the loader takes, with that launcher."""
-    from harness.loader import load_text
+    from harness.scenario.loader import load_text
 
     (tmp_path / "t.py").write_text("pass\n")
     env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}

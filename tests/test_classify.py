@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.classify import (
+from harness.core.outcomes import OUTCOMES
+from harness.judge.classify import (
     Verdict,
     classify,
     classify_run,
@@ -17,7 +18,6 @@ from harness.classify import (
     job_outcome,
     mro_names,
 )
-from harness.outcomes import OUTCOMES
 
 # (exception class, message, outcome): what torch says at start-up, and what it is
 TORCH_FAILURES = [
@@ -255,7 +255,7 @@ def test_classify_run_gives_one_verdict_per_rank_in_order(obs):
 
 def test_a_rank_that_told_torch_another_rank_shows_the_rank_it_claimed(obs):
     # issue 41: two processes with RANK=0; the table ties the row to the claimed number
-    from harness.protocol import row_name
+    from harness.core.protocol import row_name
 
     honest = obs.rank("1")
     assert classify(honest).claims is None
@@ -264,7 +264,7 @@ def test_a_rank_that_told_torch_another_rank_shows_the_rank_it_claimed(obs):
     for e in by_env["events"]:
         if e.get("phase") == "init":
             e["init_rank"] = None          # env:// passes no rank: the one it started with
-    from harness.observe import RankObservation
+    from harness.judge.observation import RankObservation
     v = classify(RankObservation.from_dict(by_env))
     assert v.claims == 0 and row_name(v.label, v.claims) == "1 (claims rank 0)"
     by_arg = obs.rank_dict("0")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import report
-from harness.ports import HIGH, LOW
+from harness.machine.ports import HIGH, LOW
+from harness.reports import report
 
 DATA = Path(__file__).parent / "data"
 SCENARIOS = DATA / "report_scenarios"
@@ -121,8 +121,8 @@ def test_list_selects_the_cases_run_would_select(scen, sel):
 
 
 def test_run_list_and_compare_take_the_same_selection_options():
-    from harness import compare
     from harness.cli import build_parser
+    from harness.reports import compare
 
     p = build_parser()
     for verb in (["run"], ["list"], ["compare", "a.json", "b"]):
@@ -242,7 +242,7 @@ def test_html_command_renders_a_report(tmp_path):
 # -- doctor --------------------------------------------------------------------------------------
 
 def test_doctor_reports_torch_ports_and_leftovers_and_cleans(tmp_path):
-    from harness.probe import probe
+    from harness.machine.torch_probe import probe
 
     run = tmp_path / f"torchdist-harness-{os.geteuid()}" / "run-deadbeef"
     run.mkdir(parents=True)

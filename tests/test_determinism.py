@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.determinism import widenings
-from harness.loader import ScenarioFileError, item_name, load_file, load_text
+from harness.scenario.determinism import widenings
+from harness.scenario.loader import ScenarioFileError, item_name, load_file, load_text
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,12 +9,12 @@ import textwrap
 
 import pytest
 
-from harness.classify import classify_run
-from harness.diagnose import UNKNOWN, RankContext, diagnose, explain_run
-from harness.expect import check_rank, failure_table, label_ranges, stack_groups
-from harness.protocol import Event
-from harness.schema import RankExpect
-from harness.sockets import SocketRecord, parse_proc_net_tcp, snapshot
+from harness.core.protocol import Event
+from harness.judge.classify import classify_run
+from harness.judge.diagnose import UNKNOWN, RankContext, diagnose, explain_run
+from harness.net.sockets import SocketRecord, parse_proc_net_tcp, snapshot
+from harness.scenario.expect import check_rank, failure_table, label_ranges, stack_groups
+from harness.scenario.schema import RankExpect
 
 IN_USE = ("The server socket has failed to listen on any local network address. port: 29500, "
           "useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
@@ -287,7 +287,7 @@ def test_two_rows_that_would_explain_each_other_end_in_a_cause(obs):
 
 
 def test_a_rule_that_raises_leaves_unknown_and_never_fails_the_run(obs):
-    from harness import diagnose as d
+    from harness.judge import diagnose as d
 
     def boom(ctx):
         raise ValueError("a rule's own bug")
@@ -357,8 +357,8 @@ def test_on_one_machine_127_0_0_1_is_no_wrong_address(obs):
 def test_a_real_eight_rank_hang_prints_one_stack_for_ranks_1_to_7():
     """busy_port accepting, 8 ranks: rank 0 fails with EADDRINUSE, ranks 1-7 hang connected to
     the squatter. The failure table gives each of them the cause and prints their stack once."""
-    from harness.launch import run_scenario
-    from harness.loader import load_text
+    from harness.run.supervisor import run_scenario
+    from harness.scenario.loader import load_text
 
     (scn,) = load_text(textwrap.dedent("""
         name: eight_behind_a_squatter
@@ -521,7 +521,7 @@ def test_a_partition_is_named_from_the_saddr_rules(obs):
 
 
 def test_a_proxy_fault_says_which_ports_and_what_it_did(obs):
-    from harness.observe import StepRecord
+    from harness.judge.observation import StepRecord
 
     r0 = obs.rank("0", reached="init", killed_at_deadline=True, end=12.0, stacks=obs.hung_stacks)
     run = obs.run(r0)
@@ -544,7 +544,7 @@ def test_a_model_with_another_parameter_count_is_said_so(obs):
 
 
 def test_running_out_of_descriptors_names_the_faults_limit(obs):
-    from harness.observe import StepRecord
+    from harness.judge.observation import StepRecord
 
     msg = ("[enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/device.cc:"
            "186] rv != -1. -1 vs -1. Too many open files")
@@ -616,7 +616,7 @@ def test_a_gil_deadlock_in_torchs_teardown_is_read_from_the_native_stacks(obs):
     (v,) = explain_run(run, classify_run(run))
     assert not v.cause.startswith("deadlocked")
     # the words alone (the text a person reads) prove nothing: the rule reads the threads
-    from harness.pyspy import render
+    from harness.judge.pyspy import render
 
     run.ranks[0].native_threads, run.ranks[0].native_stacks = [], render(TEARDOWN)
     (v,) = explain_run(run, classify_run(run))
@@ -624,7 +624,7 @@ def test_a_gil_deadlock_in_torchs_teardown_is_read_from_the_native_stacks(obs):
 
 
 def test_py_spy_json_is_trimmed_and_shown_in_py_spys_own_layout():
-    from harness.pyspy import render, trim
+    from harness.judge.pyspy import render, trim
 
     raw = [{"pid": 7, "thread_id": 140, "thread_name": "MainThread", "os_thread_id": 7,
             "active": False, "owns_gil": False, "frames": [
@@ -702,7 +702,7 @@ def test_a_first_round_store_wait_is_not_the_scale_up_deadlock(obs):
 
 
 def test_a_connect_timeout_behind_a_silenced_name_server_is_the_reverse_lookup(obs):
-    from harness.observe import StepRecord
+    from harness.judge.observation import StepRecord
     r1 = obs.rank("1", reached="init", end=10.0, exc=obs.exc("DistNetworkError", CLIENT))
     r1.stderr_tail = "[W] socket.cpp] The hostname of the client socket cannot be retrieved. err=-3"
     step = StepRecord(step="dns1", t=0.0, fault="dns_server", action="do", target="dns",
@@ -720,7 +720,7 @@ def _in_step(obs, label, step, **kw):
     for e in d["events"]:
         if e.get("phase") == "workload step 2":
             e["step"] = step
-    from harness.observe import RankObservation
+    from harness.judge.observation import RankObservation
     return RankObservation.from_dict(d)
 
 
@@ -829,7 +829,7 @@ def _kept(name):
     import json
     from pathlib import Path
 
-    from harness.observe import RunObservation
+    from harness.judge.observation import RunObservation
 
     path = Path(__file__).parent / "data" / "diagnosis" / name
     return RunObservation.from_dict(json.loads(path.read_text())["observation"])
@@ -916,7 +916,7 @@ def test_a_reset_on_the_stores_socket_is_not_a_gloo_pair(obs):
 
 
 def test_a_stale_file_store_is_named_for_the_rank_it_sent_to_a_dead_address(obs):
-    from harness.observe import StepRecord
+    from harness.judge.observation import StepRecord
 
     msg = ("Gloo connectFullMesh failed with [pair.cc:152] timed out connecting: SO_ERROR: "
            "Connection refused, remote=[127.0.0.1]:16257")
@@ -985,7 +985,7 @@ def test_a_monitored_barrier_failed_on_a_dead_rank_names_the_death_not_a_wait(ob
 
 
 def test_a_rank_starved_of_cpu_before_it_reached_the_store_is_named_by_both(obs):
-    from harness.observe import StepRecord
+    from harness.judge.observation import StepRecord
 
     r0 = obs.rank("0", reached="init", end=6.0, exc=obs.exc("DistStoreError", JOINED))
     r1 = obs.rank("1", reached="init", end=15.4, exc=obs.exc("DistNetworkError", CLIENT))
@@ -1019,7 +1019,7 @@ def test_a_late_agent_meeting_a_closed_rendezvous_names_the_agent_that_closed_it
 
 
 def test_an_unresolved_name_says_what_the_runs_name_server_was_made_to_answer(obs):
-    from harness.observe import StepRecord
+    from harness.judge.observation import StepRecord
 
     r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
     r1.stderr_tail = "(gai error: -2 - Name or service not known)\n"
@@ -1044,7 +1044,7 @@ def test_ranks_that_called_different_collectives_are_named_with_their_calls(obs)
                 e["phase"] = "collective 1"
         d["events"].insert(-1, {"ev": "phase", "t": obs.t0 + 0.5, "phase": "collective 1",
                                 "op": op})
-        from harness.observe import RankObservation
+        from harness.judge.observation import RankObservation
         runs.append(RankObservation.from_dict(d))
     _, (v0, v1) = _run(obs, *runs)
     assert v0.phase == "collective 1"
@@ -1069,7 +1069,7 @@ NO_ROUTE = ("Gloo connectFullMesh failed with [.../pair.cc:152] timed out connec
 
 
 def test_a_gloo_pair_dialling_a_second_cards_address_names_the_card_on_both_sides(obs):
-    from harness.observe import StepRecord
+    from harness.judge.observation import StepRecord
 
     r0 = obs.rank("0", reached="init", end=29.0, exc=obs.exc("RuntimeError", WAITED),
                   host="node0", addr="10.0.0.1")
@@ -1191,7 +1191,7 @@ def test_a_mesh_that_waited_for_a_peer_which_gave_up_waiting_for_this_ranks_key(
     assert vs["0"].cause.startswith("gloo's full mesh never connected: rank 1 gave up (timeout) "
                                     "in init at 2.027 s (waited 2 s for rank 0's key")
     # a fault step in the run (a proxy's delay, say) has its own rule: not this one
-    from harness.observe import StepRecord
+    from harness.judge.observation import StepRecord
     run.step_log = [StepRecord(step="lat", t=0.0, fault="latency", action="do", target="a",
                                what="delay 200 ms")]
     vs = {v.label: v for v in explain_run(run, classify_run(run))}
@@ -1446,7 +1446,7 @@ def test_a_single_recent_step_without_cpu_is_not_progress(obs):
 
 
 def test_hang_a_sigint_held_by_torchs_connect_loop_says_so_and_why_it_blocks():
-    from harness.observe import SignalSent
+    from harness.judge.observation import SignalSent
 
     run, _ = _hang_kept("wrong_port")
     run.ranks[1].signals.append(SignalSent("INT", 3.0, "kill_rank"))
@@ -1477,7 +1477,7 @@ def test_cpu_seconds_tells_a_process_at_work_from_a_blocked_one():
     import sys
     import time
 
-    from harness.procs import cpu_seconds
+    from harness.machine.procs import cpu_seconds
 
     busy = subprocess.Popen([sys.executable, "-c", "print('up', flush=True)\nwhile True: pass"],
                             stdout=subprocess.PIPE, text=True)
@@ -1499,7 +1499,7 @@ def test_cpu_seconds_tells_a_process_at_work_from_a_blocked_one():
 
 
 def test_cpu_samples_survive_the_observations_json_edge(obs):
-    from harness.observe import RankObservation
+    from harness.judge.observation import RankObservation
 
     r = obs.rank("1", reached="init", killed_at_deadline=True, result=False)
     r.cpu_samples = [(18.0, 9.41), (20.353, 9.87)]

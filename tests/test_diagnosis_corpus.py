@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.diagnose import RULES
+from harness.judge.diagnose import RULES
 
 _spec = importlib.util.spec_from_file_location(
     "diagnosis_keep", Path(__file__).parent / "diagnosis_keep.py")
@@ -80,7 +80,7 @@ def test_the_tool_keeps_an_evidence_folder(tmp_path):
 
 def test_the_report_names_the_rule_that_gave_each_cause():
     """The JSON report's rank records carry cause_rule: "" for an ok row, the rule otherwise."""
-    from harness.report import rank_record
+    from harness.reports.report import rank_record
 
     entry = keep.load(next(p for p in ENTRIES if p.name.startswith("wrong_port")))
     run, verdicts = keep.diagnosed(entry["observation"])

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import report
-from harness.diff import KINDS, diff_reports, duration_changed, render_table
+from harness.reports import report
+from harness.reports.diff import KINDS, diff_reports, duration_changed, render_table
 
 COMMITTED = Path(__file__).parent / "data" / "report-gloo.json"
 
@@ -425,7 +425,7 @@ def test_runqueue_wait_reads_the_kernels_schedstat():
     import subprocess
     import sys
 
-    from harness.procs import runqueue_wait
+    from harness.machine.procs import runqueue_wait
 
     mine = runqueue_wait()
     assert mine is not None and mine >= 0

@@ -17,10 +17,10 @@ from typing import Any, List
 
 import pytest
 
-from harness import resolver, topology
-from harness.loader import ScenarioFileError, load_text
-from harness.plan import make_plan
-from harness.procs import ManagedProcess, alive
+from harness.machine.procs import ManagedProcess, alive
+from harness.net import resolver, topology
+from harness.run.plan import make_plan
+from harness.scenario.loader import ScenarioFileError, load_text
 from harness.services import Services
 from harness.services.dns import DNSMASQ, RESPONDER, SERVICE, DnsAnswers, ask
 from harness.services.dnswire import DnsError
@@ -294,8 +294,8 @@ def test_dnsmasq_answers_a_aaaa_ptr_and_the_faults_then_stops(tmp_path):
 
 CHILD = """
 import sys
-from harness.launch import run_scenario
-from harness.loader import load_text
+from harness.run.supervisor import run_scenario
+from harness.scenario.loader import load_text
 (scn,) = load_text(sys.stdin.read(), "k.yaml")
 run_scenario(scn)
 """

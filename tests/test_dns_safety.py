@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence
 
 import pytest
 
-from harness import resolver, topology
+from harness.net import resolver, topology
 
 REPO = Path(__file__).resolve().parents[1]
 SYSCALLS = "trace=connect,sendto,sendmsg,sendmmsg,unshare"
@@ -42,9 +42,9 @@ pytestmark = pytest.mark.timeout(300)
 # what each did: the harness's own API, as the pytest plugin uses it.
 DRIVER = textwrap.dedent("""\
     import json, sys
-    from harness.classify import classify_run, job_outcome
-    from harness.launch import run_scenario
-    from harness.loader import load_file
+    from harness.judge.classify import classify_run, job_outcome
+    from harness.run.supervisor import run_scenario
+    from harness.scenario.loader import load_file
     out = []
     for path in sys.argv[1:]:
         for scn in load_file(path):
@@ -236,7 +236,7 @@ def shared_tmp():
 
 
 def _skip_without_view(env: Optional[Dict[str, str]] = None) -> None:
-    p = subprocess.run([sys.executable, "-m", "harness.resolver", "--check"], env=env,
+    p = subprocess.run([sys.executable, "-m", "harness.net.resolver", "--check"], env=env,
                        capture_output=True, text=True, timeout=60)
     if p.returncode != 0:
         pytest.skip(p.stdout.strip())
@@ -335,7 +335,7 @@ def test_runs_of_a_user_without_root_send_no_dns_query(shared_tmp, nobody_python
         cases = {k: WARM[k] for k in ("warm_first", "warm_again_tcp", "warm_unresolvable")}
     env = _environment(HARNESS_TMP=str(state))
     env.pop("TMPDIR", None)
-    p = subprocess.run(cmd[:-1] + [f"HARNESS_TMP={state}", cmd[-1], "-m", "harness.resolver",
+    p = subprocess.run(cmd[:-1] + [f"HARNESS_TMP={state}", cmd[-1], "-m", "harness.net.resolver",
                                    "--check"], capture_output=True, text=True, timeout=60,
                        cwd="/", env=env)
     if p.returncode != 0:

@@ -15,18 +15,18 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from harness import effects as fx
-from harness import topology
-from harness.classify import classify_run
-from harness.expect import check, check_effects, failure_table
+from harness.core.triggers import Trigger
 from harness.faults._dns import faulted_answers
 from harness.faults._proxy import connections_met
-from harness.launch import run_scenario
-from harness.loader import ScenarioFileError, load_text
-from harness.nftjson import counters_of
-from harness.schema import Expect
-from harness.steps import Effect, Scheduler, Step
-from harness.triggers import Trigger
+from harness.faults.steps import Effect, Scheduler, Step
+from harness.judge import effects as fx
+from harness.judge.classify import classify_run
+from harness.net import topology
+from harness.net.nft import counters_of
+from harness.run.supervisor import run_scenario
+from harness.scenario.expect import check, check_effects, failure_table
+from harness.scenario.loader import ScenarioFileError, load_text
+from harness.scenario.schema import Expect
 
 _MISSING = topology.missing()
 real = pytest.mark.skipif(bool(_MISSING) or sys.platform != "linux",

@@ -15,15 +15,15 @@ from typing import Any, Dict, List
 
 import pytest
 
-from harness import topology
-from harness.classify import classify_run
 from harness.faults.bandwidth import RateLimit
 from harness.faults.busy_port import holder_log
 from harness.faults.packet_loss import Loss
+from harness.faults.steps import Scheduler
 from harness.faults.wrong_interface import SpareLink
-from harness.launch import run_scenario
-from harness.loader import load_text
-from harness.steps import Scheduler
+from harness.judge.classify import classify_run
+from harness.net import topology
+from harness.run.supervisor import run_scenario
+from harness.scenario.loader import load_text
 
 _MISSING = topology.missing()
 real = pytest.mark.skipif(bool(_MISSING) or sys.platform != "linux",
@@ -256,7 +256,7 @@ def test_a_second_card_gloo_is_pointed_at_carries_the_dials_to_it(tmp_path):
 
 
 def test_a_link_local_only_card_must_come_up():
-    from harness.loader import ScenarioFileError, load_text
+    from harness.scenario.loader import ScenarioFileError, load_text
 
     with pytest.raises(ScenarioFileError) as e:
         load_text(TWO_HOSTS + "workload: [barrier]\n"

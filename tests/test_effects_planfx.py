@@ -12,15 +12,15 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from harness import edits
-from harness.classify import classify_run
-from harness.expect import check
-from harness.launch import run_scenario
-from harness.loader import load_text
-from harness.observe import RankObservation
-from harness.plan import make_plan
-from harness.protocol import Event
-from harness.schema import Expect
+from harness.core.protocol import Event
+from harness.judge import edits
+from harness.judge.classify import classify_run
+from harness.judge.observation import RankObservation
+from harness.run.plan import make_plan
+from harness.run.supervisor import run_scenario
+from harness.scenario.expect import check
+from harness.scenario.loader import load_text
+from harness.scenario.schema import Expect
 
 linux = pytest.mark.skipif(sys.platform != "linux", reason="real runs need Linux")
 

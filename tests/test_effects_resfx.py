@@ -16,9 +16,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from harness import cgroups
-from harness.classify import classify_run
-from harness.expect import check_effects
+from harness.core.protocol import Event
 from harness.faults._rank_limit import parse_limit, rank_errors, read_limit
 from harness.faults.cpu_contention import Starve, _cpu_list, affinity, cpu_seconds, hog_cpu
 from harness.faults.file_init import (
@@ -29,11 +27,13 @@ from harness.faults.file_init import (
     Unwritable,
 )
 from harness.faults.open_files_limit import LimitOpenFiles
-from harness.launch import run_scenario
-from harness.loader import load_text
-from harness.observe import RankObservation
-from harness.protocol import Event
-from harness.schema import Expect
+from harness.judge.classify import classify_run
+from harness.judge.observation import RankObservation
+from harness.machine import cgroups
+from harness.run.supervisor import run_scenario
+from harness.scenario.expect import check_effects
+from harness.scenario.loader import load_text
+from harness.scenario.schema import Expect
 
 linux = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 

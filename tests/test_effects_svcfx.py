@@ -18,15 +18,15 @@ from typing import Any, Dict, List
 import pytest
 from servicert import ServiceRuntime
 
-from harness import topology
-from harness.classify import classify_run
 from harness.faults import _probe
 from harness.faults._dns import nxdomain_answers
 from harness.faults._names import WriteHosts, hosts_file_names
 from harness.faults.slurm_node_down import NodeState, scontrol_fields
-from harness.launch import run_scenario
-from harness.loader import load_text
-from harness.plan import make_plan
+from harness.judge.classify import classify_run
+from harness.net import topology
+from harness.run.plan import make_plan
+from harness.run.supervisor import run_scenario
+from harness.scenario.loader import load_text
 from harness.services.etcd import ETCD, SERVICE
 
 _MISSING = topology.missing()
@@ -310,7 +310,7 @@ def test_a_dropped_name_server_counts_the_packets_dropped(tmp_path):
 
 
 def _etcd(tmp_path: Path, faults: str):
-    from harness.ports import PortLease
+    from harness.machine.ports import PortLease
 
     single = "name: e\nabout: etcd\nworld_size: 2\ntimeout: 5\nworkload: [barrier]\n"
     (scn,) = load_text(single + "etcd: {host: loopback}\n"

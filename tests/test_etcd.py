@@ -18,11 +18,11 @@ from typing import Any, List
 import pytest
 from servicert import ServiceRuntime
 
-from harness import topology
-from harness.loader import ScenarioFileError, load_text
-from harness.plan import make_plan
-from harness.procs import alive
-from harness.requirements import skip_reason
+from harness.machine.procs import alive
+from harness.net import topology
+from harness.run.plan import make_plan
+from harness.run.requirements import skip_reason
+from harness.scenario.loader import ScenarioFileError, load_text
 from harness.services import etcd as etcd_service
 from harness.services.etcd import ETCD, SERVICE, EtcdAnswers, get, plain_socket
 
@@ -223,7 +223,7 @@ def _answers(plan: Any) -> bool:
 
 @needs_etcd
 def test_etcd_starts_answers_v2_freezes_restarts_wiped_and_stops(tmp_path):
-    from harness.ports import PortLease
+    from harness.machine.ports import PortLease
 
     single = "name: e\nabout: etcd\nworld_size: 2\ntimeout: 5\nworkload: [barrier]\n"
     (scn,) = load_text(single + "etcd: {host: loopback}\n"
@@ -280,8 +280,8 @@ def alive_pid(pid: int) -> bool:
 
 CHILD = """
 import sys
-from harness.launch import run_scenario
-from harness.loader import load_text
+from harness.run.supervisor import run_scenario
+from harness.scenario.loader import load_text
 (scn,) = load_text(sys.stdin.read(), "k.yaml")
 run_scenario(scn)
 """
@@ -326,7 +326,7 @@ def test_a_sigkilled_run_leaves_no_etcd_or_namespace_after_the_sweep(tmp_path):
     child.wait(timeout=30)
     # the death signal (SIGKILL) takes etcd along, frozen or not; the next run's sweep of
     # the run directory is the second net
-    from harness.rundir import sweep
+    from harness.machine.rundir import sweep
 
     sweep(base)
     end = time.monotonic() + 30
@@ -343,12 +343,12 @@ def test_a_sigkilled_run_leaves_no_etcd_or_namespace_after_the_sweep(tmp_path):
 
 def _agents_run(agent_outcome: str, worker_outcome: str, exception: Any = None,
                 backend: str = "etcd") -> Any:
-    from harness.classify import Verdict
-    from harness.diagnose import explain_run
-    from harness.observe import RunObservation, StepRecord
+    from harness.judge.classify import Verdict
+    from harness.judge.diagnose import explain_run
+    from harness.judge.observation import RunObservation, StepRecord
 
     argv = ["-m", "torch.distributed.run", "--rdzv-backend", backend, "--rdzv-endpoint",
-            "10.0.0.254:2400", "-m", "harness.worker", "{}"]
+            "10.0.0.254:2400", "-m", "harness.ranks.worker", "{}"]
     run = RunObservation.from_dict({
         "plan": {"ranks": [{"label": "agent:node0", "argv": argv}]}, "ranks": [],
         "torch_version": "2.13.0+cpu", "wall": 40.0, "run_dir": "/tmp/r", "t0": 0.0,
@@ -400,7 +400,7 @@ def test_an_agent_that_raised_itself_is_blamed_on_the_service_even_if_its_worker
 def test_a_slow_etcd_is_stopped_most_of_the_time_and_runs_after_the_heal(tmp_path):
     """mode slow: the duty cycle really stops etcd (the kernel's state, sampled) and the heal
     leaves it running and answering."""
-    from harness.ports import PortLease
+    from harness.machine.ports import PortLease
 
     single = "name: e\nabout: etcd\nworld_size: 2\ntimeout: 5\nworkload: [barrier]\n"
     (scn,) = load_text(single + "etcd: {host: loopback}\n"

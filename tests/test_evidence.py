@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import evidence as ev
+from harness.reports import evidence as ev
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -80,7 +80,7 @@ def _old_session(root: Path, name: str, pid: int, started: str) -> Path:
 def test_pruning_removes_only_marked_sessions_of_dead_owners_beyond_the_newest(tmp_path):
     dead = [_old_session(tmp_path, f"session-2026010{i}T000000Z-00000{i}", 999999999,
                          f"2026-01-0{i}T00:00:00") for i in range(1, 5)]
-    from harness.procs import identity
+    from harness.machine.procs import identity
 
     live = tmp_path / "session-20250101T000000Z-aaaaaa"    # the oldest, but still running
     live.mkdir()

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from harness.classify import Verdict, classify_run
-from harness.expect import (
+from harness.judge.classify import Verdict, classify_run
+from harness.scenario.expect import (
     PATTERN_TIMEOUT,
     Mismatch,
     check,
@@ -15,7 +15,7 @@ from harness.expect import (
     failure_table,
     innermost_frames,
 )
-from harness.schema import Expect, RankExpect
+from harness.scenario.schema import Expect, RankExpect
 
 STORE_MSG = "Timed out after 6 seconds waiting for clients. 1/2 clients joined."
 CLIENT_MSG = ("The client socket has timed out after 5000ms while trying to connect to "

@@ -10,7 +10,8 @@ from typing import Any, Dict, List
 
 import pytest
 
-from harness.explore import (
+from harness.scenario.loader import ScenarioFileError, load_file
+from harness.tools.explore import (
     Exploration,
     Invariant,
     canonical,
@@ -20,7 +21,6 @@ from harness.explore import (
     short,
     thread_batch,
 )
-from harness.loader import ScenarioFileError, load_file
 
 SPACE = """\
 name: squat_late
@@ -71,7 +71,7 @@ def test_same_seed_same_draws():
 def test_draws_are_scenarios_the_loader_takes():
     import yaml
 
-    from harness.loader import load_text
+    from harness.scenario.loader import load_text
 
     for d in pure_draws(space(), 3, 10):
         (scn,) = load_text(yaml.safe_dump(d), "draw.yaml")
@@ -447,7 +447,7 @@ explore:
 """)
     import yaml
 
-    from harness.loader import load_text
+    from harness.scenario.loader import load_text
 
     draws = pure_draws(sp, 2, 20)
     assert {hosts_total(d) for d in draws} == {2, 4}
@@ -510,9 +510,9 @@ def test_every_registered_fault_kind_can_be_explored():
     loader takes, the fault in some of them."""
     import yaml
 
-    from harness.explore import model_any
     from harness.faults import REGISTRY
-    from harness.loader import load_text
+    from harness.scenario.loader import load_text
+    from harness.tools.explore import model_any
 
     uses = _catalog_uses()
     assert set(REGISTRY.kinds()) <= set(uses), set(REGISTRY.kinds()) - set(uses)
@@ -564,7 +564,7 @@ explore:
     import yaml
 
     from harness.launchers import launcher_kinds
-    from harness.loader import load_text
+    from harness.scenario.loader import load_text
 
     assert sp.fields["launcher"] == {"one_of": list(launcher_kinds())}
     kinds = set()

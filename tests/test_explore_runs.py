@@ -22,10 +22,10 @@ from typing import Any, Dict, List
 import psutil
 import pytest
 
-from harness import topology
 from harness.cli import main
-from harness.loader import load_file
-from harness.rundir import base_dir
+from harness.machine.rundir import base_dir
+from harness.net import topology
+from harness.scenario.loader import load_file
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -12,9 +12,9 @@ import pytest
 
 from harness.launchers import launcher_kinds
 from harness.launchers.fields import HONOURED, PROGRAM_KINDS, TABLE, Refused, markdown
-from harness.loader import ScenarioFileError, load_text
-from harness.plan import make_plan
-from harness.schema import Scenario
+from harness.run.plan import make_plan
+from harness.scenario.loader import ScenarioFileError, load_text
+from harness.scenario.schema import Scenario
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scenarios" / "programs" / "train.py"
 

@@ -15,11 +15,11 @@ import psutil
 import pytest
 from orphans import run_in_workload, state_dir, supervisor, wait_for
 
-from harness.classify import classify_run
-from harness.launch import run_scenario
-from harness.loader import load_text
-from harness.plan import make_plan
-from harness.rundir import sweep
+from harness.judge.classify import classify_run
+from harness.machine.rundir import sweep
+from harness.run.plan import make_plan
+from harness.run.supervisor import run_scenario
+from harness.scenario.loader import load_text
 
 
 def scenario(text: str):
@@ -135,8 +135,8 @@ def test_the_catalog_runs_warm_and_every_fresh_rank_says_why():
     """Every catalog case asks for start: fork (its file's top level), and the plan forks
     ranks in most of them; a rank planned fresh carries the reason (a launcher's processes,
     its own interpreter, an environment that differs while torch imports, ...)."""
-    from harness.catalog import builtin_dir
-    from harness.loader import load_file
+    from harness.scenario.catalog import builtin_dir
+    from harness.scenario.loader import load_file
 
     n = iter(range(30000, 60000))
     cases = forked = 0

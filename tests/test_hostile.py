@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main as cli_main
-from harness.loader import (
+from harness.scenario.loader import (
     MAX_DEPTH,
     MAX_FILE_BYTES,
     MAX_NODES,

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from orphans import state_dir, supervisor
 
-from harness import topology
-from harness.launch import run_scenario
-from harness.loader import load_text
-from harness.procs import alive
+from harness.machine.procs import alive
+from harness.net import topology
+from harness.run.supervisor import run_scenario
+from harness.scenario.loader import load_text
 
 if topology.missing():
     pytest.skip("hosts as machines need: " + "; ".join(topology.missing()),

@@ -9,9 +9,8 @@ import textwrap
 
 import pytest
 
-from harness.classify import Verdict
-from harness.expect import check
-from harness.hostspec import (
+from harness.judge.classify import Verdict
+from harness.net.hostspec import (
     DEAD,
     MACHINE,
     SYSCTL_KEYS,
@@ -20,9 +19,10 @@ from harness.hostspec import (
     host_names,
     sysctl_problem,
 )
-from harness.loader import ScenarioFileError, load_text
-from harness.plan import ShapeHosts, make_plan
-from harness.topology import Topology
+from harness.net.topology import Topology
+from harness.run.plan import ShapeHosts, make_plan
+from harness.scenario.expect import check
+from harness.scenario.loader import ScenarioFileError, load_text
 
 
 def load(text: str):

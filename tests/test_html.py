@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import html, report
+from harness.reports import html, report
 
 COMMITTED = Path(__file__).parent / "data" / "report-gloo.json"
 
@@ -315,7 +315,7 @@ def test_chromium_shows_each_cause_and_one_stack_for_alike_ranks(tmp_path, rep):
 def test_each_fault_effect_is_a_row_and_its_evidence_times_are_dots_on_its_bar(rep):
     """What each fault did (harness.effects): a "Fault effects" row per fault with its status
     and evidence, and the evidence's times as marks on the step's bar of the timeline."""
-    from harness.effects import aggregate
+    from harness.judge.effects import aggregate
 
     r = copy.deepcopy(rep)
     c = next(c for c in r["cases"] if c["test_id"] == "busy_port_released")

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import interpreters
-from harness.classify import classify_run, job_outcome
-from harness.launch import run_scenario
-from harness.loader import ScenarioFileError, load_text
-from harness.plan import make_plan
-from harness.protocol import READY, ready_event
-from harness.requirements import skip_reason
+from harness.core.protocol import READY, ready_event
+from harness.judge.classify import classify_run, job_outcome
+from harness.machine import interpreters
+from harness.run.plan import make_plan
+from harness.run.requirements import skip_reason
+from harness.run.supervisor import run_scenario
+from harness.scenario.loader import ScenarioFileError, load_text
 
 
 def scn(**fields):

@@ -36,7 +36,7 @@ def py(code: str, **kw):
 def test_a_sigint_inside_a_shield_waits_for_the_end_of_the_shield():
     p = py("""
         import os, signal
-        from harness.interrupts import shield
+        from harness.machine.interrupts import shield
         log = []
         try:
             with shield():
@@ -58,7 +58,7 @@ def test_a_sigterm_inside_a_shield_ends_the_process_after_the_cleanup():
     """Without a front door, SIGTERM keeps its default action, only later."""
     p = py("""
         import os, signal
-        from harness.interrupts import shield
+        from harness.machine.interrupts import shield
         with shield():
             os.kill(os.getpid(), signal.SIGTERM)
             print("cleanup finished", flush=True)
@@ -71,7 +71,7 @@ def test_a_sigterm_inside_a_shield_ends_the_process_after_the_cleanup():
 def test_installed_sigterm_is_an_interrupt_and_a_second_signal_only_waits():
     p = py("""
         import os, signal, time
-        from harness import interrupts
+        from harness.machine import interrupts
         interrupts.install()
         try:
             os.kill(os.getpid(), signal.SIGTERM)
@@ -96,7 +96,7 @@ def test_installed_sigterm_is_an_interrupt_and_a_second_signal_only_waits():
 def test_an_error_in_a_shield_with_a_deferred_signal_becomes_the_interrupt():
     p = py("""
         import os, signal
-        from harness import interrupts
+        from harness.machine import interrupts
         interrupts.install()
         try:
             with interrupts.shield():
@@ -135,7 +135,7 @@ lineless_entries = pytest.mark.skipif(sys.version_info < (3, 11),
 
 @lineless_entries
 def test_mend_traceback_gives_a_lineless_entry_the_line_before_it():
-    from harness import interrupts
+    from harness.machine import interrupts
 
     ns: dict = {}
     exec(textwrap.dedent(NO_LINE), ns)
@@ -224,7 +224,7 @@ def _what_runs_made(runs):
 
 
 def _alive(rec) -> bool:
-    from harness.procs import alive
+    from harness.machine.procs import alive
 
     return alive(rec)
 
@@ -350,7 +350,8 @@ def test_sigkill_to_a_forked_pytest_leaves_nothing_after_the_next_sweep(session_
     assert list(_state(session_dir).glob("zygote-*"))   # left for the sweep
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HARNESS_"))}
     sweep = py("""
-        from harness import rundir, topology
+        from harness.machine import rundir
+        from harness.net import topology
         print(rundir.sweep(), topology.sweep() if not topology.missing() else [])
     """, env=dict(env, HARNESS_TMP=str(session_dir / "state")))
     assert sweep.returncode == 0, sweep.stderr
@@ -389,7 +390,8 @@ def test_sigkill_to_harness_run_leaves_its_report_folder_to_the_next_sweep(sessi
         time.sleep(0.1)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HARNESS_"))}
     sweep = py("""
-        from harness import rundir, topology
+        from harness.machine import rundir
+        from harness.net import topology
         print(rundir.sweep(), topology.sweep() if not topology.missing() else [])
     """, env=dict(env, HARNESS_TMP=str(session_dir / "state")))
     assert sweep.returncode == 0, sweep.stderr

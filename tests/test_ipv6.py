@@ -10,11 +10,11 @@ import textwrap
 
 import pytest
 
-from harness.loader import ScenarioFileError, load_text
-from harness.plan import make_plan
-from harness.protocol import url_host
-from harness.safety import refuse_address
-from harness.topology import Topology
+from harness.core.protocol import url_host
+from harness.net.safety import refuse_address
+from harness.net.topology import Topology
+from harness.run.plan import make_plan
+from harness.scenario.loader import ScenarioFileError, load_text
 
 TWO = """\
 name: s

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.classify import Verdict
-from harness.diagnose import RankContext, no_store_there
+from harness.core.jobstore import UNVERIFIED, JobStore, flag_value, split_endpoint
 from harness.faults.firewall import FirewallRule
-from harness.jobstore import UNVERIFIED, JobStore, flag_value, split_endpoint
-from harness.loader import ScenarioFileError, load_text
-from harness.observe import RunObservation
-from harness.plan import make_plan
+from harness.judge.classify import Verdict
+from harness.judge.diagnose import RankContext, no_store_there
+from harness.judge.observation import RunObservation
+from harness.run.plan import make_plan
+from harness.scenario.loader import ScenarioFileError, load_text
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scenarios" / "programs" / "train.py"
 TWO = "name: t\nabout: a\nhosts: [{name: node0}, {name: node1}]\n"

@@ -18,10 +18,10 @@ import psutil
 import pytest
 from orphans import run_in_workload, state_dir, supervisor, wait_for
 
-from harness.classify import classify_run, job_outcome
-from harness.launch import run_scenario
-from harness.loader import load_text
-from harness.rundir import base_dir, sweep
+from harness.judge.classify import classify_run, job_outcome
+from harness.machine.rundir import base_dir, sweep
+from harness.run.supervisor import run_scenario
+from harness.scenario.loader import load_text
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -45,7 +45,7 @@ def harness_descendants():
             cmd = " ".join(p.cmdline())
         except psutil.Error:
             continue
-        if ("harness.worker" in cmd or "harness.faults" in cmd) and alive(p.pid):
+        if ("harness.ranks.worker" in cmd or "harness.faults" in cmd) and alive(p.pid):
             out.append(f"{p.pid} {cmd[:100]}")
     return out
 
@@ -271,14 +271,14 @@ def test_peer_waiting_on_a_stopped_rank_is_hang_too(stopped):
 def test_hung_ranks_have_faulthandler_stacks_of_the_worker(stopped):
     _, vs = stopped
     for label in ("0", "1"):
-        assert "harness/worker.py" in vs[label].stacks, vs[label].stacks
+        assert "harness/ranks/worker.py" in vs[label].stacks, vs[label].stacks
 
 
 def test_hung_ranks_native_stacks_are_read_from_py_spys_json(stopped):
     """Rank 0 waits in the barrier: py-spy's JSON threads are kept (its main thread in the
     worker's Python and torch's C++ below), and the text shown is rendered from them; rank 1
     is stopped, which py-spy cannot attach to, and says so."""
-    from harness.launch import native_stacks_available
+    from harness.run.supervisor import native_stacks_available
 
     if not native_stacks_available():
         pytest.skip("py-spy is not installed")
@@ -286,7 +286,7 @@ def test_hung_ranks_native_stacks_are_read_from_py_spys_json(stopped):
     r0, r1 = (next(r for r in o["ranks"] if r["label"] == k) for k in ("0", "1"))
     main = next(t for t in r0["native_threads"] if t["name"] == "MainThread")
     files = [f["file"] for f in main["frames"]]
-    assert "harness/worker.py" in files, files
+    assert "harness/ranks/worker.py" in files, files
     assert any(f["line"] == 0 and "torch" in f["file"] for f in main["frames"]), files
     assert r0["native_stacks"].startswith("(taken at ")
     assert f'Thread {main["thread"]} ({main["state"]}): "MainThread"' in r0["native_stacks"]
@@ -375,7 +375,7 @@ def _no_run_dir_left(before):
 
 
 def test_a_rank_whose_python_cannot_start_is_a_harness_error_with_the_cause(tmp_path):
-    from harness.errors import HarnessError
+    from harness.core.errors import HarnessError
 
     before = our_run_dirs()
     scn = scenario("""
@@ -400,7 +400,7 @@ def test_a_rank_whose_python_cannot_start_is_a_harness_error_with_the_cause(tmp_
 
 
 def test_a_rank_that_cannot_import_torch_is_a_harness_error_with_the_exception(tmp_path):
-    from harness.errors import HarnessError
+    from harness.core.errors import HarnessError
 
     shadow = tmp_path / "shadow" / "torch"
     shadow.mkdir(parents=True)

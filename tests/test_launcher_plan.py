@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.classify import Verdict, classify, job_outcome
-from harness.loader import ScenarioFileError, load_text
-from harness.observe import RankObservation
-from harness.plan import make_plan
-from harness.protocol import Event, parse_label
-from harness.rows import RowSet, key_for, key_ok
+from harness.core.protocol import Event, parse_label
+from harness.core.rows import RowSet, key_for, key_ok
+from harness.judge.classify import Verdict, classify, job_outcome
+from harness.judge.observation import RankObservation
+from harness.run.plan import make_plan
+from harness.scenario.loader import ScenarioFileError, load_text
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scenarios" / "programs" / "train.py"
 
@@ -50,7 +50,7 @@ def test_single_host_torchrun_is_one_agent_with_nproc_per_node(counter_ports):
     assert rp.role == "agent" and rp.observed and rp.argv[:2] == ["-m", "torch.distributed.run"]
     assert agent_argv(plan, "agent:local") == ["--nnodes", "1", "--nproc-per-node", "3"]
     # the program: the harness's worker, its rank from torchrun's environment
-    assert rp.argv[-3:-1] == ["-m", "harness.worker"]
+    assert rp.argv[-3:-1] == ["-m", "harness.ranks.worker"]
 
 
 def test_two_hosts_get_the_static_recipe_on_the_master_host(counter_ports):
@@ -126,7 +126,7 @@ def test_spawn_plans_one_parent_per_host(counter_ports):
     assert [(r.label, r.role) for r in plan.ranks] == [("parent:node0", "parent"),
                                                        ("parent:node1", "parent")]
     p1 = plan.rank("parent:node1")
-    assert p1.argv[:2] == ["-m", "harness.spawner"]
+    assert p1.argv[:2] == ["-m", "harness.ranks.spawner"]
     assert p1.env["NODE_RANK"] == "1" and p1.env["WORLD_SIZE"] == "4"
     assert '"first_rank": 2' in p1.argv[2]
 
@@ -310,8 +310,8 @@ def test_a_fault_that_edits_each_ranks_start_is_refused_under_torchrun():
 def test_a_fault_on_what_the_worker_does_travels_to_torchruns_workers(counter_ports):
     """slow_rank and rank_workload under torchrun: the agent carries the per-rank variations
     to its workers (each takes its own by RANK), and the plan edit is read back from rank 1."""
-    from harness import edits
-    from harness.protocol import RANK_VARIATIONS_ENV
+    from harness.core.protocol import RANK_VARIATIONS_ENV
+    from harness.judge import edits
 
     p = plan_of("""
         name: t
@@ -335,8 +335,8 @@ def test_a_fault_on_what_the_worker_does_travels_to_torchruns_workers(counter_po
 def test_a_worker_takes_its_own_variation_by_the_rank_its_launcher_gave(monkeypatch):
     import json
 
-    from harness import protocol as P
-    from harness.worker import own_variation
+    from harness.core import protocol as P
+    from harness.ranks.worker import own_variation
 
     spec = P.WorkerSpec(label="", backend="gloo", timeout=5, steps=["barrier"], destroy=True,
                         init=P.InitSpec("env"))

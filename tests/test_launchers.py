@@ -20,16 +20,16 @@ import psutil
 import pytest
 from orphans import state_dir, supervisor
 
-from harness import topology
-from harness.classify import Verdict, classify_run, job_outcome
-from harness.launch import run_scenario
-from harness.loader import load_text
-from harness.rundir import base_dir
+from harness.judge.classify import Verdict, classify_run, job_outcome
+from harness.machine.rundir import base_dir
+from harness.net import topology
+from harness.run.supervisor import run_scenario
+from harness.scenario.loader import load_text
 
 pytestmark = pytest.mark.timeout(240)
 SCRIPT = Path(__file__).resolve().parent.parent / "scenarios" / "programs" / "train.py"
-MARKS = ("torch.distributed.run", "harness.worker", "harness.spawner", "multiprocessing",
-         str(SCRIPT))
+MARKS = ("torch.distributed.run", "harness.ranks.worker", "harness.ranks.spawner",
+         "multiprocessing", str(SCRIPT))
 
 
 def _ours() -> List[str]:
@@ -312,7 +312,7 @@ def test_a_killed_supervisor_takes_the_agent_and_its_workers_along(tmp_path):
     the sweep removes the run directory."""
     import time
 
-    from harness.rundir import sweep
+    from harness.machine.rundir import sweep
 
     sup = supervisor(SCENARIO, tmp_path)
     base = state_dir(tmp_path)
@@ -358,7 +358,7 @@ def test_a_worker_that_was_twinned_by_a_spawn_index_gets_its_rank_back(tmp_path)
     both keep claiming one rank stay twinned."""
     from types import SimpleNamespace
 
-    from harness import protocol as P
+    from harness.core import protocol as P
     from harness.launchers import Discovery, RankProcess
 
     sup = SimpleNamespace(ranks=[])

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.loader import Problem, ScenarioFileError, json_schema, load_file, load_text
+from harness.scenario.loader import Problem, ScenarioFileError, json_schema, load_file, load_text
 
 DATA = Path(__file__).parent / "data"
 VALID = DATA / "valid"

@@ -9,14 +9,14 @@ import textwrap
 
 import pytest
 
+from harness.core.triggers import Trigger
 from harness.faults._names import WriteHosts
-from harness.hostspec import MACHINE
-from harness.loader import ScenarioFileError, load_text
-from harness.plan import ShapeHosts, make_plan
-from harness.resolver import machine_hostname
-from harness.steps import RUN
-from harness.topology import Topology
-from harness.triggers import Trigger
+from harness.faults.steps import RUN
+from harness.net.hostspec import MACHINE
+from harness.net.resolver import machine_hostname
+from harness.net.topology import Topology
+from harness.run.plan import ShapeHosts, make_plan
+from harness.scenario.loader import ScenarioFileError, load_text
 
 TWO = """\
 name: s

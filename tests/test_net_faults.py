@@ -17,17 +17,17 @@ from typing import List
 
 import pytest
 
-from harness import topology
+from harness.core.triggers import Trigger
 from harness.faults.bandwidth import RateLimit
 from harness.faults.firewall import FirewallRule
 from harness.faults.latency import Delay
 from harness.faults.packet_loss import Loss
 from harness.faults.partition import Cut
-from harness.loader import ScenarioFileError, load_file, load_text
-from harness.plan import make_plan
-from harness.requirements import skip_reason
-from harness.steps import RUN
-from harness.triggers import Trigger
+from harness.faults.steps import RUN
+from harness.net import topology
+from harness.run.plan import make_plan
+from harness.run.requirements import skip_reason
+from harness.scenario.loader import ScenarioFileError, load_file, load_text
 
 DATA = Path(__file__).parent / "data" / "net"
 RUN_DIR = "/tmp/torchdist-harness/run-nettest"
@@ -437,8 +437,8 @@ def _root_nft_tables() -> str:
 
 
 def _run(text: str):
-    from harness.classify import classify_run
-    from harness.launch import run_scenario
+    from harness.judge.classify import classify_run
+    from harness.run.supervisor import run_scenario
 
     links = set(_root_veths_and_bridges())
     observed = run_scenario(load(text))
@@ -470,7 +470,7 @@ def test_real_master_port_drop_times_out_both_ranks():
 
 
 def test_env_master_addr_outside_is_refused():
-    from harness.loader import ScenarioFileError, load_text
+    from harness.scenario.loader import ScenarioFileError, load_text
 
     with pytest.raises(ScenarioFileError) as e:
         load_text("name: s\nabout: why\nenv:\n  MASTER_ADDR: 8.8.8.8\n", "s.yaml")

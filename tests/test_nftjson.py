@@ -14,8 +14,8 @@ from typing import Any, Dict, List
 
 import pytest
 
-from harness import nftjson
-from harness.topology import Topology, missing
+from harness.net import nft as nftjson
+from harness.net.topology import Topology, missing
 
 
 def _rule(chain: str, handle: int, comment: str, expr: List[Dict[str, Any]]) -> Dict[str, Any]:

@@ -21,7 +21,7 @@ import pytest
 from wheelenv import ROOT, build_wheel, torch_only_venv, wheel_venv
 
 import harness
-from harness import catalog
+from harness.scenario import catalog
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -301,7 +301,7 @@ def test_compare_bad_sides_are_located_errors(tmp_path, capsys):
 
 
 def test_a_case_run_from_a_checkout_and_from_a_wheel_is_one_case():
-    from harness.diff import diff_reports
+    from harness.reports.diff import diff_reports
 
     def rep(cid):
         return {"cases": [{"id": cid, "status": "passed", "job": "ok",
@@ -315,7 +315,7 @@ def test_a_case_run_from_a_checkout_and_from_a_wheel_is_one_case():
 
 
 def test_an_interpreter_side_runs_as_often_as_the_saved_side_ran():
-    from harness.compare import repeat_of
+    from harness.reports.compare import repeat_of
 
     assert repeat_of({"cases": [{"repeat": 5, "status": "passed"},
                                 {"repeat": 5, "status": "failed"},
@@ -324,7 +324,7 @@ def test_an_interpreter_side_runs_as_often_as_the_saved_side_ran():
 
 
 def test_sureness_says_how_the_sides_were_repeated():
-    from harness.compare import sureness
+    from harness.reports.compare import sureness
 
     once = {"cases": [{"repeat": 1, "status": "passed"}]}
     five = {"cases": [{"repeat": 5, "status": "passed"}]}
@@ -334,7 +334,7 @@ def test_sureness_says_how_the_sides_were_repeated():
 
 
 def test_repeated_message_families_change_only_beyond_chance():
-    from harness.diff import diff_reports
+    from harness.reports.diff import diff_reports
 
     def rep(fams):
         return {"cases": [{"id": "c", "status": "passed", "repeat": sum(fams.values()),
@@ -354,7 +354,7 @@ def test_repeated_message_families_change_only_beyond_chance():
 
 
 def test_repeated_outcomes_steady_on_each_side_are_a_change_however_few_runs():
-    from harness.diff import diff_reports
+    from harness.reports.diff import diff_reports
 
     def rep(outcome):
         return {"cases": [{"id": "c", "status": "passed", "repeat": 3,
@@ -368,9 +368,9 @@ def test_repeated_outcomes_steady_on_each_side_are_a_change_however_few_runs():
 def test_python_override_keeps_the_scenarios_own_interpreters(counter_ports):
     """--harness-python is the default of every process (a torchrun agent's too); a
     scenario's own python: entries win."""
-    from harness.loader import load_text
-    from harness.plan import make_plan
     from harness.pytest_plugin import with_interpreter
+    from harness.run.plan import make_plan
+    from harness.scenario.loader import load_text
 
     (s,) = load_text(textwrap.dedent("""\
         name: py
@@ -394,7 +394,7 @@ def test_python_override_keeps_the_scenarios_own_interpreters(counter_ports):
 
 
 def test_a_venv_folder_stands_for_its_python(tmp_path):
-    from harness import interpreters
+    from harness.machine import interpreters
 
     (tmp_path / "v" / "bin").mkdir(parents=True)
     (tmp_path / "v" / "bin" / "python").write_text("")
@@ -445,7 +445,7 @@ def test_sigterm_to_compare_alone_stops_its_side_run_and_leaves_nothing(tmp_path
     while time.monotonic() < until and not ranks:
         try:
             ranks = [k for k in me.children(recursive=True)
-                     if "harness.worker" in " ".join(k.cmdline())]
+                     if "harness.ranks.worker" in " ".join(k.cmdline())]
         except psutil.Error:
             pass
         time.sleep(0.2)

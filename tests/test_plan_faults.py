@@ -13,15 +13,15 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.core.triggers import Trigger
 from harness.faults import REGISTRY, Fault
 from harness.faults.busy_port import HoldPort
 from harness.faults.file_init import StaleFileStore, Unwritable
 from harness.faults.malformed_env import ALLOWED, garbage
 from harness.faults.signal_rank import Signal
-from harness.loader import ScenarioFileError, load_text
-from harness.plan import MakeDir, make_plan
-from harness.steps import RUN
-from harness.triggers import Trigger
+from harness.faults.steps import RUN
+from harness.run.plan import MakeDir, make_plan
+from harness.scenario.loader import ScenarioFileError, load_text
 
 RUN_DIR = "/tmp/x"
 
@@ -433,7 +433,7 @@ def test_signal_anchor_mistakes_are_located(fault, field, words):
 
 
 def test_ended_is_no_phase_a_rank_enters():
-    from harness.protocol import check_trigger_phase
+    from harness.core.protocol import check_trigger_phase
     with pytest.raises(ValueError):
         check_trigger_phase("ended")   # slow_rank, raise_exception... never take it
 
@@ -624,7 +624,7 @@ def test_faults_are_kept_typed_on_the_scenario_in_order():
 
 
 def test_busy_port_with_file_init_is_refused_as_a_no_op():
-    from harness.loader import ScenarioFileError, load_text
+    from harness.scenario.loader import ScenarioFileError, load_text
 
     with pytest.raises(ScenarioFileError) as e:
         load_text("name: s\nabout: why\ninit: file\nfaults:\n  - kind: busy_port\n", "s.yaml")

@@ -19,10 +19,10 @@ from typing import Any, Dict, List
 
 import pytest
 
-from harness import topology
 from harness.cli import plan_for_show
-from harness.launch import run_scenario
-from harness.loader import load_file, load_text
+from harness.net import topology
+from harness.run.supervisor import run_scenario
+from harness.scenario.loader import load_file, load_text
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOG = sorted((REPO / "scenarios").glob("*.yaml"))
@@ -83,9 +83,9 @@ def _check(scn: Any) -> Any:
         if got["observed"]:
             assert got["argv"] == [a[:200] for a in [python, *p["argv"]]][:40], label
         elif p["start"] == "fork":   # forked from its host's server: the server's argv
-            assert got["argv"][1:3] == ["-m", "harness.forkserver"], label
+            assert got["argv"][1:3] == ["-m", "harness.ranks.forkserver"], label
         else:
-            assert got["argv"][:3] == [python, "-m", "harness.worker"], label
+            assert got["argv"][:3] == [python, "-m", "harness.ranks.worker"], label
             spec = json.loads(got["argv"][3])
             assert spec["label"] == label and spec["timeout"] == ran["timeout"], label
     return run
@@ -113,7 +113,7 @@ def test_direct_fresh_ranks_on_two_hosts_get_their_planned_argv_and_environment(
     scn = _case("net-healthy-hosts.yaml", "two_hosts").model_copy(update={"start": "fresh"})
     run = _check(scn)
     starts = [_got(r) for r in run.ranks]
-    assert all(not s["observed"] and s["argv"][1:3] == ["-m", "harness.worker"]
+    assert all(not s["observed"] and s["argv"][1:3] == ["-m", "harness.ranks.worker"]
                for s in starts)
     assert {s["env"]["MASTER_ADDR"] for s in starts} == {run.plan["master_addr"]}
 

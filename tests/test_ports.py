@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from harness.ports import LOW, PortLease, ephemeral_range, port_is_free
+from harness.machine.ports import LOW, PortLease, ephemeral_range, port_is_free
 
 
 def free_run(n: int, low: int = LOW, high: int = 28999) -> int:
@@ -126,7 +126,7 @@ def test_port_bound_without_listen_is_not_free():
 HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from harness.ports import PortLease
+    from harness.machine.ports import PortLease
     lease = PortLease(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[2]))
     print(lease.take(), flush=True)
     time.sleep(600)
@@ -173,7 +173,7 @@ def test_a_lock_on_an_unlinked_lock_file_is_not_taken_for_the_port(tmp_path):
     """The flock/unlink race: B opened the lock file just before A released (unlinked) it, and
     C has taken the port since (a new file). B's flock on the old inode succeeds, yet the port
     is C's: the inode check must send B round again, where it finds C's lock."""
-    from harness.ports import _same_file
+    from harness.machine.ports import _same_file
 
     base = free_run(1)
     path = tmp_path / f"{base}.lock"
@@ -216,7 +216,7 @@ def test_a_symlink_lock_file_is_never_followed(tmp_path):
 
 
 def test_the_shared_lock_folder_is_sticky_and_world_writable(tmp_path, monkeypatch):
-    from harness.ports import shared_lock_dir
+    from harness.machine.ports import shared_lock_dir
 
     monkeypatch.setenv("HARNESS_TMP", str(tmp_path))
     d = shared_lock_dir()
@@ -225,8 +225,8 @@ def test_the_shared_lock_folder_is_sticky_and_world_writable(tmp_path, monkeypat
 
 
 def test_a_symlink_as_the_shared_lock_folder_is_refused(tmp_path, monkeypatch):
-    from harness.errors import HarnessError
-    from harness.ports import shared_lock_dir
+    from harness.core.errors import HarnessError
+    from harness.machine.ports import shared_lock_dir
 
     monkeypatch.setenv("HARNESS_TMP", str(tmp_path))
     (tmp_path / "target").mkdir()
@@ -237,7 +237,7 @@ def test_a_symlink_as_the_shared_lock_folder_is_refused(tmp_path, monkeypatch):
 
 def test_a_run_dir_is_never_visible_without_its_owner(tmp_path):
     """A concurrent sweep must never see run-* without owner.json (it would remove it)."""
-    from harness.rundir import RunDir, sweep
+    from harness.machine.rundir import RunDir, sweep
 
     runs = [RunDir(tmp_path) for _ in range(20)]
     assert sweep(tmp_path) == []          # every owner (this process) is alive

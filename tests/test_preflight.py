@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import preflight as pf
-from harness import topology
+from harness.net import topology
 from harness.services import slurm as svc
+from harness.tools import preflight as pf
 
 
 # -- the pure parts ---------------------------------------------------------------------------
@@ -149,8 +149,8 @@ def preflight_on_cluster(out: Path, nodes: int = 3, loop: str = "", launcher: st
                          faults: str = "", extra: str = "") -> dict:
     """Start the run's own test cluster (a Slurm scenario) whose one task per node is
     ``harness preflight --task``; return the report rank 0 wrote."""
-    from harness.launch import run_scenario
-    from harness.loader import load_text
+    from harness.run.supervisor import run_scenario
+    from harness.scenario.loader import load_text
 
     hosts = "".join(f"  - {{name: node{i}, ranks: 1{', resolves_self: 127.0.1.1' if i == 1 and loop else ''}}}\n"  # noqa: E501
                     for i in range(nodes))
@@ -160,7 +160,7 @@ def preflight_on_cluster(out: Path, nodes: int = 3, loop: str = "", launcher: st
         hostnames: own
         deadline: 150
         launcher: {launcher}
-        program: {{module: harness.preflight, args: ["--task", "--dir", "{out}", "--timeout",
+        program: {{module: harness.tools.preflight, args: ["--task", "--dir", "{out}", "--timeout",
                   "5", "--grace", "20", "--wait", "40"{extra}]}}
     """) + "hosts:\n" + hosts + faults
     (scn,) = load_text(text, "preflight.yaml")
@@ -206,8 +206,8 @@ def test_a_node_with_its_master_port_dropped_is_flagged_alone(tmp_path):
 
 @real
 def test_inside_an_allocation_preflight_starts_its_own_step(tmp_path):
-    from harness.launch import run_scenario
-    from harness.loader import load_text
+    from harness.run.supervisor import run_scenario
+    from harness.scenario.loader import load_text
 
     out = tmp_path / "pf"
     script = Path(__file__).parent / "data" / "preflight_in_allocation.py"

@@ -18,9 +18,9 @@ from typing import Optional, Tuple
 
 import pytest
 
-from harness import preflight as pf
-from harness import topology
+from harness.net import topology
 from harness.services import slurm as svc
+from harness.tools import preflight as pf
 
 MISSING = svc.missing() + topology.missing()
 
@@ -59,8 +59,8 @@ OTHER, OTHER_VERSION = other_python()
 @pytest.mark.skipif(bool(MISSING), reason="the Slurm test cluster needs: " + "; ".join(MISSING))
 @pytest.mark.skipif(OTHER is None, reason=OTHER_VERSION)
 def test_a_node_running_another_python_build_is_flagged_alone(tmp_path):
-    from harness.launch import run_scenario
-    from harness.loader import load_text
+    from harness.run.supervisor import run_scenario
+    from harness.scenario.loader import load_text
 
     assert OTHER is not None
     py = stale_venv(tmp_path / "stale-venv", OTHER)
@@ -71,7 +71,7 @@ def test_a_node_running_another_python_build_is_flagged_alone(tmp_path):
         hostnames: own
         deadline: 150
         launcher: slurm
-        program: {{module: harness.preflight, args: ["--task", "--dir", "{out}", "--timeout",
+        program: {{module: harness.tools.preflight, args: ["--task", "--dir", "{out}", "--timeout",
                   "5", "--grace", "20", "--wait", "40"]}}
         hosts:
           - {{name: node0, ranks: 1}}

@@ -15,7 +15,7 @@ from typing import Iterator, List, Tuple
 
 import pytest
 
-from harness.procs import ManagedProcess, alive
+from harness.machine.procs import ManagedProcess, alive
 from harness.services import Answers, ReadyLine, Service, ServiceError, Services, ServiceSpec
 
 
@@ -136,13 +136,13 @@ def test_a_service_is_ready_when_it_answers_and_stops_with_its_group(proxy):
 
 
 def _start(pid):
-    from harness.procs import start_ticks
+    from harness.machine.procs import start_ticks
 
     return start_ticks(pid)
 
 
 def _boot():
-    from harness.procs import boot_id
+    from harness.machine.procs import boot_id
 
     return boot_id()
 

@@ -12,16 +12,16 @@ from typing import List
 
 import pytest
 
+from harness.core.triggers import Trigger
 from harness.faults import REGISTRY
 from harness.faults import latency as latency_mod
 from harness.faults._proxy import MARK, ProxyUp, ToxicStep, proxy_name, rate_bytes
 from harness.faults.latency import Delay
-from harness.loader import ScenarioFileError, load_text
-from harness.machine import NAMESPACES
-from harness.plan import make_plan
-from harness.requirements import skip_reason
-from harness.steps import RUN
-from harness.triggers import Trigger
+from harness.faults.steps import RUN
+from harness.machine.requirement import NAMESPACES
+from harness.run.plan import make_plan
+from harness.run.requirements import skip_reason
+from harness.scenario.loader import ScenarioFileError, load_text
 
 RUN_DIR = "/tmp/x"
 TWO_HOSTS = """\
@@ -243,7 +243,7 @@ def test_the_proxy_service_and_its_mark_are_named_once():
 
 
 def test_without_namespaces_a_transparent_proxy_fault_is_skipped_with_the_reason(monkeypatch):
-    from harness import topology
+    from harness.net import topology
 
     monkeypatch.setattr(topology, "missing", lambda: ["not running as root (euid 1000)"])
     scn = load(with_faults("{kind: blackhole}", base=ONE_HOST))

@@ -16,11 +16,11 @@ from typing import Any, Dict, List
 
 import pytest
 
-from harness import topology
-from harness.classify import classify_run
-from harness.launch import run_scenario
-from harness.loader import load_text
-from harness.procs import alive
+from harness.judge.classify import classify_run
+from harness.machine.procs import alive
+from harness.net import topology
+from harness.run.supervisor import run_scenario
+from harness.scenario.loader import load_text
 
 _MISSING = topology.missing()
 real = pytest.mark.skipif(bool(_MISSING), reason="real network runs need: " + "; ".join(_MISSING))
@@ -86,8 +86,8 @@ def test_a_front_proxy_runs_without_namespaces_and_delays_the_store(tmp_path):
 
 CHILD = """
 import sys
-from harness.launch import run_scenario
-from harness.loader import load_text
+from harness.run.supervisor import run_scenario
+from harness.scenario.loader import load_text
 (scn,) = load_text(sys.stdin.read(), "k.yaml")
 run_scenario(scn)
 """

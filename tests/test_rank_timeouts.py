@@ -11,10 +11,10 @@ import textwrap
 import pytest
 import yaml
 
-from harness.classify import classify_run
-from harness.loader import ScenarioFileError, load_text
-from harness.plan import make_plan
-from harness.protocol import WorkerSpec
+from harness.core.protocol import WorkerSpec
+from harness.judge.classify import classify_run
+from harness.run.plan import make_plan
+from harness.scenario.loader import ScenarioFileError, load_text
 
 
 def scn(**fields):
@@ -59,7 +59,7 @@ def test_every_workers_spec_carries_the_rank_timeouts(counter_ports):
 def test_a_ranks_own_timeout_is_the_one_its_init_waits():
     """Rank 1 never starts (delayed past the deadline); rank 0 waits in init for it. With
     timeout 30 and rank 0's own 3 s, rank 0 times out after a few seconds, not 30."""
-    from harness.launch import run_scenario
+    from harness.run.supervisor import run_scenario
 
     (s,) = load_text(textwrap.dedent("""
         name: own_timer
@@ -81,7 +81,7 @@ def test_under_torchrun_a_worker_takes_its_own_timeout_from_RANK():
     """torchrun starts both workers from one spec; each reads RANK. Rank 1 is stopped
     (SIGSTOP) in its first step; rank 0's barrier waits its own 3 s (gloo's "Timed out waiting
     3000ms"), not the 30 s every other rank has."""
-    from harness.launch import run_scenario
+    from harness.run.supervisor import run_scenario
 
     (s,) = load_text(textwrap.dedent("""
         name: own_timer_torchrun

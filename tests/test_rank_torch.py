@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from wheelenv import ROOT, build_wheel, pip_install, purelib, torch_only_venv, wheel_venv
 
-from harness import protocol as P
+from harness.core import protocol as P
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -172,7 +172,7 @@ def test_a_ranks_path_holds_the_harness_package_and_nothing_else():
     """The folder the launchers put on a rank's PYTHONPATH has one entry, ``harness``, which is
     this package."""
     from harness import launchers
-    from harness.rundir import package_path
+    from harness.machine.rundir import package_path
 
     d = Path(package_path())
     assert [p.name for p in d.iterdir()] == ["harness"]
@@ -185,7 +185,7 @@ def test_a_ranks_path_holds_the_harness_package_and_nothing_else():
 def test_the_sweep_removes_the_package_folders_of_packages_that_are_gone(tmp_path):
     """A venv or wheel install removed (the package tests make one per run) leaves its
     ``pkgpath-*`` folder with a link to nowhere: the sweep removes it, and never this one."""
-    from harness.rundir import package_path, sweep
+    from harness.machine.rundir import package_path, sweep
 
     gone = tmp_path / "pkgpath-0123456789ab"
     gone.mkdir()
@@ -199,7 +199,7 @@ def test_an_allocations_ranks_find_the_package_in_its_shared_state_folder(tmp_pa
     """On an allocation's nodes this machine's temp folder is not there: the package's path
     folder lies in the shared state folder the run directories use (``--shared-dir``)."""
     from harness import launchers
-    from harness.rundir import package_path, shared_base
+    from harness.machine.rundir import package_path, shared_base
 
     shared = shared_base(str(tmp_path))
     d = Path(package_path(shared))

@@ -13,11 +13,11 @@ import textwrap
 
 import pytest
 
-from harness.classify import Verdict
-from harness.diff import diff_reports, fisher_exact
-from harness.expect import check_repeated, repeated_table
-from harness.loader import ScenarioFileError, load_text
-from harness.schema import Expect, bound_holds, parse_bound
+from harness.judge.classify import Verdict
+from harness.reports.diff import diff_reports, fisher_exact
+from harness.scenario.expect import check_repeated, repeated_table
+from harness.scenario.loader import ScenarioFileError, load_text
+from harness.scenario.schema import Expect, bound_holds, parse_bound
 
 
 def runs(*outcomes_per_run):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import report
-from harness.probe import probe
+from harness.machine.torch_probe import probe
+from harness.reports import report
 
 DATA = Path(__file__).parent / "data"
 SCENARIOS = DATA / "report_scenarios"

@@ -20,9 +20,9 @@ from typing import Dict
 
 import pytest
 
-from harness import resolver
-from harness.loader import ScenarioFileError, load_text
-from harness.safety import refuse_address
+from harness.net import resolver
+from harness.net.safety import refuse_address
+from harness.scenario.loader import ScenarioFileError, load_text
 
 ETC = ("/etc/hosts", "/etc/nsswitch.conf", "/etc/resolv.conf")
 
@@ -131,7 +131,7 @@ def test_write_view_writes_the_three_files(tmp_path):
 
 
 def test_exec_prefix_runs_the_module():
-    assert resolver.exec_prefix("/v", "py") == ["py", "-m", "harness.resolver", "--view", "/v",
+    assert resolver.exec_prefix("/v", "py") == ["py", "-m", "harness.net.resolver", "--view", "/v",
                                                 "--"]
 
 
@@ -172,7 +172,7 @@ def test_other_names_are_refused(addr, says):
 
 
 def test_the_machines_hostname_is_refused_as_not_portable(monkeypatch):
-    monkeypatch.setattr("harness.safety.machine_hostname", lambda: "trainer7")
+    monkeypatch.setattr("harness.net.safety.machine_hostname", lambda: "trainer7")
     why = refuse_address("trainer7")
     assert why is not None and "this machine's host name" in why and "127.0.0.1" in why
 
@@ -200,7 +200,7 @@ def test_accepted_names_load(name):
 # -- entering it, for real ---------------------------------------------------------------------
 
 def _in_view(view: Path, code: str, *extra: str, env=None) -> Dict:
-    p = subprocess.run([sys.executable, "-m", "harness.resolver", *extra, "--view", str(view),
+    p = subprocess.run([sys.executable, "-m", "harness.net.resolver", *extra, "--view", str(view),
                         "--", sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=60, cwd="/", env=env)
     assert p.returncode == 0, p.stderr
@@ -209,7 +209,7 @@ def _in_view(view: Path, code: str, *extra: str, env=None) -> Dict:
 
 def _needs_a_view(userns: bool) -> None:
     env = dict(os.environ, **({resolver.ENV_USERNS: "1"} if userns else {}))
-    p = subprocess.run([sys.executable, "-m", "harness.resolver", "--check"], env=env,
+    p = subprocess.run([sys.executable, "-m", "harness.net.resolver", "--check"], env=env,
                        capture_output=True, text=True, timeout=60)
     if p.returncode != 0:
         pytest.skip(p.stdout.strip())
@@ -241,7 +241,7 @@ def test_entering_needs_a_single_thread(tmp_path):
     view = resolver.write_view(tmp_path / "view")
     code = textwrap.dedent(f"""\
         import threading, time, sys
-        from harness import resolver
+        from harness.net import resolver
         threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
         try:
             resolver.enter({str(view)!r})
@@ -254,7 +254,7 @@ def test_entering_needs_a_single_thread(tmp_path):
 
 def test_a_view_folder_without_its_files_is_refused(tmp_path):
     (tmp_path / "hosts").write_text("127.0.0.1 localhost\n")
-    p = subprocess.run([sys.executable, "-m", "harness.resolver", "--view", str(tmp_path), "--",
+    p = subprocess.run([sys.executable, "-m", "harness.net.resolver", "--view", str(tmp_path), "--",
                         "true"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 125 and "has no nsswitch.conf" in p.stderr
 
@@ -264,7 +264,7 @@ def test_worker_enters_the_view_before_anything_else(tmp_path):
     (exit 4, a clear line), before it reads its event fd or imports torch."""
     env = dict(os.environ, **{resolver.ENV_VIEW: str(tmp_path / "missing")})
     env.pop("HARNESS_EVENT_FD", None)
-    p = subprocess.run([sys.executable, "-m", "harness.worker", "{}"], capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "harness.ranks.worker", "{}"], capture_output=True,
                        text=True, timeout=60, env=env, cwd="/")
     assert p.returncode == 4, p.stderr
     assert p.stderr.strip() == (f"harness worker: cannot enter the resolver view: the resolver "
@@ -285,7 +285,7 @@ def shared_tmp():
 def test_the_view_works_for_a_user_without_root(shared_tmp, nobody_python):
     cmd = nobody_python
     view = resolver.write_view(shared_tmp / "view")
-    p = subprocess.run(cmd + ["-m", "harness.resolver", "--view", str(view), "--", cmd[-1],
+    p = subprocess.run(cmd + ["-m", "harness.net.resolver", "--view", str(view), "--", cmd[-1],
                               "-c", LOOKUPS], capture_output=True, text=True, timeout=60, cwd="/")
     if "user namespaces are not allowed" in p.stderr:
         pytest.skip(p.stderr.strip())
@@ -338,7 +338,8 @@ def test_without_user_namespaces_machine_namespace_scenarios_are_skipped_with_th
 ])
 def test_skip_reason_asks_for_the_view_only_where_ranks_use_the_machines_namespace(
         monkeypatch, text, topology_gaps, skipped):
-    from harness import requirements, topology
+    from harness.net import topology
+    from harness.run import requirements
 
     monkeypatch.setattr(topology, "missing", lambda: list(topology_gaps))
     monkeypatch.setattr(resolver, "missing", lambda: "no view here")

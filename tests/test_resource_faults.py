@@ -14,14 +14,14 @@ import pytest
 import yaml
 from orphans import run_in_workload, state_dir, supervisor, wait_for
 
-from harness import cgroups
+from harness.core.triggers import Trigger
 from harness.faults._rank_limit import RankLimit
 from harness.faults.cpu_contention import Hogs
-from harness.loader import ScenarioFileError, load_text
-from harness.plan import make_plan
-from harness.requirements import skip_reason
-from harness.rundir import live_runs, sweep
-from harness.triggers import Trigger
+from harness.machine import cgroups
+from harness.machine.rundir import live_runs, sweep
+from harness.run.plan import make_plan
+from harness.run.requirements import skip_reason
+from harness.scenario.loader import ScenarioFileError, load_text
 
 ENV = {"torch": "2.13.0", "distributed": True, "gloo": True}
 
@@ -64,7 +64,7 @@ def test_a_late_rank_keeps_its_own_release(counter_ports):
 
 def test_memory_limit_needs_a_cgroup_only_when_it_says_so(monkeypatch):
     monkeypatch.setattr(cgroups, "missing", lambda c: f"no cgroup {c} here")
-    monkeypatch.setattr("harness.machine._PROBES", {})   # the probes are tried afresh
+    monkeypatch.setattr("harness.machine.requirement._PROBES", {})   # the probes are tried afresh
     assert skip_reason(scn([{"kind": "memory_limit", "mb": 100, "via": "rlimit"}]), ENV) is None
     assert skip_reason(scn([{"kind": "memory_limit", "mb": 100}]), ENV) is None
     why = skip_reason(scn([{"kind": "memory_limit", "mb": 100, "via": "cgroup"}]), ENV)
@@ -126,8 +126,8 @@ def test_not_root_is_a_reason(monkeypatch):
 
 
 def test_an_oom_kill_noted_on_a_rank_ends_its_reason():
-    from harness.classify import classify
-    from harness.observe import RankObservation
+    from harness.judge.classify import classify
+    from harness.judge.observation import RankObservation
 
     obs = RankObservation(label="1", returncode=-9,
                           notes=["the kernel's OOM killer killed it: cgroup v1 ..."])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from harness import schedule
+from harness.run import schedule
 
 
 def test_keys_are_the_files_name_and_the_item_from_a_checkout_or_the_wheel():
@@ -54,7 +54,7 @@ def test_a_report_becomes_a_durations_file(tmp_path):
 
 
 def test_the_catalogs_durations_file_is_ours_and_names_its_cases():
-    from harness.catalog import builtin_dir
+    from harness.scenario.catalog import builtin_dir
 
     d = builtin_dir()
     assert d is not None

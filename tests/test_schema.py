@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from harness.schema import MAX_WORLD, Expect, RankExpect, Scenario, Workload, base_version
+from harness.scenario.schema import MAX_WORLD, Expect, RankExpect, Scenario, Workload, base_version
 
 
 def scenario(**fields):

@@ -9,10 +9,10 @@ import textwrap
 
 import pytest
 
-from harness.classify import classify_run
-from harness.launch import run_scenario
-from harness.loader import load_text
-from harness.procs import default_signal_dispositions
+from harness.judge.classify import classify_run
+from harness.machine.procs import default_signal_dispositions
+from harness.run.supervisor import run_scenario
+from harness.scenario.loader import load_text
 
 
 @pytest.fixture

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from orphans import state_dir, supervisor, wait_for
 
-from harness import topology
 from harness.launchers import slurm_job
 from harness.launchers.slurm import SRUN_LABEL, Slurm, _export
-from harness.loader import ScenarioFileError, load_text
-from harness.plan import make_plan
-from harness.procs import identity
+from harness.machine.procs import identity
+from harness.net import topology
+from harness.run.plan import make_plan
+from harness.scenario.loader import ScenarioFileError, load_text
 from harness.services import slurm as svc
 
 
@@ -78,7 +78,7 @@ def test_node_prefix_enters_net_and_uts_without_ip_netns_exec_and_binds_the_view
     assert f"mount --bind {tmp_path}/hosts /etc/hosts" in script
     assert f"mount --bind {tmp_path}/nsswitch.conf /etc/nsswitch.conf" in script
     assert "resolv.conf" not in script          # not in the view: not bound
-    assert script.endswith('exec /py -m harness.procs --exec -- "$@"')
+    assert script.endswith('exec /py -m harness.machine.procs --exec -- "$@"')
 
 
 def test_srun_gets_the_scenarios_options():
@@ -200,7 +200,7 @@ def test_slurms_json_is_read_for_jobs_and_nodes():
 
 
 def test_the_launcher_is_registered_and_its_tools_are_in_doctor():
-    from harness.requirements import all_requirements
+    from harness.run.requirements import all_requirements
 
     assert isinstance(scenario(BASE + "    launcher: slurm\n").launcher, Slurm)
     names = {r.name for r in all_requirements()}
@@ -215,8 +215,8 @@ real = pytest.mark.skipif(bool(MISSING), reason="the Slurm test cluster needs: "
 
 @real
 def test_a_job_runs_its_tasks_as_ranks_on_their_nodes_and_keeps_slurms_view(tmp_path):
-    from harness.classify import classify
-    from harness.launch import run_scenario
+    from harness.judge.classify import classify
+    from harness.run.supervisor import run_scenario
 
     keep = tmp_path / "kept"
     run = run_scenario(scenario(BASE + "    launcher: slurm\n"), keep=keep)
@@ -238,8 +238,8 @@ def test_a_job_runs_its_tasks_as_ranks_on_their_nodes_and_keeps_slurms_view(tmp_
 
 @real
 def test_a_task_that_exits_under_kill_on_bad_exit_names_each_tasks_status(tmp_path):
-    from harness.classify import classify
-    from harness.launch import run_scenario
+    from harness.judge.classify import classify
+    from harness.run.supervisor import run_scenario
 
     programs = Path(__file__).resolve().parents[1] / "scenarios" / "programs"
     # a program: no worker's workload or init timeout (the program has its own)
@@ -258,8 +258,8 @@ def test_a_task_that_exits_under_kill_on_bad_exit_names_each_tasks_status(tmp_pa
 
 @real
 def test_a_hung_job_is_killed_at_the_deadline_and_its_evidence_kept_without_sockets(tmp_path):
-    from harness.classify import classify
-    from harness.launch import run_scenario
+    from harness.judge.classify import classify
+    from harness.run.supervisor import run_scenario
 
     keep = tmp_path / "kept"
     text = BASE.replace("[barrier, all_reduce]", '[barrier, "sleep 60", all_reduce]') \
@@ -290,7 +290,7 @@ def test_a_sigkilled_slurm_run_leaves_nothing_after_the_sweeps():
     import shutil
     import tempfile
 
-    from harness import rundir
+    from harness.machine import rundir
 
     # a short state folder: munge's socket lies in the run directory (a UNIX socket path is
     # at most 107 bytes; pytest's tmp_path is too deep for it)
@@ -319,13 +319,13 @@ def test_a_sigkilled_slurm_run_leaves_nothing_after_the_sweeps():
         procs = [identity(p) for p in pids]
         names = " ".join(cmd for pid, cmd in _cmdlines() if pid in pids)
         for daemon in ("munged", "slurmctld", "slurmd -D -N node0", "slurmd -D -N node1",
-                       "srun", "slurmstepd", "harness.worker"):
+                       "srun", "slurmstepd", "harness.ranks.worker"):
             assert daemon in names
         sup.send_signal(signal.SIGKILL)
         sup.wait(timeout=30)
         rundir.sweep(state_dir(tmp_path))
         topology.sweep()
-        from harness.procs import alive
+        from harness.machine.procs import alive
 
         wait_for(lambda: not any(alive(p) for p in procs), 30, "the run's processes to go")
         assert not set(topology._list_netns()) & set(ours)
@@ -341,8 +341,8 @@ def test_a_sigkilled_slurm_run_leaves_nothing_after_the_sweeps():
 
 
 def test_a_machine_without_slurm_skips_naming_the_missing_program(monkeypatch):
-    from harness.machine import Tool
-    from harness.requirements import skip_reason
+    from harness.machine.requirement import Tool
+    from harness.run.requirements import skip_reason
 
     monkeypatch.setattr(svc, "TOOLS", (Tool("slurmd-not-here", package="slurmd",
                                             why="the Slurm launcher's test cluster"),))
@@ -385,9 +385,9 @@ def test_a_node_down_fault_needs_the_slurm_launcher_and_a_host():
 
 
 def _slurm_run(task1_reason: str, task1_rc: int, srun_message: str):
-    from harness.classify import Verdict
-    from harness.diagnose import explain_run
-    from harness.observe import RunObservation
+    from harness.judge.classify import Verdict
+    from harness.judge.diagnose import explain_run
+    from harness.judge.observation import RunObservation
 
     verdicts = [
         Verdict(SRUN_LABEL, "error", "import", 5.0, exception="SrunFailed",
@@ -438,6 +438,6 @@ def test_a_host_with_its_own_python_runs_its_task_with_it():
                               timeout=30)
 
     on1, on0 = run("node1"), run("node0")
-    assert on1.returncode == 0 and on1.stdout.startswith("-m harness.worker "), on1
+    assert on1.returncode == 0 and on1.stdout.startswith("-m harness.ranks.worker "), on1
     assert on0.returncode == 0 and on0.stdout == "", on0
     assert not scn.launcher.task_script(plan, scn, "/py").startswith("case")

@@ -8,11 +8,11 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Set
 
-from harness.catalog import builtin_dir
+from harness.core.protocol import STEP_KINDS, WORKLOAD_RE
 from harness.faults import REGISTRY
 from harness.launchers import launcher_kinds
-from harness.loader import item_name, load_file
-from harness.protocol import STEP_KINDS, WORKLOAD_RE
+from harness.scenario.catalog import builtin_dir
+from harness.scenario.loader import item_name, load_file
 
 
 def _parts(scn) -> Set[str]:

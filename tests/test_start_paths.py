@@ -10,11 +10,11 @@ import yaml
 from harness.faults.file_init import ReadOnlyDir
 from harness.faults.signal_rank import signal_name
 from harness.faults.wrong_interface import SpareLink
-from harness.loader import ScenarioFileError, load_text
-from harness.plan import make_plan
-from harness.requirements import backend_missing, skip_reason
-from harness.resolver import ENV_READ_ONLY
-from harness.schema import fill_init_url, init_url_parts
+from harness.net.resolver import ENV_READ_ONLY
+from harness.run.plan import make_plan
+from harness.run.requirements import backend_missing, skip_reason
+from harness.scenario.loader import ScenarioFileError, load_text
+from harness.scenario.schema import fill_init_url, init_url_parts
 
 RUN_DIR = "/tmp/run-x"
 CPU = {"torch": "2.13.0+cpu", "distributed": True, "gloo": True, "nccl": False, "gpus": 0,
@@ -262,7 +262,7 @@ def test_first_outside_the_list_modes_is_refused():
 
 # -- subgroups and re-initialisation --------------------------------------------------------------
 
-from harness.protocol import WORKLOAD_RE, group_ranks, is_collective, split_ranks  # noqa: E402
+from harness.core.protocol import WORKLOAD_RE, group_ranks, is_collective, split_ranks  # noqa: E402
 
 
 @pytest.mark.parametrize("entry,want", [
@@ -332,7 +332,7 @@ def test_legacy_launch_runs_torch_distributed_launch_with_or_without_use_env(cou
     p = plan(counter_ports, launcher={"kind": "launch", "use_env": True})
     (agent,) = [r for r in p.ranks if r.role == "agent"]
     assert "--use-env" in agent.argv
-    assert agent.argv.index("--use-env") < agent.argv.index("harness.worker")
+    assert agent.argv.index("--use-env") < agent.argv.index("harness.ranks.worker")
 
 
 def test_torchrun_passes_no_use_env(counter_ports):
@@ -342,7 +342,7 @@ def test_torchrun_passes_no_use_env(counter_ports):
 
 
 def test_the_worker_finds_its_spec_after_the_legacy_local_rank_argument():
-    from harness.worker import _spec_arg
+    from harness.ranks.worker import _spec_arg
 
     assert _spec_arg(["--local-rank=1", "{}"]) == "{}"
     assert _spec_arg(["--local_rank=0", "{}"]) == "{}"

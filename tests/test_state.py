@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import HarnessError
-from harness.rundir import base_dir
+from harness.core.errors import HarnessError
+from harness.machine.rundir import base_dir
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -116,9 +116,9 @@ def as_nobody(prefix, code: str, tmp: Path, timeout: int = 240):
 
 
 ONE_RANK = '''
-from harness.launch import run_scenario
-from harness.loader import load_text
-from harness.classify import classify_run
+from harness.run.supervisor import run_scenario
+from harness.scenario.loader import load_text
+from harness.judge.classify import classify_run
 (scn,) = load_text("""
 name: user
 about: one rank, as whoever runs it
@@ -135,9 +135,9 @@ print([v.outcome for v in classify_run(run_scenario(scn))])
 def test_a_non_root_run_after_a_root_run_works_in_its_own_folder(shared_tmp, monkeypatch):
     prefix = _setpriv()
     monkeypatch.setenv("HARNESS_TMP", str(shared_tmp))
-    from harness.classify import classify_run
-    from harness.launch import run_scenario
-    from harness.loader import load_text
+    from harness.judge.classify import classify_run
+    from harness.run.supervisor import run_scenario
+    from harness.scenario.loader import load_text
 
     (scn,) = load_text(ONE_RANK.split('"""')[1], "root.yaml")
     assert [v.outcome for v in classify_run(run_scenario(scn))] == ["ok"]
@@ -152,7 +152,7 @@ def test_a_non_root_run_after_a_root_run_works_in_its_own_folder(shared_tmp, mon
 
 HOLD = '''
 import sys, time
-from harness.ports import PortLease
+from harness.machine.ports import PortLease
 port = int(sys.argv[1])
 lease = PortLease(low=port, high=port)
 try:
@@ -170,7 +170,7 @@ def test_root_and_nobody_never_hold_one_port(shared_tmp, monkeypatch):
     """Real flock contention across two uids in the shared sticky folder, both ways round."""
     from test_ports import free_run
 
-    from harness.ports import PortLease
+    from harness.machine.ports import PortLease
 
     prefix = _setpriv()
     monkeypatch.setenv("HARNESS_TMP", str(shared_tmp))

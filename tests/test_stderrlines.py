@@ -4,8 +4,8 @@ cannot push the line that said why out of the diagnosis's reach."""
 
 from __future__ import annotations
 
-from harness.launch import TAIL, _tail
-from harness.stderrlines import KEEP_FIRST, KEEP_LAST, key_lines
+from harness.judge.stderrlines import KEEP_FIRST, KEEP_LAST, key_lines
+from harness.run.supervisor import TAIL, _tail
 
 GAI = ("[W1128 09:44:50.269324310 socket.cpp:752] [c10d] The IPv6 network addresses of "
        "(nohost, 29500) cannot be retrieved (gai error: -2 - Name or service not known).")

@@ -12,9 +12,9 @@ from datetime import timedelta
 
 import pytest
 
-from harness.classify import classify_run
-from harness.diagnose import RankContext, explain_run, the_store_shows_who_is_missing
-from harness.storeprobe import StoreSnapshot, connect_and_ask, decode_sockaddr, parse
+from harness.judge.classify import classify_run
+from harness.judge.diagnose import RankContext, explain_run, the_store_shows_who_is_missing
+from harness.net.storeprobe import StoreSnapshot, connect_and_ask, decode_sockaddr, parse
 
 
 def _gloo_blob(ip: str, port: int, header: bool = True) -> bytes:
@@ -106,8 +106,8 @@ def test_the_rule_names_the_ranks_whose_gloo_address_never_reached_the_store(obs
 
 
 def _run(text: str):
-    from harness.launch import run_scenario
-    from harness.loader import load_text
+    from harness.run.supervisor import run_scenario
+    from harness.scenario.loader import load_text
 
     (scn,) = load_text(textwrap.dedent(text), "store.yaml")
     run = run_scenario(scn)

@@ -28,9 +28,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from harness.faults import Fault
-from harness.steps import Step
-from harness.triggers import Trigger
+from harness.faults import Fault, Step, Trigger
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 import pytest
 
-from harness.topology import (
+from harness.net.topology import (
     NETNS_ETC_DIR,
     NETNS_RUN_DIR,
     PREFIX,
@@ -473,7 +473,7 @@ def test_packet_loss_of_100_percent_blocks_and_0_percent_does_not(topology) -> N
 def _root_qdisc(netns: str, dev: str) -> Dict[str, Any]:
     """The root qdisc of a link as the kernel dumps it over netlink: its kind and, for tbf,
     its parameters; {} when only the kernel's default (handle 0) is there."""
-    from harness.topology import _in_netns, _index, _root_qdisc
+    from harness.net.topology import _in_netns, _index, _root_qdisc
 
     def read(ipr: Any) -> Dict[str, Any]:
         q = _root_qdisc(ipr, _index(ipr, dev))
@@ -537,7 +537,7 @@ def test_the_kernel_gets_from_the_harness_what_tc_would_give_it(topology, rate, 
 
 
 def test_tc_units_are_read_as_tc_reads_them() -> None:
-    from harness.topology import tc_rate, tc_size, tc_time
+    from harness.net.topology import tc_rate, tc_size, tc_time
 
     assert tc_rate("1mbit") == 125_000 and tc_rate("100kbit") == 12_500
     assert tc_rate("100kbps") == 100_000 and tc_rate("2.5MBit") == 312_500
@@ -552,7 +552,7 @@ def test_tc_units_are_read_as_tc_reads_them() -> None:
 
 
 def test_the_probe_tells_a_qdisc_the_kernel_has_from_one_it_lacks() -> None:
-    from harness.topology import qdisc_missing
+    from harness.net.topology import qdisc_missing
 
     assert qdisc_missing("tbf") is None
     lacking = qdisc_missing("netem")
@@ -644,7 +644,7 @@ def test_a_hosts_file_changed_in_place_is_seen_by_a_running_process(topology) ->
 
 OWNER = r"""
 import subprocess, sys, time
-from harness.topology import Topology
+from harness.net.topology import Topology
 topo = Topology(sys.argv[1], ["a", "b"]).__enter__()
 topo.set_hosts_file("a", {"master": "b"})
 topo.set_hostname("a", "alpha")
@@ -739,8 +739,8 @@ def test_a_host_with_a_name_of_its_own_is_seen_so_by_its_processes_only(topology
 
 
 def test_a_hosts_file_keeps_what_each_change_set_and_names_the_own_host(topology) -> None:
-    from harness.hostspec import MACHINE
-    from harness.resolver import machine_hostname, parse_hosts
+    from harness.net.hostspec import MACHINE
+    from harness.net.resolver import machine_hostname, parse_hosts
 
     topo = topology(["a", "b"])
     topo.set_hostname("a", "alpha")
@@ -778,7 +778,7 @@ def test_sysctl_and_mtu_change_the_hosts_namespace_only(topology) -> None:
 
 
 def test_counters_count_a_hosts_own_connections() -> None:
-    from harness.topology import parse_counters
+    from harness.net.topology import parse_counters
 
     text = ("Tcp: RtoMin ActiveOpens OutRsts\nTcp: 200 3 0\n"
             "TcpExt: ListenOverflows Other\nTcpExt: 12 9\n")

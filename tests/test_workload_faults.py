@@ -6,11 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from harness.classify import absent_verdict, classify_run, job_outcome
-from harness.loader import ScenarioFileError, load_text
-from harness.observe import RankObservation, RunObservation
-from harness.plan import make_plan
-from harness.protocol import (
+from harness.core.protocol import (
     RaiseSpec,
     Variation,
     WorkerSpec,
@@ -19,6 +15,10 @@ from harness.protocol import (
     phase_problem,
     workload_phases,
 )
+from harness.judge.classify import absent_verdict, classify_run, job_outcome
+from harness.judge.observation import RankObservation, RunObservation
+from harness.run.plan import make_plan
+from harness.scenario.loader import ScenarioFileError, load_text
 
 DDP = ["ddp 16MB", "train 3", "monitored_barrier"]
 

@@ -21,13 +21,14 @@ import psutil
 import pytest
 from orphans import run_in_workload, state_dir, supervisor, wait_for
 
-from harness import forkserver, topology
-from harness.classify import classify_run
-from harness.forkserver import PER_RUN_ENV, close_zygotes, warm_zygote, zygote_key
-from harness.launch import Supervisor, run_scenario
-from harness.loader import load_text
-from harness.procs import alive
-from harness.rundir import sweep
+from harness.judge.classify import classify_run
+from harness.machine.procs import alive
+from harness.machine.rundir import sweep
+from harness.net import topology
+from harness.ranks import forkserver
+from harness.ranks.forkserver import PER_RUN_ENV, close_zygotes, warm_zygote, zygote_key
+from harness.run.supervisor import Supervisor, run_scenario
+from harness.scenario.loader import load_text
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,7 +79,7 @@ def test_host_entry_names_what_the_exec_prefix_enters():
 
 
 def test_the_report_says_per_host_how_each_server_came_and_why_not_warm():
-    from harness.report import _started
+    from harness.reports.report import _started
 
     plan = {"ranks": [{"label": "0", "start": "fork"}, {"label": "1", "start": "fork"},
                       {"label": "2", "start": "fresh", "start_note": "its own interpreter"}]}
@@ -111,7 +112,7 @@ def test_python_forgets_the_machines_uname_in_a_new_uts_namespace():
         pytest.skip("a UTS namespace needs root")
     code = textwrap.dedent("""
         import ctypes, os, platform, socket
-        from harness.forkserver import forget_uname
+        from harness.ranks.forkserver import forget_uname
         before = platform.node()
         libc = ctypes.CDLL(None, use_errno=True)
         assert libc.unshare(0x04000000) == 0, ctypes.get_errno()

@@ -41,9 +41,11 @@ from typing import (
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
-from ..limits import Target  # noqa: F401 - a fault's rank field: a number or a label
-from ..machine import Requirement
-from ..protocol import EVERY_RANK
+from ..core.limits import Target  # noqa: F401 - a fault's rank field: a number or a label
+from ..core.protocol import EVERY_RANK
+from ..core.triggers import Trigger, When  # noqa: F401 - for fault modules, with Fault
+from ..machine.requirement import Requirement
+from .steps import Effect, Step  # noqa: F401 - for fault modules, with Fault
 
 Problem = Tuple[Tuple[Any, ...], str]   # (location inside the fault, message)
 # hints that more than one module speaks of (see Fault.HINTS)
@@ -153,7 +155,7 @@ class Fault(BaseModel):
 def target_problem(label: str, scn: Any) -> Optional[str]:
     """None if a run of ``scn`` can have a process labelled ``label`` (a rank "1", a restart
     "1@1", an agent "agent:node0", a parent "parent:local"), else why not."""
-    from ..rows import key_ok
+    from ..core.rows import key_ok
 
     if "*" in label:
         return f"{label[:40]!r}: a fault targets one process, not a wildcard"

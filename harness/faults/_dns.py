@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional
 
 from ..services.dns import DNSMASQ, RESPONDER, SERVICE, DnsAnswers, ask  # noqa: F401
-from ..steps import RUN, Effect, Step
 from . import _probe
 from ._probe import json_lines
+from .steps import RUN, Effect, Step
 
 
 @dataclass
@@ -116,7 +116,7 @@ def target_addresses(target: str, plan: Any, topo: Any, dead: str) -> List[str]:
 def plan_dns(plan: Any, scn: Any) -> DnsPlan:
     """The server's plan from the scenario's ``dns:`` block; adds its set-up step and points
     the ranks at the master's name. Pure."""
-    from ..topology import Topology
+    from ..net.topology import Topology
 
     spec = scn.dns
     names = [h.name for h in plan.hosts]
@@ -147,13 +147,13 @@ def plan_dns(plan: Any, scn: Any) -> DnsPlan:
         dns.responder_port = plan.new_port()
     plan.dns = dns
     if spec.master:
-        from ..protocol import url_host
+        from ..core.protocol import url_host
 
         for r in plan.ranks:
             if "MASTER_ADDR" in r.env:
                 r.env["MASTER_ADDR"] = spec.master
             if r.init.method == "tcp" and r.init.url:
-                from ..jobstore import url_endpoint
+                from ..core.jobstore import url_endpoint
 
                 port = url_endpoint(r.init.url)[1] or plan.master_port   # the URL's own port
                 r.init = r.init.with_url(f"tcp://{url_host(spec.master)}:{port}")
@@ -190,8 +190,8 @@ class DnsUp(Step):
     dns: Optional[DnsPlan] = None
 
     def do(self, rt: Any) -> Dict[str, Any]:
-        from .. import resolver
-        from ..machine import _which
+        from ..machine.requirement import _which
+        from ..net import resolver
         from ..services import Answers, ServiceSpec
 
         dns = self.dns
@@ -215,7 +215,7 @@ class DnsUp(Step):
             info["responder_pid"] = svc.pid
         # not a harness program: it gets its death signal from the exec wrapper, so that a
         # SIGKILLed supervisor takes it along (the next run's sweep is the second net)
-        argv = rt.python("harness.procs", "--exec", "--", _which("dnsmasq") or "dnsmasq",
+        argv = rt.python("harness.machine.procs", "--exec", "--", _which("dnsmasq") or "dnsmasq",
                          f"--conf-file={conf}")
         probe = ipaddress.ip_address(dns.addr).reverse_pointer
         svc = rt.start_service(ServiceSpec(SERVICE, argv, dns.host, ready=DnsAnswers(

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 from ..services.etcd import DATA_DIR, ETCD, SERVICE, EtcdAnswers, argv, plain_socket, url
-from ..steps import RUN, Effect, Step
 from . import _probe
+from .steps import RUN, Effect, Step
 
 
 @dataclass
@@ -74,8 +74,8 @@ class EtcdPlan:
 
 def plan_etcd(plan: Any, scn: Any) -> EtcdPlan:
     """The etcd of the run from the scenario's ``etcd:`` block, and its set-up step. Pure."""
-    from ..machine import _which
-    from ..topology import Topology
+    from ..machine.requirement import _which
+    from ..net.topology import Topology
 
     spec = scn.etcd
     names = [h.name for h in plan.hosts]
@@ -114,7 +114,7 @@ def start_etcd(rt: Any, etcd: EtcdPlan) -> Dict[str, Any]:
     from ..services import ServiceSpec
 
     Path(etcd.data_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
-    cmd = rt.python("harness.procs", "--exec", "--",
+    cmd = rt.python("harness.machine.procs", "--exec", "--",
                     *argv(etcd.binary, etcd.addr, etcd.client_port, etcd.peer_port,
                           etcd.data_dir))
     svc = rt.start_service(ServiceSpec(etcd.service, cmd, etcd.host, ready=EtcdAnswers(

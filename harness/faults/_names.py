@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional
 
-from ..steps import Effect, Step
+from .steps import Effect, Step
 
 
 def hosts_file_names(text: str) -> Dict[str, List[str]]:

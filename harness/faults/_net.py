@@ -5,11 +5,11 @@ from typing import ClassVar, List, Optional, Sequence
 
 from pydantic import Field
 
-from ..limits import MAX_NAME
-from ..machine import NAMESPACES, Requirement
-from ..steps import Step
-from ..triggers import When
+from ..core.limits import MAX_NAME
+from ..core.triggers import When
+from ..machine.requirement import NAMESPACES, Requirement
 from . import Fault
+from .steps import Step
 
 
 class NetStep(Step):

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from ..sockets import socket_inodes
+from ..net.sockets import socket_inodes
 
 
 def read_text(path: Any, start: int = 0, end: int = -1) -> str:

@@ -25,12 +25,12 @@ from typing import Any, ClassVar, Dict, List, Literal, Optional, Sequence, Union
 
 from pydantic import Field
 
-from ..limits import MAX_NAME, Port
-from ..machine import NAMESPACES, Requirement, Tool
-from ..steps import Effect, Step
-from ..triggers import When
+from ..core.limits import MAX_NAME, Port
+from ..core.triggers import When
+from ..machine.requirement import NAMESPACES, Requirement, Tool
 from . import Fault
 from ._probe import json_lines
+from .steps import Effect, Step
 
 MARK = 0x7468               # the firewall mark of the proxy's own connections ("th")
 NFT = Tool("nft", package="nftables", why="the proxy's redirect rules")
@@ -220,7 +220,7 @@ class ProxyFault(Fault, When):
 
     def store_port(self, plan: Any) -> int:
         """The job's store port (harness.jobstore), wherever the launch puts it."""
-        from ..jobstore import known_port
+        from ..core.jobstore import known_port
 
         return known_port(plan, f"traffic: {self.traffic}")
 

@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from ..steps import Step
-from ..triggers import Trigger
+from ..core.triggers import Trigger
+from .steps import Step
 
 
 @dataclass

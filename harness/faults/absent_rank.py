@@ -8,7 +8,7 @@ from typing import List, Literal
 
 from pydantic import Field
 
-from ..limits import MAX_WORLD
+from ..core.limits import MAX_WORLD
 from . import Fault
 
 

@@ -7,9 +7,9 @@ from typing import Any, Dict, List, Literal, Optional
 
 from pydantic import Field
 
-from ..steps import Effect
 from ._net import NetStep
 from ._proxy import ProxyFault, rate_bytes
+from .steps import Effect
 
 
 @dataclass

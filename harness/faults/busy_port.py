@@ -25,10 +25,10 @@ from typing import Any, Dict, List, Literal, Optional
 
 from pydantic import Field
 
-from ..limits import Seconds
-from ..steps import Effect, Step
-from ..triggers import Trigger
+from ..core.limits import Seconds
+from ..core.triggers import Trigger
 from . import Fault
+from .steps import Effect, Step
 
 
 @dataclass
@@ -53,7 +53,7 @@ class HoldPort(Step):
             self._helper.stop()
 
     def _read(self, rt) -> Dict[str, Any]:
-        from .. import sockets
+        from ..net import sockets
 
         pid = self._helper.pid
         log = holder_log(getattr(self._helper, "stderr_path", None),
@@ -191,7 +191,7 @@ class BusyPort(Fault):
         return problems
 
     def apply(self, plan, scn):
-        from ..jobstore import known_port
+        from ..core.jobstore import known_port
 
         port = known_port(plan, "busy_port")   # the job's store port, wherever the launch puts it
         step = HoldPort(port=port, mode=self.mode, host=plan.store().host or plan.ranks[0].host,
@@ -208,7 +208,7 @@ def peer_pid(conn: Any) -> Optional[int]:
     """The process holding the other end of an accepted loopback or same-namespace connection:
     the kernel's TCP table of this namespace gives the peer socket's inode, and /proc the
     process with that inode open (None when it is gone or elsewhere)."""
-    from ..sockets import _read, parse_proc_net_tcp, socket_inodes
+    from ..net.sockets import _read, parse_proc_net_tcp, socket_inodes
 
     (lip, lport), (rip, rport) = conn.getsockname()[:2], conn.getpeername()[:2]
     local, remote = f"{lip}:{lport}", f"{rip}:{rport}"
@@ -225,7 +225,7 @@ def peer_pid(conn: Any) -> Optional[int]:
 
 
 def _describe(pid: int) -> str:
-    from ..sockets import describe_pid
+    from ..net.sockets import describe_pid
 
     return describe_pid(pid)[:100]
 
@@ -235,7 +235,7 @@ def main() -> None:
     import socket
     import sys
 
-    from ..procs import die_with_parent
+    from ..machine.procs import die_with_parent
 
     port, mode = int(sys.argv[1]), sys.argv[2]
     die_with_parent()

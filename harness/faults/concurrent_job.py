@@ -10,9 +10,9 @@ from typing import List, Literal, Optional
 
 from pydantic import Field, field_validator
 
-from ..limits import MAX_STEPS, MAX_WORLD, Seconds
-from ..protocol import ANCHOR_HELP, ENDED, check_anchor, check_workload_steps, phase_problem
-from ..triggers import Trigger
+from ..core.limits import MAX_STEPS, MAX_WORLD, Seconds
+from ..core.protocol import ANCHOR_HELP, ENDED, check_anchor, check_workload_steps, phase_problem
+from ..core.triggers import Trigger
 from . import Fault, Target
 
 

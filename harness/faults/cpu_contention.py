@@ -28,11 +28,11 @@ from typing import Any, ClassVar, Dict, List, Literal, Optional
 
 from pydantic import Field
 
-from .. import cgroups
-from ..machine import Probe
-from ..steps import Effect, Step, StepError
+from ..machine import cgroups
+from ..machine.requirement import Probe
 from . import Fault
 from ._rank_limit import RankLimit, ended, ended_event, limit_before_release
+from .steps import Effect, Step, StepError
 
 CGROUP_CPU = Probe("cgroup cpu", ok="CPU quotas on a rank (cpu_contention how: quota)",
                    check=lambda: cgroups.missing("cpu"))
@@ -272,7 +272,7 @@ class CpuContention(Fault):
 
 
 def _hog(cpu: int, n: int) -> None:
-    from ..procs import die_with_parent
+    from ..machine.procs import die_with_parent
 
     die_with_parent()
     os.sched_setaffinity(0, {cpu})

@@ -8,8 +8,8 @@ from typing import List, Literal
 
 from pydantic import Field
 
-from ..limits import MAX_WORLD, Seconds
-from ..triggers import Trigger
+from ..core.limits import MAX_WORLD, Seconds
+from ..core.triggers import Trigger
 from . import Fault, Target
 
 

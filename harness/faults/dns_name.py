@@ -22,10 +22,10 @@ from typing import Any, ClassVar, List, Literal, Sequence
 
 from pydantic import Field
 
-from ..limits import MAX_ADDR
-from ..machine import NAMESPACES, Requirement
+from ..core.limits import MAX_ADDR
+from ..core.triggers import When
+from ..machine.requirement import NAMESPACES, Requirement
 from ..services.dns import DNSMASQ
-from ..triggers import When
 from . import Fault
 from ._dns import RecordFile, ResponderMode, ServerFault
 

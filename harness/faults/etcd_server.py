@@ -27,9 +27,9 @@ from typing import Any, ClassVar, List, Literal, Sequence
 
 from pydantic import Field
 
-from ..machine import NAMESPACES, Requirement
+from ..core.triggers import Trigger, When
+from ..machine.requirement import NAMESPACES, Requirement
 from ..services.etcd import ETCD, PYTHON_ETCD
-from ..triggers import Trigger, When
 from . import Fault
 from ._etcd import EtcdAbsent, EtcdDrop, EtcdFreeze, EtcdKill, EtcdSlow
 

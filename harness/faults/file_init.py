@@ -27,13 +27,13 @@ from typing import Any, ClassVar, Dict, List, Literal, Optional
 
 from pydantic import Field
 
-from ..limits import MAX_WORLD
-from ..machine import RESOLVER_VIEW, Tool
-from ..protocol import PHASE
-from ..resolver import ENV_READ_ONLY
-from ..steps import Effect, Step, StepError
+from ..core.limits import MAX_WORLD
+from ..core.protocol import PHASE
+from ..machine.requirement import RESOLVER_VIEW, Tool
+from ..net.resolver import ENV_READ_ONLY
 from . import Fault
 from ._rank_limit import rank_errors
+from .steps import Effect, Step, StepError
 
 REFUSED = r"operation not permitted|permission denied|EPERM|EACCES"
 READ_ONLY = r"read-only file system|EROFS"
@@ -339,7 +339,7 @@ def make_stale_filestore(path: str, world_size: int) -> None:
 
     import torch.distributed as dist
 
-    from ..procs import die_with_parent
+    from ..machine.procs import die_with_parent
 
     die_with_parent()
     os.makedirs(os.path.dirname(path), exist_ok=True)

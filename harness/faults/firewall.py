@@ -5,10 +5,10 @@ from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 from pydantic import Discriminator, Field, Tag
 
-from ..jobstore import known_port
-from ..limits import MAX_NAME, Port
-from ..steps import Effect
+from ..core.jobstore import known_port
+from ..core.limits import MAX_NAME, Port
 from ._net import HostNetFault, NetStep
+from .steps import Effect
 
 # one branch checked, chosen by the value's type: a bad port is one error, not one per branch
 PortSel = Annotated[

@@ -20,7 +20,7 @@ from typing import Any, List, Literal, Optional
 
 from pydantic import Field, field_validator
 
-from ..limits import MAX_WORLD
+from ..core.limits import MAX_WORLD
 from . import Fault
 
 
@@ -47,7 +47,7 @@ class HostnameLoopback(Fault):
     def apply(self, plan: Any, scn: Any) -> None:
         # one case of the host model (harness.hostspec): every host's own name (or the
         # machine's, which plain hosts share) resolves to addr on that host
-        from ..hostspec import MACHINE
+        from ..net.hostspec import MACHINE
 
         for r in plan.main_ranks(self.ranks):
             for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):

@@ -16,13 +16,13 @@ from typing import Any, ClassVar, Dict, List, Literal, Optional, Sequence
 
 from pydantic import Field
 
-from ..machine import NAMESPACES, Probe, Requirement
+from ..machine.requirement import NAMESPACES, Probe, Requirement
 from ._net import NetStep
 from ._proxy import NFT, ProxyFault
 
 
 def _netem_missing() -> Optional[str]:
-    from ..topology import qdisc_missing
+    from ..net.topology import qdisc_missing
 
     why = qdisc_missing("netem")
     return None if why is None else f"not supported on this kernel: {why}"

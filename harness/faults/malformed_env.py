@@ -8,7 +8,7 @@ from typing import Dict, List, Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from ..limits import MAX_WORLD, EnvValue, env_as_text
+from ..core.limits import MAX_WORLD, EnvValue, env_as_text
 from . import REGISTRY, Fault
 
 ALLOWED = ("MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")

@@ -20,9 +20,9 @@ from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import Field
 
-from ..limits import MAX_ADDR, MAX_WORLD, PositiveSeconds
-from ..protocol import url_host
-from ..triggers import Trigger
+from ..core.limits import MAX_ADDR, MAX_WORLD, PositiveSeconds
+from ..core.protocol import url_host
+from ..core.triggers import Trigger
 from . import Fault
 from ._names import WriteHosts
 
@@ -76,7 +76,7 @@ class MasterName(Fault):
         """The name's addresses, in the order the hosts file lists them."""
         import ipaddress
 
-        from ..topology import Topology
+        from ..net.topology import Topology
 
         # the pure constructor: the addresses this run's topology gives (both families)
         topo = Topology(plan.run_id, [h.name for h in plan.hosts], link=True, ip="dual")

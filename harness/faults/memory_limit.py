@@ -13,10 +13,9 @@ from typing import Any, ClassVar, Dict, Literal, Optional
 
 from pydantic import Field
 
-from .. import cgroups
-from ..limits import MAX_MODEL_MB
-from ..machine import Probe
-from ..steps import Effect, StepError
+from ..core.limits import MAX_MODEL_MB
+from ..machine import cgroups
+from ..machine.requirement import Probe
 from . import Fault
 from ._rank_limit import (
     RankLimit,
@@ -26,6 +25,7 @@ from ._rank_limit import (
     rank_errors,
     read_limit,
 )
+from .steps import Effect, StepError
 
 MIB = 1 << 20
 # the words of a refused allocation: torch's CPU allocator, Python's, the C library's

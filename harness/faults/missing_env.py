@@ -8,7 +8,7 @@ from typing import List, Literal, Optional
 
 from pydantic import Field
 
-from ..limits import MAX_ENV_VARS, MAX_WORLD, EnvName
+from ..core.limits import MAX_ENV_VARS, MAX_WORLD, EnvName
 from . import Fault
 
 

@@ -10,7 +10,6 @@ from typing import Any, Dict, Literal, Optional
 
 from pydantic import Field
 
-from ..steps import Effect, StepError
 from . import Fault
 from ._rank_limit import (
     RankLimit,
@@ -20,6 +19,7 @@ from ._rank_limit import (
     rank_errors,
     read_limit,
 )
+from .steps import Effect, StepError
 
 EMFILE = r"too many open files|EMFILE|errno 24"
 

@@ -10,8 +10,8 @@ from typing import Any, Dict, Literal, Optional
 
 from pydantic import Field
 
-from ..steps import Effect
 from ._net import HostNetFault, NetStep
+from .steps import Effect
 
 
 @dataclass

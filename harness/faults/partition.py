@@ -9,9 +9,9 @@ from typing import Annotated, Any, Dict, List, Literal, Optional
 
 from pydantic import Field
 
-from ..limits import MAX_HOSTS, MAX_NAME
-from ..steps import Effect
+from ..core.limits import MAX_HOSTS, MAX_NAME
 from ._net import NetFault, NetStep
+from .steps import Effect
 
 
 @dataclass

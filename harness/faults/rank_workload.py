@@ -11,8 +11,8 @@ from typing import List, Literal
 
 from pydantic import Field, field_validator
 
-from ..limits import MAX_STEPS
-from ..protocol import check_workload_steps
+from ..core.limits import MAX_STEPS
+from ..core.protocol import check_workload_steps
 from . import Fault
 
 

@@ -14,9 +14,9 @@ from typing import List, Literal, Optional
 
 from pydantic import Field
 
-from ..limits import MAX_HOSTS, MAX_NAME
-from ..machine import NAMESPACES
-from ..triggers import Trigger
+from ..core.limits import MAX_HOSTS, MAX_NAME
+from ..core.triggers import Trigger
+from ..machine.requirement import NAMESPACES
 from . import Fault
 from .wrong_interface import SpareLink
 

@@ -11,10 +11,10 @@ from typing import Any, ClassVar, Dict, List, Literal, Optional
 
 from pydantic import Field, field_validator
 
-from ..protocol import ENDED, EVERY_RANK, STACK_SIGNAL, phase_problem
-from ..steps import Effect, Step
-from ..triggers import Trigger, When
+from ..core.protocol import ENDED, EVERY_RANK, STACK_SIGNAL, phase_problem
+from ..core.triggers import Trigger, When
 from . import Fault, Target
+from .steps import Effect, Step
 
 
 @dataclass

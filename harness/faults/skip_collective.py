@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from ..protocol import (
+from ..core.protocol import (
     COLLECTIVES,
     check_trigger_phase,
     is_collective,

@@ -8,8 +8,8 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator
 
-from ..limits import PositiveSeconds
-from ..protocol import check_optional_trigger_phase, phase_problem, workload_phases
+from ..core.limits import PositiveSeconds
+from ..core.protocol import check_optional_trigger_phase, phase_problem, workload_phases
 from . import Fault
 
 

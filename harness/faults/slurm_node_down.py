@@ -13,11 +13,11 @@ from typing import Any, ClassVar, Dict, List, Literal, Optional, Sequence
 
 from pydantic import Field
 
-from ..limits import MAX_NAME
-from ..machine import NAMESPACES, Requirement
-from ..steps import Step, StepError
-from ..triggers import When
+from ..core.limits import MAX_NAME
+from ..core.triggers import When
+from ..machine.requirement import NAMESPACES, Requirement
 from . import Fault
+from .steps import Step, StepError
 
 
 @dataclass
@@ -75,7 +75,7 @@ class NodeState(Step):
                 and self.node in self._hostnames(rt, j.get("NodeList", ""))]
 
     def effect(self, rt: Any) -> Any:
-        from ..steps import Effect
+        from .steps import Effect
 
         assert self._seen is not None
         seen = self._seen

@@ -9,7 +9,7 @@ from typing import List, Literal, Optional
 
 from pydantic import Field
 
-from ..limits import MAX_WORLD
+from ..core.limits import MAX_WORLD
 from . import Fault
 
 

@@ -12,7 +12,7 @@ from typing import List, Literal, Optional
 
 from pydantic import Field
 
-from ..limits import MAX_ADDR, MAX_WORLD
+from ..core.limits import MAX_ADDR, MAX_WORLD
 from . import Fault
 
 

@@ -9,9 +9,9 @@ from typing import List, Literal
 
 from pydantic import Field
 
-from ..limits import MAX_ADDR, MAX_WORLD
-from ..protocol import url_host
-from ..safety import refuse_address
+from ..core.limits import MAX_ADDR, MAX_WORLD
+from ..core.protocol import url_host
+from ..net.safety import refuse_address
 from . import REGISTRY, Fault
 
 

@@ -6,11 +6,11 @@ from typing import List, Literal, Optional
 
 from pydantic import Field
 
-from ..limits import MAX_WORLD
-from ..steps import Effect
-from ..triggers import Trigger
+from ..core.limits import MAX_WORLD
+from ..core.triggers import Trigger
 from . import Fault
 from ._net import NetStep
+from .steps import Effect
 
 VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 SPARE_IFNAME = "eth1"

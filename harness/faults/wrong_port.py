@@ -8,8 +8,8 @@ from typing import List, Literal, Optional
 
 from pydantic import Field
 
-from ..limits import MAX_WORLD
-from ..protocol import url_host
+from ..core.limits import MAX_WORLD
+from ..core.protocol import url_host
 from . import Fault
 
 

@@ -37,20 +37,21 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
 
 from pydantic import BaseModel, ConfigDict
 
-from .. import interrupts, resolver
-from .. import protocol as P
-from ..observe import RankObservation, SignalSent
-from ..procs import ForeignProcess, ManagedProcess
-from ..rows import RowSet
-from ..rundir import package_path
-from ..triggers import Trigger
+from ..core import protocol as P
+from ..core.rows import RowSet
+from ..core.triggers import Trigger
+from ..judge.observation import RankObservation, SignalSent
+from ..machine import interrupts
+from ..machine.procs import ForeignProcess, ManagedProcess
+from ..machine.rundir import package_path
+from ..net import resolver
 
 # A planned process is a harness.plan.RankPlan; this room does not import the plan (the plan
 # and the schema import the launchers), so it is typed by its name only.
 RankPlan = Any
 
 Problem = Tuple[Tuple[Any, ...], str]   # (location inside the launcher, message)
-SITE_DIR = str(Path(__file__).resolve().parent.parent / P.OBSERVE_SITE)
+SITE_DIR = str(Path(__file__).resolve().parent.parent / "ranks" / P.OBSERVE_SITE)
 # what the harness's own environment must not pass on to a rank (the job's variables, a
 # torchrun's or pytest's): torchrun reads PET_* as its defaults, and a worker told
 # TORCHELASTIC_USE_AGENT_STORE=True by an inherited environment never hosts its store
@@ -291,7 +292,7 @@ def fork_refusal(rp: RankPlan) -> str:
 def supervisor_identity() -> str:
     """This process (the run's supervisor) as "pid:start ticks": an observed worker, which has no
     death signal against its agent or parent (a real one outlives them), dies when it is gone."""
-    from ..procs import start_ticks
+    from ..machine.procs import start_ticks
 
     return f"{os.getpid()}:{start_ticks(os.getpid()) or 0}"
 

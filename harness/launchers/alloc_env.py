@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
-from .. import protocol as P
+from ..core import protocol as P
 from . import process_env
 
 # srun reads these from its environment as options (-n, --ntasks-per-node, -c...), and a

@@ -140,7 +140,7 @@ def child_env(entry: Dict[str, Any], own: Dict[str, str]) -> Dict[str, str]:
     rank (``env``, ``unset``). A task of a ``launcher: slurm`` job (``tasks`` mode, no ``env``
     in its entry): this task's own, observed in the role the entry says (its task script sets
     RANK, MASTER_ADDR... as a user's does)."""
-    from .. import protocol as P
+    from ..core import protocol as P
 
     if "env" not in entry:
         env = dict(own)
@@ -180,8 +180,8 @@ def _killpg(pid: int, sig: int) -> None:
 
 
 def run(run_dir: Path) -> int:
-    from .. import protocol as P
-    from ..capture import Capture
+    from ..core import protocol as P
+    from ..machine.output_caps import Capture
 
     spec = json.loads((run_dir / "alloc" / "spec.json").read_text())
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
@@ -286,7 +286,7 @@ def run(run_dir: Path) -> int:
 
 
 def main(argv: List[str]) -> int:
-    from ..procs import die_with_parent
+    from ..machine.procs import die_with_parent
 
     die_with_parent()          # with slurmstepd: a task never outlives its step
     if len(argv) != 1:

@@ -43,10 +43,10 @@ from typing import Any, Dict, List, Literal, Optional, Tuple
 
 from pydantic import Field
 
-from .. import interrupts
-from .. import protocol as P
-from ..errors import HarnessError
-from ..rows import RowSet
+from ..core import protocol as P
+from ..core.errors import HarnessError
+from ..core.rows import RowSet
+from ..machine import interrupts
 from . import LauncherSpec, RankProcess, _tag, process_env
 from .alloc_env import NOT_ON_NODES, STEP_PREFIXES, STEP_VARS, srun_env  # noqa: F401
 
@@ -108,7 +108,7 @@ class _OnAllocation(LauncherSpec):
         return dict(zip(self.host_order(scn), self.nodes))
 
     def plan_job(self, plan: Any, scn: Any, job: str, world: int, release: Any = None) -> None:
-        from ..errors import PlanRefusal
+        from ..core.errors import PlanRefusal
 
         raise PlanRefusal("a second job on an allocation is not built (one srun step per case)")
 
@@ -459,7 +459,7 @@ class AllocRun:
             argv = [rp.python or sys.executable, *rp.argv]
         else:
             full = process_env(rp, state=self.dir.parent)
-            argv = [rp.python or sys.executable, "-m", "harness.worker",
+            argv = [rp.python or sys.executable, "-m", "harness.ranks.worker",
                     sup.plan.worker_spec(rp).to_json()]
         # the task's own environment is srun's (this machine's, exported, with what Slurm
         # sets per task on its node: its SLURM_* variables, a GPU binding): the rank gets it
@@ -499,7 +499,7 @@ class AllocRun:
         self.check_nodes_see()
         if as_row:
             return
-        from ..procs import ManagedProcess
+        from ..machine.procs import ManagedProcess
 
         job = {"srun": srun, "helper": helper_argv(str(self.dir)),
                "out_dir": str(self.slurm), "allocation": self.launcher.job_id,

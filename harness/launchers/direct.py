@@ -21,10 +21,10 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Tuple
 
-from .. import interrupts
-from .. import protocol as P
-from ..procs import ManagedProcess
-from ..rows import RowSet
+from ..core import protocol as P
+from ..core.rows import RowSet
+from ..machine import interrupts
+from ..machine.procs import ManagedProcess
 from . import LauncherSpec, RankProcess, _tag, fork_plan, planned_names, process_env, start_process
 
 
@@ -75,7 +75,7 @@ def start_direct(sup: Any) -> List[RankProcess]:
     warm one that cannot serve the run is replaced by a fresh one, its reason kept. A server
     that cannot fork at all (it failed to start, or torch left threads behind at import) is
     not a failure: its ranks start fresh, and their ``start_note`` says why."""
-    from ..forkserver import ForkServer, prune_zygotes
+    from ..ranks.forkserver import ForkServer, prune_zygotes
 
     ranks = sup.plan.launched_ranks()
     forked = [rp for rp in ranks if rp.start == "fork"]
@@ -117,7 +117,7 @@ def _start_server(sup: Any, rp: Any, ddp: bool, cls: Any, fresh_because: str = "
     that environment, which enters the host's namespaces itself (``Supervisor.host_entry``),
     or, where none can serve (``fresh_because``, or the zygote's reason), a fresh
     interpreter started in the host's namespaces by its exec prefix."""
-    from ..forkserver import warm_zygote
+    from ..ranks.forkserver import warm_zygote
     from . import RUNTIME_ENV
 
     env = {k: v for k, v in process_env(rp).items() if k not in RUNTIME_ENV}
@@ -220,7 +220,7 @@ def start_worker(sup: Any, rp: Any) -> RankProcess:
     try:
         with interrupts.shield():   # a process that exists is a process that is tracked
             proc = ManagedProcess(
-                [rp.python or sys.executable, "-m", "harness.worker", spec.to_json()],
+                [rp.python or sys.executable, "-m", "harness.ranks.worker", spec.to_json()],
                 name=f"rank {rp.label}", record=sup.rundir.pids, env=env, cwd="/",
                 stdin=subprocess.PIPE, stdout=out_w, stderr=err_w,
                 pass_fds=(ev_fd, st_fd), prefix=sup.prefix(rp.host))

@@ -43,10 +43,10 @@ from typing import Any, ClassVar, Dict, List, Literal, Optional
 
 from pydantic import Field
 
-from .. import protocol as P
-from ..limits import MAX_SHORT, MAX_STEPS, MAX_WORLD
-from ..rows import RowSet
-from ..steps import RUN, Step, StepError
+from ..core import protocol as P
+from ..core.limits import MAX_SHORT, MAX_STEPS, MAX_WORLD
+from ..core.rows import RowSet
+from ..faults.steps import RUN, Step, StepError
 from . import LauncherSpec, Problem
 
 SRUN_LABEL = P.parent_label("srun")
@@ -190,7 +190,7 @@ class Slurm(LauncherSpec):
             master = 'MASTER_ADDR=$(hostname)'
         else:
             master = 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)'
-        program = scn.program_argv() or ["-m", "harness.worker",
+        program = scn.program_argv() or ["-m", "harness.ranks.worker",
                                          plan.shared_worker_spec().to_json()]
         py = shlex.quote(python)
         if per_node:
@@ -258,7 +258,7 @@ class Slurm(LauncherSpec):
                           f"{cfg.slurmd_port}")
 
     def plan_job(self, plan: Any, scn: Any, job: str, world: int, release: Any = None) -> None:
-        from ..errors import PlanRefusal
+        from ..core.errors import PlanRefusal
 
         raise PlanRefusal("a second job beside a Slurm job is not supported (one srun per "
                           "run): use launcher direct, torchrun or spawn for concurrent_job")
@@ -285,7 +285,7 @@ class Slurm(LauncherSpec):
     def _task_codes(self, sup: Any) -> None:
         """Each task row's exit status as srun reported it (a task srun does not name exited
         0, when srun's record exists); for rows whose own parent (slurmstepd) told nobody."""
-        from ..procs import ForeignProcess
+        from ..machine.procs import ForeignProcess
         from .slurm_job import task_code
 
         srun = next((r for r in sup.ranks if r.label == SRUN_LABEL), None)
@@ -385,7 +385,7 @@ class StepDaemons:
         import signal
         import time
 
-        from ..procs import start_ticks
+        from ..machine.procs import start_ticks
 
         found = [(p, start_ticks(p)) for p in self.pids()]
         for pid, _ in found:
@@ -472,7 +472,7 @@ class SlurmUp(Step):
                             "a UNIX socket path may be (107): set HARNESS_TMP to a shorter "
                             "folder")
         cfg.write()
-        wrap = [sys.executable, "-m", "harness.procs", "--exec", "--"]
+        wrap = [sys.executable, "-m", "harness.machine.procs", "--exec", "--"]
         master = cfg.controller_host
         rt.start_service(ServiceSpec(MUNGE_SERVICE, wrap + cfg.munged_argv(), master,
                                      ready=MungeAnswers(cfg)))

@@ -168,8 +168,8 @@ def step_of(out_dir: Path) -> str:
 
 
 def main(argv: List[str]) -> int:
-    from .. import protocol as P
-    from ..procs import die_with_parent
+    from ..core import protocol as P
+    from ..machine.procs import die_with_parent
 
     die_with_parent()       # srun dies with this script (below), this script with the harness
     spec = json.loads(argv[0])

@@ -23,8 +23,8 @@ from typing import Any, List, Literal, Optional
 
 from pydantic import Field
 
-from .. import protocol as P
-from ..rows import RowSet
+from ..core import protocol as P
+from ..core.rows import RowSet
 from . import LauncherSpec, Problem
 
 
@@ -79,7 +79,7 @@ class Spawn(LauncherSpec):
                         "first_rank": first, "world_size": total,
                         "worker": json.loads(plan.shared_worker_spec().to_json()),
                         "init": scn.init, "init_args": _init_args(plan, scn)}
-                argv = ["-m", "harness.spawner", json.dumps(spec)]
+                argv = ["-m", "harness.ranks.spawner", json.dumps(spec)]
             rp = plan.new_process(label=P.parent_label(host, job), rank=None, env=env,
                                   init=plan.init_for(scn, first, total), host=host,
                                   role=P.ROLE_PARENT, argv=argv, observed=True, job=job,

@@ -42,9 +42,9 @@ from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .. import protocol as P
-from ..limits import MAX_ADDR, MAX_HOSTS, MAX_SHORT, MAX_STEPS, MAX_WORLD, PositiveSeconds
-from ..rows import RowSet
+from ..core import protocol as P
+from ..core.limits import MAX_ADDR, MAX_HOSTS, MAX_SHORT, MAX_STEPS, MAX_WORLD, PositiveSeconds
+from ..core.rows import RowSet
 from . import LauncherSpec, Problem
 
 RDZV_CONF_KEYS = ("join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout",
@@ -197,7 +197,7 @@ class Torchrun(LauncherSpec, AgentFlags):
 
     def check(self, scn: Any) -> List[Problem]:
         from ..faults import REGISTRY
-        from ..safety import refuse_address
+        from ..net.safety import refuse_address
 
         out: List[Problem] = []
         names = {h for h, _ in self._agents(scn)}
@@ -413,7 +413,7 @@ def _program(plan: Any, scn: Any) -> List[str]:
     argv = scn.program_argv()
     if argv:
         return argv
-    return ["-m", "harness.worker", plan.shared_worker_spec().to_json()]
+    return ["-m", "harness.ranks.worker", plan.shared_worker_spec().to_json()]
 
 
 def _shown(argv: List[str]) -> List[str]:

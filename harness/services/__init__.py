@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
 
-from ..procs import ManagedProcess
+from ..machine.procs import ManagedProcess
 
 POLL = 0.02
 READY_TIMEOUT = 30.0

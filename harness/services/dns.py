@@ -13,7 +13,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from ..machine import Tool
+from ..machine.requirement import Tool
 from .dnswire import DnsError, query
 
 DNSMASQ = Tool("dnsmasq", package="dnsmasq-base", why="the run's name server (a dns: block)")

@@ -174,7 +174,7 @@ def parse_list(text: str) -> Tuple[str, List[str]]:
 
 
 def main(argv: Any = None) -> int:
-    from ..procs import die_with_parent
+    from ..machine.procs import die_with_parent
 
     die_with_parent()
     ap = argparse.ArgumentParser(prog="python -m harness.services.dns_responder")

@@ -22,7 +22,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
-from ..machine import Probe, Tool
+from ..machine.requirement import Probe, Tool
 
 ETCD = Tool("etcd", package="etcd-server",
             why="the run's etcd for torchrun's etcd / etcd-v2 rendezvous (an etcd: block)")

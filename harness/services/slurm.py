@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..machine import Probe, Tool
+from ..machine.requirement import Probe, Tool
 
 SLURMCTLD = Tool("slurmctld", package="slurmctld", why="the Slurm launcher's test cluster")
 SLURMD = Tool("slurmd", package="slurmd", why="the Slurm launcher's test cluster")
@@ -192,7 +192,7 @@ def node_prefix(netns: str, uts: Optional[str], view: str, python: str = sys.exe
         f"mount --bind {shlex.quote(str(Path(view) / name))} /etc/{name}"
         for name in ("hosts", "nsswitch.conf", "resolv.conf") if (Path(view) / name).exists())
     script = (binds + " && " if binds else "") + \
-        f'exec {shlex.quote(python)} -m harness.procs --exec -- "$@"'
+        f'exec {shlex.quote(python)} -m harness.machine.procs --exec -- "$@"'
     enter = ["nsenter", f"--net=/run/netns/{netns}"] + ([f"--uts={uts}"] if uts else [])
     return enter + ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
                     "slurmd-node"]

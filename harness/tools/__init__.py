@@ -1,0 +1,2 @@
+"""Commands beside ``harness run``: explore, capture, preflight, and the catalog across a real
+Slurm allocation."""
