@@ -331,19 +331,20 @@ def test_reset_peer_at_once_resets_every_new_connection_until_healed(proxy):
         round_trip(s)
 
 
+def _echoed_until_eof(s: socket.socket, data: bytes) -> bytes:
+    s.settimeout(20)
+    s.sendall(data)
+    got = b""
+    while (chunk := s.recv(100)):
+        got += chunk
+    return got
+
+
 def test_limit_data_closes_after_so_many_bytes(proxy):
     svc, port = proxy
     toxic(svc, "lim", "limit_data", "out", bytes=6)
     with dial(port) as s:
-        s.settimeout(20)
-        s.sendall(b"0123456789")
-        got = b""
-        while True:
-            chunk = s.recv(100)
-            if not chunk:
-                break
-            got += chunk
-        assert got == b"012345"
+        assert _echoed_until_eof(s, b"0123456789") == b"012345"
 
 
 def test_limit_data_ends_cleanly_even_when_the_client_writes_on(proxy):
@@ -355,12 +356,7 @@ def test_limit_data_ends_cleanly_even_when_the_client_writes_on(proxy):
     svc, port = proxy
     toxic(svc, "lim", "limit_data", "out", bytes=6)
     with dial(port) as s:
-        s.settimeout(20)
-        s.sendall(b"0123456789")
-        got = b""
-        while (chunk := s.recv(100)):
-            got += chunk
-        assert got == b"012345"
+        assert _echoed_until_eof(s, b"0123456789") == b"012345"
         for _ in range(3):              # the next requests, after the end: no reset comes back
             s.sendall(b"more" * 100)
             time.sleep(0.2)

@@ -461,19 +461,24 @@ def _ifname(c: RankContext, label: str) -> str:
     return "GLOO_SOCKET_IFNAME unset" if name is None else f"GLOO_SOCKET_IFNAME={name}"
 
 
-SPARE_STEP = re.compile(r"^add (\S+) \((up|down)\) on (\S+)$")
+SPARE_STEP = re.compile(r"^add (\S+) \((up|down)(, link-local only)?\) on (\S+)$")
 
 
-def _second_cards(c: RankContext) -> Dict[str, Tuple[str, str]]:
-    """Address -> (host, interface) of every second card a fault gave a host (second_nic,
-    wrong_interface list_down): the step's own record of the address it got."""
-    out: Dict[str, Tuple[str, str]] = {}
+def _spare_cards(c: RankContext) -> List[Tuple[str, str, str, bool]]:
+    """(address, host, interface, link-local only) of every second card a fault gave a host
+    (second_nic, wrong_interface list_down): the step's own record of the address it got."""
+    out = []
     for st in c.run.step_log:
         m = SPARE_STEP.match(st.what or "")
         addr = (st.info or {}).get("addr") if st.action == "do" else None
         if m is not None and addr:
-            out[str(addr)] = (m.group(3), m.group(1))
+            out.append((str(addr), m.group(4), m.group(1), m.group(3) is not None))
     return out
+
+
+def _second_cards(c: RankContext) -> Dict[str, Tuple[str, str]]:
+    """Address -> (host, interface) of every second card with an address of its own subnet."""
+    return {a: (h, i) for a, h, i, link_local in _spare_cards(c) if not link_local}
 
 
 def gloo_pair_to_a_second_card(c: RankContext) -> Optional[Cause]:
@@ -512,9 +517,6 @@ def gloo_pair_to_a_second_card(c: RankContext) -> Optional[Cause]:
     return None
 
 
-LINK_LOCAL_STEP = re.compile(r"^add (\S+) \(up, link-local only\) on (\S+)$")
-
-
 def gloo_on_a_link_local_card(c: RankContext) -> Optional[Cause]:
     """GLOO_SOCKET_IFNAME names a card whose only address is IPv6 link-local (second_nic
     address: link_local): gloo advertises that address, a peer's pair dials it out of its own
@@ -524,18 +526,16 @@ def gloo_on_a_link_local_card(c: RankContext) -> Optional[Cause]:
     if "connectFullMesh" not in (v.message or ""):
         return None
     names = [n.strip() for n in c.env(v.label).get("GLOO_SOCKET_IFNAME", "").split(",")]
-    for st in c.run.step_log:
-        m = LINK_LOCAL_STEP.match(st.what or "")
-        addr = (st.info or {}).get("addr") if st.action == "do" else None
-        if m is None or not addr or m.group(2) != v.host or m.group(1) not in names:
+    for addr, host, ifname, link_local in _spare_cards(c):
+        if not link_local or host != v.host or ifname not in names:
             continue
         return Cause(f"GLOO_SOCKET_IFNAME={','.join(n for n in names if n)} names "
-                     f"{m.group(1)}, whose only address on host {v.host} is the IPv6 "
+                     f"{ifname}, whose only address on host {v.host} is the IPv6 "
                      f"link-local {addr}: gloo advertised it, but a link-local address is "
                      "good only on its own link, and each host's "
-                     f"{m.group(1)} is on a network no other host is on: no pair connected "
+                     f"{ifname} is on a network no other host is on: no pair connected "
                      "until gloo's connect timeout",
-                     [_exc_line(v), f"{v.host} {m.group(1)}: {addr} (link-local only)"])
+                     [_exc_line(v), f"{v.host} {ifname}: {addr} (link-local only)"])
     return None
 
 
