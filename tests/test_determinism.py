@@ -137,3 +137,22 @@ def test_the_catalog_adds_no_widened_case_and_the_list_of_old_ones_only_shrinks(
     assert not new, f"widened expectations (pin them or declare race:): {new}"
     assert not known - set(widened), (f"no longer widened: take them off {WIDENED.name}: "
                                       f"{sorted(known - set(widened))}")
+
+
+def test_a_row_whose_outcomes_a_tally_counts_is_pinned_by_the_tally():
+    head = ("name: s\nabout: x\ndeadline: 60\nlauncher: {kind: torchrun}\n"
+            "hosts: [{name: a}, {name: b}]\n")
+    body = textwrap.dedent("""\
+        expect:
+          tally:
+            agent:*: {ok: 1, error: 1}
+          ranks:
+            agent:*: {outcome: [ok, error], cause: {error: "redundant"}}
+    """)
+    assert [(w.line, w.field) for w in widenings(case(body, head))] == []
+    # an outcome the tally does not count, or no tally, is a widening again
+    w = widenings(case(body.replace("[ok, error]", "[ok, error, hang]"), head))
+    assert [x.field for x in w] == ["expect.ranks.agent:*.outcome"]
+    untallied = body.replace("  tally:\n    agent:*: {ok: 1, error: 1}\n", "")
+    assert [x.field for x in widenings(case(untallied, head))] == \
+        ["expect.ranks.agent:*.outcome", "expect.ranks.agent:*.cause"]

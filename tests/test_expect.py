@@ -307,3 +307,31 @@ def test_failure_table_says_the_reason_of_a_crash():
     table = failure_table([v], expect(ranks={"1": "ok"}),
                           [Mismatch("1", "outcome", "ok", "crash")], width=400)
     assert "killed by SIGKILL (sent by the fault)" in table
+
+
+# -- tally --------------------------------------------------------------------------------------
+def _row(label: str, outcome: str) -> Verdict:
+    return Verdict(label=label, outcome=outcome, phase="exit", duration=5.0)
+
+
+AGENTS = [("agent:node0", "ok"), ("agent:node0#2", "error"), ("agent:node1", "error"),
+          ("agent:node1#2", "ok"), ("0", "ok"), ("1", "ok")]
+
+
+def test_a_tally_counts_the_rows_its_key_covers_a_second_agent_of_a_host_too():
+    exp = expect(tally={"agent:*": {"ok": 2, "error": 2}},
+                 ranks={"agent:*": {"outcome": ["ok", "error"]}})
+    assert check(exp, [_row(label, o) for label, o in AGENTS]) == []
+
+
+def test_a_tally_that_does_not_hold_is_one_mismatch_saying_both_counts():
+    exp = expect(tally={"agent:*": {"ok": 2, "error": 2}})
+    rows = [_row(label, "ok" if label == "agent:node1" else o) for label, o in AGENTS]
+    (m,) = check(exp, rows)
+    assert (m.label, m.field, m.expected, m.observed) == ("agent:*", "tally", "error 2, ok 2",
+                                                      "error 1, ok 3")
+
+
+def test_a_tally_of_ranks_does_not_count_the_agents():
+    exp = expect(tally={"*": {"ok": 2}})
+    assert check(exp, [_row(label, o) for label, o in AGENTS]) == []

@@ -10,7 +10,8 @@ that speaks of a row (:func:`key_for`).
 Expectation keys: a label; ``*`` every rank (any attempt) that no other key names;
 ``R@*`` rank R in every attempt; ``*@A`` every rank in attempt A; ``agent:*`` every agent;
 ``parent:*`` every spawning parent. The most specific key wins: the label itself, then
-``R@*``, then ``*@A``, then ``*`` (agents: the label, then ``agent:*``).
+``R@*``, then ``*@A``, then ``*`` (agents: the label, then ``agent:*``; a host's second agent,
+``agent:node0#2``, is an agent too).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ AGENT_WILDCARD = "agent:*"
 PARENT_WILDCARD = "parent:*"
 _RANK_ANY = re.compile(r"^(?:(job[0-9]{1,3}):)?([0-9]{1,4})@\*\Z", re.ASCII)
 _ATTEMPT_ANY = re.compile(r"^(?:(job[0-9]{1,3}):)?\*@([0-9]{1,3})\Z", re.ASCII)
+_TWIN = re.compile(r"^(?:job[0-9]{1,3}:)?agent:[^#]+#[0-9]{1,4}\Z", re.ASCII)
 
 
 @dataclass
@@ -102,6 +104,8 @@ def key_for(keys: Iterable[str], label: str) -> Optional[str]:
     if label in keys:
         return label
     p = parse_label(label)
+    if p is None and _TWIN.match(label):     # a host's second agent (agent:node0#2)
+        return AGENT_WILDCARD if AGENT_WILDCARD in keys else None
     if p is None:
         return "*" if "*" in keys else None
     if p.kind == "agent":
@@ -113,6 +117,12 @@ def key_for(keys: Iterable[str], label: str) -> Optional[str]:
         if k in keys:
             return k
     return "*" if "*" in keys else None
+
+
+def covers(key: str, label: str) -> bool:
+    """Whether the expectation key ``key`` speaks of the row ``label`` when it stands alone
+    (a ``tally:`` key counts the rows it covers)."""
+    return key_for([key], label) == key
 
 
 def sort_key(label: str) -> tuple:

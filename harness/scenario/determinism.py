@@ -11,6 +11,9 @@ finds, each located at the line where it is written:
 * a failing row pinned only by ``cause:`` (the harness's own diagnosis, not torch's behaviour):
   it must also pin the exception, the message or the phase.
 
+A row whose key a ``tally:`` counts may allow the outcomes the tally names: which rows end
+which way may vary, how many of each may not, and a run can contradict that.
+
 ``harness validate --strict`` reports them as problems; tests/test_determinism.py holds the
 catalog to them.
 """
@@ -58,7 +61,10 @@ def widenings(scn: Scenario) -> List[Widening]:
                                 "declare race:"))
         for label, row in block.ranks.items():
             field = f"{at}ranks.{label}"
-            if not race and len(row.outcome or ()) > 1:
+            counted = block.tally.get(label)
+            if counted is not None and set(row.outcome or ()) <= set(counted):
+                pass                     # the tally pins how many end each way
+            elif not race and len(row.outcome or ()) > 1:
                 out.append(Widening(row.line, field + ".outcome",
                                     f"allows {'|'.join(row.outcome or ())}: pin one outcome "
                                     "(find the order that decides it), or declare race:"))
@@ -71,7 +77,7 @@ def widenings(scn: Scenario) -> List[Widening]:
                                     f"[{row.within[0]:g}, {row.within[1]:g}] holds for any "
                                     f"end before the deadline ({scn.deadline:g} s): give the "
                                     "window you measured, or none"))
-            if _cause_only(row):
+            if _cause_only(row) and counted is None:
                 out.append(Widening(row.line, field + ".cause",
                                     "a failing row pinned only by cause: (the harness's own "
                                     "diagnosis): pin the exception, message or phase torch "

@@ -98,6 +98,7 @@ def check(exp: Expect, verdicts: Sequence[Verdict],
         got = job_outcome(verdicts)
         if got not in exp.job:
             out.append(Mismatch("job", "outcome", " or ".join(exp.job), got, exp.job_line))
+    out += check_tally(exp, verdicts)
     labels = {v.label for v in verdicts}
     for key, e in exp.ranks.items():
         if "*" not in key and key not in labels:
@@ -108,6 +109,24 @@ def check(exp: Expect, verdicts: Sequence[Verdict],
         re_ = _rank_expect(exp, v.label)
         if re_ is not None:
             out += check_rank(re_, v)
+    return out
+
+
+def _counted(counts: Mapping[Any, int]) -> str:
+    return ", ".join(f"{o} {n}" for o, n in sorted(counts.items()) if n) or "no row"
+
+
+def check_tally(exp: Expect, verdicts: Sequence[Verdict]) -> List[Mismatch]:
+    """``tally:``: how many of the rows each key covers ended with each outcome, exactly."""
+    from collections import Counter
+
+    from ..core.rows import covers
+
+    out = []
+    for key, want in exp.tally.items():
+        got = Counter(v.outcome for v in verdicts if covers(key, v.label))
+        if {o: n for o, n in got.items() if n} != {o: n for o, n in want.items() if n}:
+            out.append(Mismatch(key, "tally", _counted(want), _counted(got), exp.tally_line))
     return out
 
 

@@ -768,6 +768,13 @@ def validate_case(data: Dict[str, Any], file: str,
             block._job_line = lines.line_of(_yaml_loc(data, ("expect", j, "job")))
         if block.counters:
             block._counters_line = lines.line_of(_yaml_loc(data, ("expect", j, "counters")))
+        if block.tally:
+            block._tally_line = lines.line_of(_yaml_loc(data, ("expect", j, "tally")))
+        for key in block.tally:
+            yloc = _yaml_loc(data, ("expect", j, "tally", key))
+            why = key_ok(key, row_sets)
+            if why:
+                problems.append(Problem(file, lines.line_of(yloc), _field(yloc), why))
         for key, rank_expect in block.ranks.items():
             yloc = _yaml_loc(data, ("expect", j, "ranks", key))
             rank_expect._line = lines.line_of(yloc)

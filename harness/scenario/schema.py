@@ -293,10 +293,15 @@ class Expect(Strict):
     _line: Optional[int] = PrivateAttr(None)       # where the block starts (set by the loader)
     _job_line: Optional[int] = PrivateAttr(None)   # where its job: is
     _counters_line: Optional[int] = PrivateAttr(None)   # where its counters: is
+    _tally_line: Optional[int] = PrivateAttr(None)   # where its tally: is
 
     @property
     def line(self) -> Optional[int]:
         return self._line
+
+    @property
+    def tally_line(self) -> Optional[int]:
+        return self._tally_line or self._line
 
     @property
     def job_line(self) -> Optional[int]:
@@ -319,6 +324,14 @@ class Expect(Strict):
         default_factory=dict, max_length=MAX_WORLD + 1,
         description="per rank (key: rank number, a label such as 'job2:0', or '*' for every rank "
         "not listed); a value may be an outcome or a list of outcomes as shorthand")
+
+    tally: Dict[str, Dict[Outcome, Annotated[int, Field(ge=0, le=MAX_WORLD)]]] = Field(
+        default_factory=dict, max_length=16,
+        description="per row key (a label or a wildcard such as 'agent:*', as in ranks:): how "
+        "many of the rows it covers end with each outcome, exactly (e.g. {'agent:*': {ok: 2, "
+        "error: 2}}: which agents a rendezvous admits is the order they join, how many it "
+        "admits is not); its rows may then allow those outcomes in ranks: and stay "
+        "deterministic")
 
     counters: Dict[str, Dict[str, str]] = Field(
         default_factory=dict, max_length=MAX_HOSTS,
@@ -382,6 +395,8 @@ class Expect(Strict):
         if self.job:
             parts.append("job " + "|".join(self.job))
         parts += [f"{label}: {' '.join(e.words()) or 'any'}" for label, e in self.ranks.items()]
+        parts += [f"tally {key}: " + ", ".join(f"{o} {n}" for o, n in counts.items())
+                  for key, counts in self.tally.items()]
         return "; ".join(parts) or "(nothing checked)"
 
     def applies_to(self, torch_version: str, cuda: Optional[str] = None) -> bool:
