@@ -11,6 +11,9 @@ finds, each located at the line where it is written:
 * a failing row pinned only by ``cause:`` (the harness's own diagnosis, not torch's behaviour):
   it must also pin the exception, the message or the phase.
 
+A case whose ``about:`` still holds the template's ``TODO`` (``harness new``) is not written
+down yet: where the report came from and what was watched are missing.
+
 A row whose key a ``tally:`` counts may allow the outcomes the tally names: which rows end
 which way may vary, how many of each may not, and a run can contradict that.
 
@@ -45,6 +48,9 @@ def _cause_only(row: RankExpect) -> bool:
 def widenings(scn: Scenario) -> List[Widening]:
     """Every widening of this case (empty: each of its expectations can fail)."""
     out: List[Widening] = []
+    if "TODO" in (scn.about or ""):
+        out.append(Widening(None, "about", "still holds the template's TODO: write where the "
+                            "report came from and what you watched (torch, runs, numbers)"))
     race = scn.race is not None
     for i, block in enumerate(scn.expect):
         at = f"expect[{i}]." if len(scn.expect) > 1 else "expect."
