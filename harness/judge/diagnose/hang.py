@@ -285,6 +285,29 @@ def dialling_a_store_nobody_hosts(c: RankContext) -> Optional[Cause]:
     if line is not None:
         ev.append(f"stderr: {line.group(0)}")
     tail = f"; it retries until the client's timeout{until}"
+    unreachable = _unreachable_store(c, o, addr, port, ev, tail)
+    if unreachable is not None:
+        return unreachable
+    listeners = [x for x in _listening(c, port)
+                 if x.host == v.host or addr in (x.addr, x.host) or _is_loopback(addr)
+                 and x.host == v.host]
+    if listeners:
+        return None   # something listens there: not a store nobody hosts
+    store = c.master_port
+    if store and port != store:
+        host = [x for x in _listening(c, store)]
+        there = f": {_who(host[0].label)} listens there" if host else ""
+        return Cause(f"dials port {port} ({said}), where no store listens (the store's port is "
+                     f"{store}{there}){tail}", ev)
+    return _nobody_hosts(c, o, addr, port, ev, tail)
+
+
+def _unreachable_store(c: RankContext, o: RankObservation, addr: str, port: int,
+                       ev: List[str], tail: str) -> Optional[Cause]:
+    """dialling_a_store_nobody_hosts when the store's address cannot be reached at all: a name
+    the row's host cannot resolve, or an address where no host of the run answers; None when
+    neither is so."""
+    v = c.verdict
     # a name its host cannot resolve: its hosts file, or the resolver's words (a worker's are in
     # its agent's stderr: torchrun passes them through)
     unknown = _name_unknown_here(c, addr)
@@ -307,17 +330,15 @@ def dialling_a_store_nobody_hosts(c: RankContext) -> Optional[Cause]:
         via = "" if ip == addr else f"; {addr} leads to {ip} on host {v.host}"
         return Cause(f"it dials {addr}:{port}{via}, an address where no host of the run answers "
                      f"(No route to host: nobody on the link has it){tail}", ev)
-    listeners = [x for x in _listening(c, port)
-                 if x.host == v.host or addr in (x.addr, x.host) or _is_loopback(addr)
-                 and x.host == v.host]
-    if listeners:
-        return None   # something listens there: not a store nobody hosts
-    store = c.master_port
-    if store and port != store:
-        host = [x for x in _listening(c, store)]
-        there = f": {_who(host[0].label)} listens there" if host else ""
-        return Cause(f"dials port {port} ({said}), where no store listens (the store's port is "
-                     f"{store}{there}){tail}", ev)
+    return None
+
+
+def _nobody_hosts(c: RankContext, o: RankObservation, addr: str, port: int, ev: List[str],
+                  tail: str) -> Optional[Cause]:
+    """dialling_a_store_nobody_hosts when nothing listens at the store's address and port, the
+    run's own: no rank claimed RANK=0, or no agent takes the c10d endpoint as its own (the
+    store probe refused); None when the evidence says neither."""
+    v = c.verdict
     snap = c.run.store or {}
     refused = not snap.get("answered") and "refused" in str(snap.get("error") or "")
     if refused:

@@ -5,7 +5,7 @@ elastic scale-up."""
 from __future__ import annotations
 
 import re
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from ..observation import RankObservation
 from ._core import Cause, RankContext, _exc_line, rule
@@ -91,50 +91,69 @@ def rendezvous_store_lost(c: RankContext) -> Optional[Cause]:
         hosts = listening if len(listening) == 1 else hosts
     timed_out = CONNECT_TIMEOUT.search(inner)
     if timed_out is not None and (timed_out.group(1).strip(), int(timed_out.group(2))) == ep:
-        if _dropping_rule(c.run.rules, port) is not None:
-            return None   # a firewall's doing: syn_unanswered says it
-        if o.addr == ip and not hosts:
-            return Cause(f"nobody hosted the rendezvous store at {ip}:{port}: this agent, on "
-                         "that address, timed out connecting to it (torch's c10d rendezvous "
-                         "hosts the store only on the agent whose hostname matches the "
-                         "endpoint, or with is_host=true)", ev)
-        if len(hosts) != 1:
-            return None
-        h, hv = hosts[0], c.verdict_of(hosts[0].label)
-        if hv is None:
-            return None
-        h_inner = CONNECT_TIMEOUT.search(_inner(c, h.label))
-        if h_inner is not None and (h_inner.group(1).strip(), int(h_inner.group(2))) == ep:
-            return Cause(f"nobody hosted the rendezvous store at {ip}:{port}: {h.label}, on "
-                         "that address, timed out connecting to it too"
-                         + (f" (at {hv.duration:g} s)" if hv.duration is not None else ""),
-                         ev + [_exc_line(hv)])
-        how = hv.outcome + (f", {hv.reason}" if hv.outcome == "crash" else "")
-        if hv.duration is not None and o.released_at is not None \
-                and hv.duration <= o.released_at:
-            return Cause(f"nothing listened at {ip}:{port} when this agent started "
-                         f"({o.released_at:g} s): {h.label}, the agent on that address, had "
-                         f"ended ({how}) at {hv.duration:g} s", ev + [hv.reason])
-        # its host: a listener in its sockets, or, when it ended before any were taken, a
-        # rendezvous it completed on that endpoint (an agent on the endpoint's address hosts it)
-        hosted = _listens(h, port)
-        if hosted is None:
-            hosted = any(e.ev == "rendezvous_done" for e in h.events)
-        if hosted and hv.duration is not None and v.duration is not None \
-                and hv.duration <= v.duration:
-            dialled = next((c.at(e) for e in o.events if e.ev == "phase"
-                            and e.data.get("phase") == "rendezvous"), None)
-            ending = next((c.at(e) for e in h.events if e.ev == "phase"
-                           and e.data.get("phase") == "exit"), None)
-            when = f" (it was in exit from {round(ending, 2):g} s, when this agent dialled " \
-                f"at {round(dialled, 2):g} s)" if dialled is not None and ending is not None \
-                and ending <= dialled < hv.duration + 0.001 else ""
-            return Cause(f"lost the rendezvous store at {ip}:{port}: its host, {h.label}, had "
-                         f"ended ({how}) at {hv.duration:g} s{when}", ev + [hv.reason])
-        return None
+        return _store_never_reached(c, o, ep, hosts, ev)
     if not CLOSED.search(inner) or len(hosts) != 1:
         return None
+    return _store_closed(c, o, ep, hosts[0], ev)
+
+
+def _store_never_reached(c: RankContext, o: RankObservation, ep: Tuple[str, int],
+                         hosts: List[RankObservation], ev: List[str]) -> Optional[Cause]:
+    """rendezvous_store_lost when the agent's connect to the endpoint timed out: nobody hosted
+    the store there, or its host (one of ``hosts``, the agents on the endpoint's address) had
+    ended before this agent came or before it raised."""
+    v = c.verdict
+    ip, port = ep
+    if _dropping_rule(c.run.rules, port) is not None:
+        return None   # a firewall's doing: syn_unanswered says it
+    if o.addr == ip and not hosts:
+        return Cause(f"nobody hosted the rendezvous store at {ip}:{port}: this agent, on "
+                     "that address, timed out connecting to it (torch's c10d rendezvous "
+                     "hosts the store only on the agent whose hostname matches the "
+                     "endpoint, or with is_host=true)", ev)
+    if len(hosts) != 1:
+        return None
     h, hv = hosts[0], c.verdict_of(hosts[0].label)
+    if hv is None:
+        return None
+    h_inner = CONNECT_TIMEOUT.search(_inner(c, h.label))
+    if h_inner is not None and (h_inner.group(1).strip(), int(h_inner.group(2))) == ep:
+        return Cause(f"nobody hosted the rendezvous store at {ip}:{port}: {h.label}, on "
+                     "that address, timed out connecting to it too"
+                     + (f" (at {hv.duration:g} s)" if hv.duration is not None else ""),
+                     ev + [_exc_line(hv)])
+    how = hv.outcome + (f", {hv.reason}" if hv.outcome == "crash" else "")
+    if hv.duration is not None and o.released_at is not None \
+            and hv.duration <= o.released_at:
+        return Cause(f"nothing listened at {ip}:{port} when this agent started "
+                     f"({o.released_at:g} s): {h.label}, the agent on that address, had "
+                     f"ended ({how}) at {hv.duration:g} s", ev + [hv.reason])
+    # its host: a listener in its sockets, or, when it ended before any were taken, a
+    # rendezvous it completed on that endpoint (an agent on the endpoint's address hosts it)
+    hosted = _listens(h, port)
+    if hosted is None:
+        hosted = any(e.ev == "rendezvous_done" for e in h.events)
+    if hosted and hv.duration is not None and v.duration is not None \
+            and hv.duration <= v.duration:
+        dialled = next((c.at(e) for e in o.events if e.ev == "phase"
+                        and e.data.get("phase") == "rendezvous"), None)
+        ending = next((c.at(e) for e in h.events if e.ev == "phase"
+                       and e.data.get("phase") == "exit"), None)
+        when = f" (it was in exit from {round(ending, 2):g} s, when this agent dialled " \
+            f"at {round(dialled, 2):g} s)" if dialled is not None and ending is not None \
+            and ending <= dialled < hv.duration + 0.001 else ""
+        return Cause(f"lost the rendezvous store at {ip}:{port}: its host, {h.label}, had "
+                     f"ended ({how}) at {hv.duration:g} s{when}", ev + [hv.reason])
+    return None
+
+
+def _store_closed(c: RankContext, o: RankObservation, ep: Tuple[str, int], h: RankObservation,
+                  ev: List[str]) -> Optional[Cause]:
+    """rendezvous_store_lost when the store closed the agent's connection: its host ``h`` had
+    ended, or finished its own job (another job on the same endpoint)."""
+    v = c.verdict
+    ip, port = ep
+    hv = c.verdict_of(h.label)
     if hv is None or hv.duration is None or v.duration is None:
         return None
     how = hv.outcome + (f", {hv.reason}" if hv.outcome == "crash" else "")
