@@ -58,8 +58,8 @@ class RankContext:
 
     @property
     def master_port(self) -> int:
-        """The job's store port (harness.jobstore: the port the launch gives it, which may not
-        be the run's lease); the lease for a plan written before the store was planned."""
+        """The job's store port (harness.core.jobstore: the port the launch gives it, which may
+        not be the run's lease); the lease for a plan written before the store was planned."""
         store = self.run.plan.get("store") or {}
         if store.get("kind", "tcp") == "tcp" and isinstance(store.get("port"), int):
             return int(store["port"])
@@ -73,7 +73,8 @@ class RankContext:
 
     def stderr(self) -> str:
         """What a rule reads of the row's stderr: torch's warning, error and errno lines of the
-        whole of it (harness.stderrlines: stack frames cannot push them out), then the tail."""
+        whole of it (harness.judge.stderrlines: stack frames cannot push them out), then the
+        tail."""
         if self.obs is None:
             return ""
         return "\n".join(x for x in (self.obs.stderr_key, self.obs.stderr_tail) if x)

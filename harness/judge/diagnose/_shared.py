@@ -109,7 +109,8 @@ COUNTER = re.compile(r"\s*\bcounter packets \d+ bytes \d+")   # a fault's rule c
 
 def _dropping_rule(rules: Dict[str, str], port: int) -> Optional[Tuple[str, str]]:
     """(host, rule line) of an nft rule that drops ``port`` (or drops everything new); the
-    rule's counter (a firewall fault's evidence, harness.effects) is left out of the line."""
+    rule's counter (a firewall fault's evidence, harness.judge.effects) is left out of the
+    line."""
     for host, text in rules.items():
         for ln in text.splitlines():
             ln = COUNTER.sub("", ln.strip())

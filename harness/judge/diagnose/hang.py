@@ -111,8 +111,8 @@ def teardown_gil_deadlock(c: RankContext) -> Optional[Cause]:
 # last: what the store held, where nothing else spoke
 @rule(order=780, evidence=("store", "plan", "causes"))
 def the_store_shows_who_is_missing(c: RankContext) -> Optional[Cause]:
-    """What the store held at the deadline (harness.storeprobe) says whom a hung rank in init
-    waits for: the ranks whose gloo address never reached the store, or a published address
+    """What the store held at the deadline (harness.net.storeprobe) says whom a hung rank in
+    init waits for: the ranks whose gloo address never reached the store, or a published address
     that no host of the run has. Last in the table: it speaks only where nothing else did."""
     v = c.verdict
     if v.outcome not in ("hang", "timeout") or v.role not in ("rank", "worker") or \
