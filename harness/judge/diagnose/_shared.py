@@ -12,8 +12,6 @@ from ._core import RankContext
 
 CONNECT_TIMEOUT = re.compile(r"timed out after \d+ms while trying to connect to \(([^,]+), "
                              r"(\d+)\)", re.I)
-
-
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
 
 

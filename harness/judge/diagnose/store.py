@@ -31,8 +31,6 @@ from ._shared import (
 from .agents import stopped_by_agent
 
 JOINED = re.compile(r"(\d+)/(\d+) clients joined", re.I)
-
-
 WAIT_KEYS = re.compile(r"wait timeout after (\d+)ms, keys: (\S+)", re.I)
 PG_KEY = re.compile(r"^/default_pg/.*/(\d+)$")   # the process group's key of a rank (gloo's mesh)
 
