@@ -611,7 +611,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from ..machine.procs import die_with_parent
+    from ...machine.procs import die_with_parent
 
     ap = argparse.ArgumentParser(prog="python -m harness.services.proxy",
                                  description="the harness's fault proxy (see the module doc)")
