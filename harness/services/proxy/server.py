@@ -17,11 +17,10 @@ Two ways to stand in front of traffic:
   go through it (every rank but rank 0, which hosts the store) at its port.
 
 Toxics (Toxiproxy's model: a named thing with a direction, a probability and a few
-parameters): ``latency`` (delay_ms, jitter_ms), ``bandwidth`` (bytes_per_s), ``slicer``
-(size, variation, delay_ms), ``limit_data`` (bytes), ``reset_peer`` (after_bytes, after_s),
-``blackhole``, ``slow_close`` (delay_ms). ``limit_data``'s close is a clean end of stream
-on both sides (FIN; what a side sends afterwards is read and dropped until it closes), never a
-reset: a reset is ``reset_peer``'s. Each has:
+parameters) are one module each in :mod:`harness.services.proxy.toxics` (``latency``,
+``bandwidth``, ``slicer``, ``limit_data``, ``reset_peer``, ``blackhole``, ``slow_close``: each
+module says what it does and its parameters); the proxy knows them only through that registry
+(``TOXICS``) and their hooks. Each has:
 
 * ``direction``, seen from the proxy's host: ``out`` = bytes the host sends (for a connection
   to the host: the server's replies; for one it opened: its requests), ``in`` = bytes it
@@ -31,10 +30,8 @@ reset: a reset is ``reset_peer``'s. Each has:
   destination port, or every connection.
 
 A toxic switched on applies to the connections already open and to new ones; switched off,
-data flows as without it (data already delayed keeps its delivery time). ``blackhole`` holds:
-nothing is read in its direction (TCP's own flow control then stops the sender), and a new
-connection whose client-to-server stream it holds is accepted and never dialed on; when it is
-switched off, the held data flows again (TCP cannot lose bytes in the middle of a stream).
+data flows as without it (data already delayed keeps its delivery time, held data flows again).
+The connections are :mod:`.conn`'s.
 
 Control: a UNIX socket, one JSON request line, one JSON answer line, ``ok`` true or false with
 ``error``: ``{"op": "ping"}``, ``{"op": "add", "id", "type", "direction", "probability",
@@ -53,374 +50,14 @@ import os
 import random
 import signal
 import socket
-import struct
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-SO_ORIGINAL_DST = 80           # netfilter's, for IPv4 (SOL_IP) and IPv6 (SOL_IPV6)
-CHUNK = 65536
+from .conn import Conn, original_dst, reset_socket
+from .toxics import Toxic, ToxicError
+
 LOG_MAX = 20000                # log lines at most (evidence stays bounded)
-TYPES = ("latency", "bandwidth", "slicer", "limit_data", "reset_peer", "blackhole",
-         "slow_close")
-DIRECTIONS = ("in", "out", "both")
-UP, DOWN = "up", "down"        # client -> server, server -> client
-
-
-class ToxicError(ValueError):
-    """A request names an unknown toxic, direction or parameter."""
-
-
-# --------------------------------------------------------------------------------------------
-# toxics
-
-
-def _num(params: Dict[str, Any], name: str, default: Optional[float] = None, *,
-         low: float = 0.0, high: float = 1e12) -> float:
-    v = params.get(name, default)
-    if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ToxicError(f"{name} must be a number, got {v!r}")
-    if not low <= v <= high:
-        raise ToxicError(f"{name} must be within {low:g}..{high:g}, got {v!r}")
-    return float(v)
-
-
-REQUIRED = {"latency": ("delay_ms",), "bandwidth": ("bytes_per_s",), "slicer": ("size",),
-            "limit_data": ("bytes",), "reset_peer": (), "blackhole": (),
-            "slow_close": ("delay_ms",)}
-OPTIONAL = {"latency": ("jitter_ms",), "slicer": ("variation", "delay_ms"),
-            "reset_peer": ("after_bytes", "after_s")}
-
-
-@dataclass
-class Toxic:
-    id: str
-    type: str
-    direction: str = "both"
-    probability: float = 1.0
-    ports: Optional[Dict[str, List[int]]] = None
-    params: Dict[str, Any] = field(default_factory=dict)
-    since: float = 0.0             # monotonic time it was switched on
-
-    @classmethod
-    def parse(cls, req: Dict[str, Any]) -> Toxic:
-        tid, typ = req.get("id"), req.get("type")
-        if not isinstance(tid, str) or not tid:
-            raise ToxicError("a toxic needs an id (a non-empty string)")
-        if typ not in TYPES:
-            raise ToxicError(f"unknown toxic type {typ!r} (known: {', '.join(TYPES)})")
-        direction = req.get("direction", "both")
-        if direction not in DIRECTIONS:
-            raise ToxicError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-        prob = _num(req, "probability", 1.0, low=0.0, high=1.0)
-        ports = req.get("ports")
-        if ports is not None:
-            if not isinstance(ports, dict) or len(ports) != 1 or \
-                    next(iter(ports)) not in ("only", "except") or \
-                    not all(isinstance(p, int) and 0 < p < 65536 for p in next(iter(
-                        ports.values()))):
-                raise ToxicError(f"ports must be {{'only': [...]}} or {{'except': [...]}}, got "
-                                 f"{ports!r}")
-        params = req.get("params") or {}
-        if not isinstance(params, dict):
-            raise ToxicError("params must be an object")
-        unknown = set(params) - set(REQUIRED[typ]) - set(OPTIONAL.get(typ, ()))
-        if unknown:
-            raise ToxicError(f"{typ} takes no {', '.join(sorted(unknown))}")
-        for name in REQUIRED[typ]:
-            _num(params, name, low=0.0 if typ != "bandwidth" else 1.0)
-        for name in OPTIONAL.get(typ, ()):
-            if params.get(name) is not None:
-                _num(params, name)
-        if typ == "slicer" and params["size"] < 1:
-            raise ToxicError("slicer size must be at least 1 byte")
-        return cls(tid, typ, direction, prob, ports, dict(params), time.monotonic())
-
-    def port_matches(self, port: int) -> bool:
-        if self.ports is None:
-            return True
-        if "only" in self.ports:
-            return port in self.ports["only"]
-        return port not in self.ports["except"]
-
-    def p(self, name: str, default: float = 0.0) -> float:
-        v = self.params.get(name)
-        return default if v is None else float(v)
-
-
-# --------------------------------------------------------------------------------------------
-# connections
-
-
-def original_dst(sock: socket.socket) -> Tuple[str, int]:
-    """Where a REDIRECTed connection was going (netfilter's NAT record)."""
-    if sock.family == socket.AF_INET:
-        raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
-        return socket.inet_ntop(socket.AF_INET, raw[4:8]), struct.unpack("!H", raw[2:4])[0]
-    raw = sock.getsockopt(socket.IPPROTO_IPV6, SO_ORIGINAL_DST, 28)
-    return socket.inet_ntop(socket.AF_INET6, raw[8:24]), struct.unpack("!H", raw[2:4])[0]
-
-
-def _reset(sock: Optional[socket.socket]) -> None:
-    """Close with a TCP reset (SO_LINGER 0)."""
-    if sock is None:
-        return
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    except OSError:
-        pass
-    try:
-        sock.close()
-    except OSError:
-        pass
-
-
-def _close(sock: Optional[socket.socket]) -> None:
-    if sock is not None:
-        try:
-            sock.close()
-        except OSError:
-            pass
-
-
-DRAIN_S = 30.0
-
-
-async def _close_after_drain(sock: socket.socket) -> None:
-    """Close ``sock`` after its peer has closed its side (or DRAIN_S), discarding what it sends.
-
-    The write side is already shut (a FIN went out). A socket closed with unread bytes in its
-    receive buffer sends a reset instead of that clean end, and whether bytes were waiting
-    depends on when the peer wrote its next request: a race of the harness's own making. So
-    whatever the peer sends after the cut is read and dropped until it closes."""
-    loop = asyncio.get_running_loop()
-    await asyncio.sleep(0)     # the pumps' cancelled reads let go of the socket first
-    await asyncio.sleep(0)
-    end = time.monotonic() + DRAIN_S
-    try:
-        while (left := end - time.monotonic()) > 0:
-            if not await asyncio.wait_for(loop.sock_recv(sock, CHUNK), left):
-                break
-    except (OSError, asyncio.TimeoutError):
-        pass
-    finally:
-        _close(sock)
-
-
-class Conn:
-    """One proxied connection: client <-> proxy <-> server."""
-
-    def __init__(self, proxy: Proxy, cid: int, kind: str, client: socket.socket,
-                 peer: Tuple[str, int], dst: Tuple[str, int]):
-        self.proxy, self.id, self.kind = proxy, cid, kind     # kind: "in" | "out"
-        self.client: Optional[socket.socket] = client
-        self.server: Optional[socket.socket] = None
-        self.peer, self.dst = peer, dst
-        self.start = time.monotonic()
-        self.draws: Dict[str, bool] = {}
-        self.sent = {UP: 0, DOWN: 0}
-        self.tasks: Set[asyncio.Task[Any]] = set()
-        self.done = False
-        self.why = ""
-
-    def stream_dir(self, stream: str) -> str:
-        """The host-relative direction (in/out) of a stream of this connection."""
-        if self.kind == "in":      # the host is the server: what it receives goes up
-            return "in" if stream == UP else "out"
-        return "out" if stream == UP else "in"
-
-    def applies(self, t: Toxic, stream: Optional[str] = None) -> bool:
-        if not t.port_matches(self.dst[1]):
-            return False
-        if stream is not None and t.direction != "both" and t.direction != self.stream_dir(stream):
-            return False
-        if t.id not in self.draws:
-            self.draws[t.id] = t.probability >= 1.0 or self.proxy.rng.random() < t.probability
-            if self.draws[t.id]:
-                self.proxy.applied[t.id] = self.proxy.applied.get(t.id, 0) + 1
-                self.proxy.log("toxic_applies", conn=self.id, toxic=t.id)
-        return self.draws[t.id]
-
-    def active(self, typ: str, stream: Optional[str] = None) -> List[Toxic]:
-        return [t for t in self.proxy.toxics.values()
-                if t.type == typ and self.applies(t, stream)]
-
-    # -- life -----------------------------------------------------------------------------
-    async def run(self) -> None:
-        self.proxy.log("open", conn=self.id, kind=self.kind, peer=list(self.peer),
-                       dst=list(self.dst))
-        try:
-            await self.proxy.wait_until(lambda: self.done or not self.active("blackhole", UP))
-            if self.done:
-                return
-            await self.dial()
-            if self.done:
-                return
-            ups = asyncio.ensure_future(self.pump(UP))
-            downs = asyncio.ensure_future(self.pump(DOWN))
-            watch = asyncio.ensure_future(self.watch_resets())
-            self.tasks.update((ups, downs, watch))
-            await asyncio.wait([ups, downs], return_when=asyncio.FIRST_EXCEPTION)
-            failed = next((t.exception() for t in (ups, downs)
-                           if t.done() and not t.cancelled() and t.exception()), None)
-            if failed is not None:   # a side reset the connection: so does the proxy
-                self.finish(f"{type(failed).__name__}: {failed}", reset=True)
-            watch.cancel()
-            if not self.done:
-                self.finish("closed", reset=False)
-        except asyncio.CancelledError:
-            self.finish("cancelled", reset=True)
-            raise
-        except Exception as e:  # noqa: BLE001 - one connection never stops the proxy
-            self.finish(f"error: {type(e).__name__}: {e}", reset=True)
-
-    async def dial(self) -> None:
-        loop = asyncio.get_running_loop()
-        host, port = self.proxy.upstream or self.dst
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        try:
-            if self.proxy.mark:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, self.proxy.mark)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await loop.sock_connect(sock, (host, port))
-        except OSError as e:
-            sock.close()
-            self.finish(f"dial {host}:{port} failed: {e.strerror or e}", reset=True)
-            return
-        self.server = sock
-
-    async def pump(self, stream: str) -> None:
-        """Copy one stream, through the toxics that apply to it."""
-        loop = asyncio.get_running_loop()
-        src, dst = (self.client, self.server) if stream == UP else (self.server, self.client)
-        assert src is not None and dst is not None
-        queue: asyncio.Queue[Tuple[float, Optional[bytes]]] = asyncio.Queue()
-
-        async def reader() -> None:
-            last = 0.0
-            while not self.done:
-                await self.proxy.wait_until(
-                    lambda: self.done or not self.active("blackhole", stream))
-                if self.done:
-                    return
-                try:
-                    data = await loop.sock_recv(src, CHUNK)
-                except OSError as e:   # reset by that side: so is the other one
-                    self.finish(f"{'client' if stream == UP else 'server'} side: "
-                                f"{e.strerror or e}", reset=True)
-                    return
-                if data and self.active("blackhole", stream):   # came in while it was on
-                    await self.proxy.wait_until(
-                        lambda: self.done or not self.active("blackhole", stream))
-                    if self.done:
-                        return
-                now = time.monotonic()
-                delay = 0.0
-                for t in self.active("latency", stream):
-                    jitter = t.p("jitter_ms")
-                    delay += max(0.0, t.p("delay_ms") + (self.proxy.rng.uniform(-jitter, jitter)
-                                                         if jitter else 0.0)) / 1000.0
-                last = max(last, now + delay)        # order is kept, whatever the jitter
-                await queue.put((last, data or None))
-                if not data:
-                    return
-
-        rtask = asyncio.ensure_future(reader())
-        self.tasks.add(rtask)
-        try:
-            while True:
-                due, data = await queue.get()
-                wait = due - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                if data is None:
-                    for t in self.active("slow_close", stream):
-                        await asyncio.sleep(t.p("delay_ms") / 1000.0)
-                    try:
-                        dst.shutdown(socket.SHUT_WR)
-                    except OSError:
-                        pass
-                    return
-                await self.send(stream, dst, data)
-                if self.done:
-                    return
-        finally:
-            rtask.cancel()
-
-    async def send(self, stream: str, dst: socket.socket, data: bytes) -> None:
-        loop = asyncio.get_running_loop()
-        while data and not self.done:
-            piece, pause = data, 0.0
-            for t in self.active("slicer", stream):
-                size = max(1, int(t.p("size") + self.proxy.rng.uniform(
-                    -t.p("variation"), t.p("variation"))))
-                piece, pause = data[:size], max(pause, t.p("delay_ms") / 1000.0)
-            for t in self.active("limit_data", stream):
-                room = int(t.p("bytes")) - self.sent[stream]
-                if room <= 0:
-                    self.finish(f"limit_data {t.id}: {self.sent[stream]} bytes", reset=False,
-                                drain=True)
-                    return
-                piece = piece[:room]
-            for t in self.active("reset_peer", stream):
-                if t.params.get("after_bytes") is not None:
-                    room = int(t.p("after_bytes")) - self.sent[stream]
-                    if room <= 0:
-                        self.finish(f"reset_peer {t.id}: after {self.sent[stream]} bytes",
-                                    reset=True)
-                        return
-                    piece = piece[:room]
-            rates = [t.p("bytes_per_s") for t in self.active("bandwidth", stream)]
-            if rates:   # at most a twentieth of a second's worth at a time, then its time
-                piece = piece[:max(1, int(min(rates) / 20))]
-                pause = max(pause, len(piece) / min(rates))
-            await loop.sock_sendall(dst, piece)
-            self.sent[stream] += len(piece)
-            data = data[len(piece):]
-            if pause:
-                await asyncio.sleep(pause)
-
-    async def watch_resets(self) -> None:
-        """reset_peer by time: after_s seconds after the toxic met this connection."""
-        while not self.done:
-            due = None
-            for t in self.active("reset_peer"):
-                if t.params.get("after_bytes") is None or t.params.get("after_s") is not None:
-                    at = max(self.start, t.since) + t.p("after_s")
-                    due = at if due is None else min(due, at)
-            if due is not None and time.monotonic() >= due:
-                self.finish("reset_peer: after time", reset=True)
-                return
-            timeout = None if due is None else max(0.0, due - time.monotonic())
-            await self.proxy.changed(timeout)
-
-    def finish(self, why: str, reset: bool, drain: bool = False) -> None:
-        """End the connection on both sides: with a reset, a close, or (``drain``) a clean
-        end of stream that the proxy keeps clean: each side's FIN first, what it still sends
-        read and dropped, the close when it has closed too."""
-        if self.done:
-            return
-        self.done, self.why = True, why
-        for s in (self.client, self.server):
-            if s is not None and drain and not reset:
-                try:
-                    s.shutdown(socket.SHUT_WR)
-                except OSError:
-                    _close(s)
-                else:
-                    self.proxy.spawn(_close_after_drain(s))
-            else:
-                (_reset if reset else _close)(s)
-        for t in self.tasks:
-            if t is not asyncio.current_task():
-                t.cancel()
-        self.proxy.log("close", conn=self.id, why=why, reset=reset, up=self.sent[UP],
-                       down=self.sent[DOWN], seconds=round(time.monotonic() - self.start, 3))
-        self.proxy.conns.pop(self.id, None)
-        self.proxy.notify()
 
 
 # --------------------------------------------------------------------------------------------
@@ -517,7 +154,7 @@ class Proxy:
                 dst = self.upstream or original_dst(client)
             except OSError as e:
                 self.log("no_destination", peer=list(peer[:2]), error=str(e))
-                _reset(client)
+                reset_socket(client)
                 continue
             self.opened += 1
             conn = Conn(self, self.opened, kind, client, (str(peer[0]), int(peer[1])),
