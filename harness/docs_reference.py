@@ -36,6 +36,7 @@ from harness.core import protocol as _protocol
 from harness.faults import REGISTRY as _FAULTS
 from harness.launchers import launcher_kinds as _launcher_kinds
 from harness.launchers.fields import markdown as _launcher_fields_table
+from harness.ranks import workload as _workload
 from harness.reports import report as _report
 from harness.scenario.loader import ScenarioFileError as _ScenarioFileError
 from harness.scenario.loader import load_text as _load_scenario_text
@@ -198,19 +199,23 @@ def launchers_page() -> str:
 
 
 def workload_page() -> str:
-    body = ["## Steps", "", "The grammar (`harness.core.protocol.WORKLOAD_RE`) admits these steps:",
-            "", _protocol.WORKLOAD_HELP + ".", "",
-            "| step kind | a collective every rank of its group must enter |", "|---|---|"]
-    body += [f"| `{k}` | {'yes' if k in _protocol.COLLECTIVES else 'no'} |"
-             for k in _protocol.STEP_KINDS] + [""]
+    body = ["## Steps", "", "The grammar (`harness.ranks.workload.WORKLOAD_RE`, made of the step "
+            "kinds' own: one module each in `harness/ranks/workload/`) admits these steps:",
+            "", _workload.WORKLOAD_HELP + ".", "",
+            "| step kind | written | what a rank does | a collective every rank of its group "
+            "must enter |", "|---|---|---|---|"]
+    body += [f"| `{name}` | {_cell(kind.HELP)} | {_cell(kind.ABOUT)} | "
+             f"{'yes' if kind.COLLECTIVE else 'no'} |"
+             for name, kind in _workload.KINDS.items()] + [""]
     body += ["## Phases", "", "What a rank enters, in order; triggers (`phase:` of a fault) "
              "may wait for: " + _protocol.TRIGGER_PHASE_HELP + ".", "",
              "Every phase name: " + _protocol.PHASE_HELP + ".", ""]
     body += ["## `workload:` as a mapping", ""] + _fields_table(_Workload) + [""]
-    doc = _protocol.__doc__ or ""
+    doc = _workload.__doc__ or ""
     part = doc.split("The workload and its phases", 1)
     if len(part) == 2:
-        text = part[1].split("\n", 2)[2] if part[1].startswith("\n---") else part[1]
+        text = part[1].split("The registry\n", 1)[0]
+        text = text.split("\n", 2)[2] if text.startswith("\n---") else text
         body += ["## How the steps run", "", _rst(" ".join(text.split())), ""]
     return _page("Workload steps", "`workload:` is `init` (init only), a list of steps, or "
                  "`{steps: [...], destroy: true}`.", body)

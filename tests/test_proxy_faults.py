@@ -21,8 +21,8 @@ from harness.faults.steps import RUN
 from harness.machine.requirement import NAMESPACES
 from harness.run.plan import make_plan
 from harness.run.requirements import skip_reason
-from harness.services.proxy.toxics import TOXICS
 from harness.scenario.loader import ScenarioFileError, load_text
+from harness.services.proxy.toxics import TOXICS
 
 RUN_DIR = "/tmp/x"
 TWO_HOSTS = """\
