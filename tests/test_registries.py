@@ -135,6 +135,10 @@ def toxic_problems(toxic_kinds: Mapping[str, Type[Toxic]], kinds: Mapping[str, T
     tests = _test_names(proxy_tests)
     plans = plan_tests.read_text()
     for name, toxic in sorted(toxic_kinds.items()):
+        if not toxic.SUMMARY:
+            out.append(f"{source_file(toxic)}: give {toxic.__name__} a SUMMARY (what it does to "
+                       "a connection: the reference table of toxics reads it; then python -m "
+                       "harness.docs_reference --write)")
         mine = sorted(k for k, c in faults.items() if c.TOXIC == name)
         if not mine:
             out.append(
@@ -262,6 +266,7 @@ def test_a_proxy_fault_whose_toxic_is_missing_names_the_toxics_file(cases):
 def test_a_toxic_without_its_fault_scenario_or_tests_names_each_file(cases):
     class Duplicate(Toxic):
         NAME = "duplicate"
+        SUMMARY = "each chunk is sent twice"
         REQUIRED = ("copies",)
     Duplicate.__module__ = "harness.services.proxy.toxics.duplicate"
     no_fault = toxic_problems({**toxics.TOXICS, "duplicate": Duplicate}, built_in_faults(),
