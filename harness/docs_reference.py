@@ -34,8 +34,10 @@ from harness.cli import build_parser as _build_parser
 from harness.core import outcomes as _outcomes
 from harness.core import protocol as _protocol
 from harness.faults import REGISTRY as _FAULTS
+from harness.faults._proxy import ProxyFault as _ProxyFault
 from harness.launchers import launcher_kinds as _launcher_kinds
 from harness.launchers.fields import markdown as _launcher_fields_table
+from harness.ranks import workload as _workload
 from harness.reports import report as _report
 from harness.scenario.loader import ScenarioFileError as _ScenarioFileError
 from harness.scenario.loader import load_text as _load_scenario_text
@@ -46,6 +48,7 @@ from harness.scenario.schema import Host as _Host
 from harness.scenario.schema import RankExpect as _RankExpect
 from harness.scenario.schema import Scenario as _Scenario
 from harness.scenario.schema import Workload as _Workload
+from harness.services.proxy.toxics import TOXICS as _TOXICS
 from harness.tools.explore import load_space_text as _load_space_text
 
 # -------------------------------------------------------------------------------------------
@@ -171,11 +174,31 @@ def faults_page() -> str:
         if doc:
             body += [doc, ""]
         body += _fields_table(cls) + [""]
+    body += _toxics_table(kinds)
     return _page("Fault kinds", "Every built-in fault kind, from the fault registry "
                  "(`torchdist_harness.faults` entry points) and each kind's pydantic model. A "
                  "fault is one entry of a scenario's `faults:` list, `kind:` first. Timed "
                  "faults share `at` / `phase` (+ `rank`, `after`) and `heal_after`; every "
                  "fault takes `effect`.", body)
+
+
+def _toxics_table(kinds: Sequence[Tuple[str, Any]]) -> List[str]:
+    """The fault proxy's toxics (one module each in ``harness/services/proxy/toxics/``) and
+    the fault kinds that switch each on."""
+    body = ["## The fault proxy's toxics", "",
+            "What the proxy faults switch on in the [fault proxy](../network.md#the-fault-proxy)"
+            ": one module each in `harness/services/proxy/toxics/`; every one also takes "
+            "`direction`, `probability` and the ports of `traffic`.", "",
+            "| toxic | what it does to a connection | its parameters | fault kinds |",
+            "|---|---|---|---|"]
+    for name, toxic in _TOXICS.items():
+        faults = [k for k, c in kinds if isinstance(c, type) and issubclass(c, _ProxyFault)
+                  and c.TOXIC == name]
+        params = ", ".join([f"`{p}`" for p in toxic.REQUIRED]
+                           + [f"`{p}` (optional)" for p in toxic.OPTIONAL])
+        body.append(f"| `{name}` | {_cell(toxic.SUMMARY)} | {params or 'none'} | "
+                    f"{', '.join(f'[`{k}`](#{k})' for k in faults)} |")
+    return body + [""]
 
 
 def launchers_page() -> str:
@@ -198,19 +221,23 @@ def launchers_page() -> str:
 
 
 def workload_page() -> str:
-    body = ["## Steps", "", "The grammar (`harness.core.protocol.WORKLOAD_RE`) admits these steps:",
-            "", _protocol.WORKLOAD_HELP + ".", "",
-            "| step kind | a collective every rank of its group must enter |", "|---|---|"]
-    body += [f"| `{k}` | {'yes' if k in _protocol.COLLECTIVES else 'no'} |"
-             for k in _protocol.STEP_KINDS] + [""]
+    body = ["## Steps", "", "The grammar (`harness.ranks.workload.WORKLOAD_RE`, made of the step "
+            "kinds' own: one module each in `harness/ranks/workload/`) admits these steps:",
+            "", _workload.WORKLOAD_HELP + ".", "",
+            "| step kind | written | what a rank does | a collective every rank of its group "
+            "must enter |", "|---|---|---|---|"]
+    body += [f"| `{name}` | {_cell(kind.HELP)} | {_cell(kind.ABOUT)} | "
+             f"{'yes' if kind.COLLECTIVE else 'no'} |"
+             for name, kind in _workload.KINDS.items()] + [""]
     body += ["## Phases", "", "What a rank enters, in order; triggers (`phase:` of a fault) "
              "may wait for: " + _protocol.TRIGGER_PHASE_HELP + ".", "",
              "Every phase name: " + _protocol.PHASE_HELP + ".", ""]
     body += ["## `workload:` as a mapping", ""] + _fields_table(_Workload) + [""]
-    doc = _protocol.__doc__ or ""
+    doc = _workload.__doc__ or ""
     part = doc.split("The workload and its phases", 1)
     if len(part) == 2:
-        text = part[1].split("\n", 2)[2] if part[1].startswith("\n---") else part[1]
+        text = part[1].split("The registry\n", 1)[0]
+        text = text.split("\n", 2)[2] if text.startswith("\n---") else text
         body += ["## How the steps run", "", _rst(" ".join(text.split())), ""]
     return _page("Workload steps", "`workload:` is `init` (init only), a list of steps, or "
                  "`{steps: [...], destroy: true}`.", body)

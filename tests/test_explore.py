@@ -504,10 +504,11 @@ def _catalog_uses():
 
 
 def test_every_registered_fault_kind_can_be_explored():
-    """For every kind the registry has (the catalog uses each): a space whose base is the
-    catalog case that uses it (its launcher, hosts, program...) and whose fault draws every
-    parameter the fault's own model can give ('any'): it loads, and its draws are scenarios the
-    loader takes, the fault in some of them."""
+    """For every kind the registry has (that the catalog uses each is
+    tests/test_registries.py's rule): a space whose base is the catalog case that uses it (its
+    launcher, hosts, program...) and whose fault draws every parameter the fault's own model
+    can give ('any'): it loads, and its draws are scenarios the loader takes, the fault in
+    some of them."""
     import yaml
 
     from harness.faults import REGISTRY
@@ -515,9 +516,8 @@ def test_every_registered_fault_kind_can_be_explored():
     from harness.tools.explore import model_any
 
     uses = _catalog_uses()
-    assert set(REGISTRY.kinds()) <= set(uses), set(REGISTRY.kinds()) - set(uses)
     launchers = set()
-    for kind in REGISTRY.kinds():
+    for kind in sorted(set(REGISTRY.kinds()) & set(uses)):
         f, case, merged, fl = uses[kind]
         cls = REGISTRY.get(kind)
         spec = dict(fl)

@@ -15,13 +15,14 @@ import pytest
 from harness.core.triggers import Trigger
 from harness.faults import REGISTRY
 from harness.faults import latency as latency_mod
-from harness.faults._proxy import MARK, ProxyUp, ToxicStep, proxy_name, rate_bytes
+from harness.faults._proxy import MARK, ProxyFault, ProxyUp, ToxicStep, proxy_name, rate_bytes
 from harness.faults.latency import Delay
 from harness.faults.steps import RUN
 from harness.machine.requirement import NAMESPACES
 from harness.run.plan import make_plan
 from harness.run.requirements import skip_reason
 from harness.scenario.loader import ScenarioFileError, load_text
+from harness.services.proxy.toxics import TOXICS
 
 RUN_DIR = "/tmp/x"
 TWO_HOSTS = """\
@@ -62,13 +63,41 @@ def problems(text: str) -> List[str]:
     return [str(x) for x in e.value.problems] if hasattr(e.value, "problems") else [str(e.value)]
 
 
-PROXY_KINDS = ["reset_peer", "blackhole", "slow_close", "limit_data", "slicer"]
+# the proxy fault kinds, from the registry: every fault kind made by the fault proxy
+PROXY_KINDS = sorted(k for k, cls in REGISTRY.items() if issubclass(cls, ProxyFault))
 
 
-def test_every_proxy_kind_is_registered_with_a_summary():
+def test_every_proxy_kind_is_registered_with_a_summary_and_a_toxic_of_the_proxy():
+    assert {"reset_peer", "blackhole", "slow_close", "limit_data", "slicer", "latency",
+            "bandwidth"} <= set(PROXY_KINDS)
     for kind in PROXY_KINDS:
         cls = REGISTRY.get(kind)
         assert cls is not None and cls.summary, kind
+        assert cls.TOXIC in TOXICS, kind
+
+
+def test_a_proxy_faults_parameters_are_its_fields_of_its_toxics_names():
+    """ProxyFault.params reads the names from the toxic's module: a field of each required
+    name, the optional ones only when set; a fault that names a toxic the proxy lacks, or
+    lacks a field its toxic needs, is told what to add."""
+    from typing import Literal
+
+    from harness.faults._proxy import ProxyFault as Base
+
+    class NoSuch(Base):
+        kind: Literal["no_such_toxic_test"] = "no_such_toxic_test"
+        TOXIC = "no_such"
+
+    class Fieldless(Base):
+        kind: Literal["fieldless_slicer_test"] = "fieldless_slicer_test"
+        TOXIC = "slicer"
+
+    with pytest.raises(TypeError, match=r"add harness/services/proxy/toxics/no_such\.py"):
+        NoSuch().params()
+    with pytest.raises(TypeError, match="the toxic slicer needs size: give Fieldless a field"):
+        Fieldless().params()
+    (reset,) = load(with_faults("{kind: reset_peer, after_s: 2}")).faults
+    assert reset.params() == {"after_s": 2.0}
 
 
 @pytest.mark.parametrize("fault, toxic, params", [

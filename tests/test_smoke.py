@@ -8,9 +8,9 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Set
 
-from harness.core.protocol import STEP_KINDS, WORKLOAD_RE
 from harness.faults import REGISTRY
 from harness.launchers import launcher_kinds
+from harness.ranks.workload import STEP_KINDS, WORKLOAD_RE
 from harness.scenario.catalog import builtin_dir
 from harness.scenario.loader import item_name, load_file
 

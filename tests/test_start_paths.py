@@ -262,7 +262,9 @@ def test_first_outside_the_list_modes_is_refused():
 
 # -- subgroups and re-initialisation --------------------------------------------------------------
 
-from harness.core.protocol import WORKLOAD_RE, group_ranks, is_collective, split_ranks  # noqa: E402
+from harness.ranks.workload import WORKLOAD_RE, is_collective  # noqa: E402
+from harness.ranks.workload.new_group import group_ranks  # noqa: E402
+from harness.ranks.workload.split_group import split_ranks  # noqa: E402
 
 
 @pytest.mark.parametrize("entry,want", [

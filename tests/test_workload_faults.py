@@ -6,17 +6,10 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from harness.core.protocol import (
-    RaiseSpec,
-    Variation,
-    WorkerSpec,
-    model_mb,
-    model_shape,
-    phase_problem,
-    workload_phases,
-)
+from harness.core.protocol import RaiseSpec, Variation, WorkerSpec, model_mb, model_shape
 from harness.judge.classify import absent_verdict, classify_run, job_outcome
 from harness.judge.observation import RankObservation, RunObservation
+from harness.ranks.workload import phase_problem, workload_phases
 from harness.run.plan import make_plan
 from harness.scenario.loader import ScenarioFileError, load_text
 

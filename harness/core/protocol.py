@@ -29,14 +29,10 @@ for the whole machine).
 
 The workload and its phases
 ---------------------------
-The workload is a list of entries (:data:`WORKLOAD_RE`): a collective (``barrier``,
-``all_reduce``, ``broadcast``, ``monitored_barrier``) or ``sleep S`` is the phase
-``workload step N`` (N: its place in the list, from 1); ``ddp SIZE`` (``ddp 64MB``) builds a
-model of that size (phase ``model``) and wraps it in DistributedDataParallel (phase ``ddp``:
-the parameter-shape check and the broadcast of rank 0's parameters); ``train N`` runs N
-training steps through it (phases ``train step K``, K counted over every ``train`` entry),
-each a forward, a backward with DDP's gradient all-reduce, and an optimizer step.
-:func:`workload_phases` lists the phases a workload enters, for the worker and for checks.
+The workload's entries and the phases each enters are its step kinds' (one module each in
+:mod:`harness.ranks.workload`, which has the grammar, ``workload_phases`` and
+``phase_problem``); the phase names are this module's (:data:`PHASE_TABLE`), and so is the
+model a ``ddp`` entry builds (:func:`model_shape`), which the judge reads back too.
 """
 
 from __future__ import annotations
@@ -48,7 +44,7 @@ import signal
 import time
 import traceback
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 EVENT_FD_ENV = "HARNESS_EVENT_FD"
 STACK_FD_ENV = "HARNESS_STACK_FD"
@@ -144,46 +140,7 @@ TRIGGER_PHASE_HELP = ", ".join(repr(n) if " " in n else n for n, _, t in PHASE_T
 PHASE_HELP = ", ".join(repr(n) if " " in n else n for n in PHASE_NAMES)
 
 
-# -- the workload ------------------------------------------------------------------------------
-COLLECTIVES = ("barrier", "all_reduce", "broadcast", "monitored_barrier", "new_group",
-               "split_group", "group_barrier", "group_all_reduce")
-_RANKS = r"[0-9]{1,3}(,[0-9]{1,3}){0,127}"
-WORKLOAD_RE = re.compile(r"^(barrier|all_reduce|broadcast|monitored_barrier|"
-                         r"sleep [0-9]+(\.[0-9]+)?|ddp( [0-9]+(\.[0-9]+)?(MB|GB))?|"
-                         r"train [0-9]{1,6}|"
-                         rf"new_group( all| {_RANKS})?( local)?|"
-                         rf"split_group {_RANKS}(\|{_RANKS}){{0,127}}|"
-                         r"group_barrier|group_all_reduce|keep_store|reinit( new_port)?)\Z",
-                         re.ASCII)
-# the kinds of step WORKLOAD_RE admits, by their first word (the smoke tier runs each once)
-STEP_KINDS = ("barrier", "all_reduce", "broadcast", "monitored_barrier", "sleep", "ddp", "train",
-              "new_group", "split_group", "group_barrier", "group_all_reduce", "keep_store",
-              "reinit")
-WORKLOAD_HELP = ("barrier, all_reduce, broadcast, monitored_barrier, 'sleep SECONDS', "
-                 "'ddp SIZE' (e.g. ddp 64MB), 'train STEPS', 'new_group [RANKS|all] [local]', "
-                 "'split_group R,R|R,R', group_barrier, group_all_reduce (on the last group), "
-                 "keep_store, 'reinit [new_port]'")
-
-
-def is_collective(entry: str) -> bool:
-    """A workload entry every rank of its group must enter (skip_collective can skip it)."""
-    return entry.split(" ", 1)[0] in COLLECTIVES
-
-
-def group_ranks(entry: str, world: int) -> Tuple[Optional[List[int]], bool]:
-    """``new_group 0,1 local`` -> ([0, 1], True); ``new_group`` / ``new_group all`` -> (None:
-    every rank, False)."""
-    parts = entry.split()[1:]
-    local = "local" in parts
-    ranks = [p for p in parts if p not in ("local", "all")]
-    return ([int(x) for x in ranks[0].split(",")] if ranks else None), local
-
-
-def split_ranks(entry: str) -> List[List[int]]:
-    """``split_group 0,1|2,3`` -> [[0, 1], [2, 3]]."""
-    return [[int(x) for x in part.split(",")] for part in entry.split()[1].split("|")]
-
-
+# -- the model of a ddp entry (harness.ranks.workload.ddp builds it; the judge reads it) --
 DDP_DEFAULT_MB = 4.0
 MODEL_WIDTH = 1024               # the model: Linear(1024, 1024) layers, 4 MiB each
 TRAIN_BATCH = 8                  # rows of each training step's input
@@ -206,55 +163,6 @@ def model_shape(size_mb: float) -> Tuple[int, int]:
     if size_mb >= per_layer:
         return MODEL_WIDTH, max(1, round(size_mb / per_layer))
     return max(1, int((size_mb * 2**20 / 4) ** 0.5)), 1
-
-
-def workload_phases(steps: Iterable[str]) -> List[Tuple[str, str]]:
-    """(phase, entry) for every phase the workload enters, in order (init and destroy apart)."""
-    out: List[Tuple[str, str]] = []
-    k = 0
-    for i, entry in enumerate(steps, start=1):
-        if entry.startswith("ddp"):
-            out += [("model", entry), ("ddp", entry)]
-        elif entry.startswith("train "):
-            for _ in range(int(entry.split()[1])):
-                k += 1
-                out.append((f"train step {k}", entry))
-        else:
-            out.append((f"workload step {i}", entry))
-    return out
-
-
-def phase_problem(phase: str, steps: Sequence[str], destroy: bool = True) -> Optional[str]:
-    """Why a rank running this workload never enters ``phase`` (None: it does)."""
-    if phase == "init" or (phase == "destroy" and destroy):
-        return None
-    if phase == "destroy":
-        return "the workload does not destroy the process group (destroy: false)"
-    names = {p for p, _ in workload_phases(steps)}
-    if phase in names:
-        return None
-    have = ", ".join(_ranges(p for p, _ in workload_phases(steps))) or "none"
-    return f"the workload never enters {phase!r} (its phases after init: {have})"
-
-
-def _ranges(phases: Iterable[str]) -> List[str]:
-    """'train step 1', 'train step 2', 'train step 3' -> 'train step 1..3'."""
-    out: List[str] = []
-    run: List[int] = []
-
-    def flush() -> None:
-        if run:
-            out.append(f"train step {run[0]}" + (f"..{run[-1]}" if len(run) > 1 else ""))
-            run.clear()
-
-    for p in phases:
-        if p.startswith("train step "):
-            run.append(int(p.rsplit(" ", 1)[1]))
-            continue
-        flush()
-        out.append(p)
-    flush()
-    return out
 
 
 @dataclass
@@ -382,15 +290,6 @@ def check_anchor(phase: str) -> str:
     if not isinstance(phase, str) or not TRIGGER_PHASE_RE.match(phase):
         raise ValueError(f"phase {str(phase)[:40]!r}: use {ANCHOR_HELP}")
     return phase
-
-
-def check_workload_steps(steps: Optional[List[str]]) -> Optional[List[str]]:
-    """Workload steps a fault gives a rank or a job (rank_workload, concurrent_job): each in
-    the workload's vocabulary; raises ValueError naming the first unknown one."""
-    for s in steps or []:
-        if len(s) > 600 or not WORKLOAD_RE.match(s):
-            raise ValueError(f"unknown step {s[:80]!r}: use {WORKLOAD_HELP}")
-    return steps
 
 
 def check_optional_trigger_phase(phase: Optional[str]) -> Optional[str]:

@@ -28,6 +28,7 @@ from pydantic import Field
 from ..core.limits import MAX_NAME, Port
 from ..core.triggers import When
 from ..machine.requirement import NAMESPACES, Requirement, Tool
+from ..services.proxy.toxics import toxic_class
 from . import Fault
 from ._probe import json_lines
 from .steps import Effect, Step
@@ -282,8 +283,31 @@ class ProxyFault(Fault, When):
                 r.init = r.init.with_url(r.init.url.rsplit(":", 1)[0] + f":{port}")
 
     def params(self) -> Dict[str, Any]:
-        """The toxic's own parameters, as the proxy takes them."""
-        return {}
+        """The toxic's own parameters, as the proxy takes them: the fault's fields of the names
+        its toxic declares (``REQUIRED`` and ``OPTIONAL`` in
+        ``harness/services/proxy/toxics/TOXIC.py``), those that are not None. A fault whose
+        fields say them otherwise (bandwidth's ``rate``) overrides this."""
+        toxic = toxic_class(self.TOXIC)
+        if toxic is None:
+            raise TypeError(f"{type(self).__name__}.TOXIC is {self.TOXIC!r}: no such toxic "
+                            f"(add harness/services/proxy/toxics/{self.TOXIC}.py)")
+        out: Dict[str, Any] = {}
+        for name in toxic.parameters():
+            if name not in type(self).model_fields:
+                if name in toxic.REQUIRED:
+                    raise TypeError(f"the toxic {self.TOXIC} needs {name}: give "
+                                    f"{type(self).__name__} a field of that name, or override "
+                                    "params()")
+                continue
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
+
+    def proxied(self) -> bool:
+        """Whether this fault, as written, runs through the fault proxy on every machine (a
+        kind with another engine says when it does not)."""
+        return True
 
     def shown(self) -> str:
         return self.TOXIC

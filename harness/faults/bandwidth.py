@@ -85,8 +85,11 @@ class Bandwidth(ProxyFault):
     def shown(self) -> str:
         return f"rate {self.rate}"
 
+    def proxied(self) -> bool:
+        return self.engine == "proxy"
+
     def apply(self, plan: Any, scn: Any) -> None:
-        if self.engine == "proxy":
+        if self.proxied():
             self.apply_toxic(plan, scn)
             return
         host = self.target_host(plan, scn)

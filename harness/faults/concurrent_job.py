@@ -11,8 +11,9 @@ from typing import List, Literal, Optional
 from pydantic import Field, field_validator
 
 from ..core.limits import MAX_STEPS, MAX_WORLD, Seconds
-from ..core.protocol import ANCHOR_HELP, ENDED, check_anchor, check_workload_steps, phase_problem
+from ..core.protocol import ANCHOR_HELP, ENDED, check_anchor
 from ..core.triggers import Trigger
+from ..ranks.workload import check_workload_steps, phase_problem
 from . import Fault, Target
 
 

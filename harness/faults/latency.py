@@ -12,7 +12,7 @@ for ``out``), and connections the host makes to itself go through it too.
 """
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, List, Literal, Optional, Sequence
+from typing import Any, ClassVar, List, Literal, Optional, Sequence
 
 from pydantic import Field
 
@@ -88,8 +88,8 @@ class Latency(ProxyFault):
     def is_random(self) -> bool:
         return super().is_random() or self.jitter_ms > 0
 
-    def params(self) -> Dict[str, Any]:
-        return {"delay_ms": self.delay_ms, "jitter_ms": self.jitter_ms}
+    def proxied(self) -> bool:
+        return self.engine == "proxy" or (self.engine == "auto" and not self.netem_can())
 
     def shown(self) -> str:
         return f"delay {self.delay_ms:g} ms" + (f" ± {self.jitter_ms:g} ms" if self.jitter_ms

@@ -2,7 +2,7 @@
 proxy or NAT that cuts flows, an MTU-sized stall ending in a close). The close is a clean
 end of stream (FIN) to both sides, whatever they send afterwards; ``reset_peer`` is the reset."""
 
-from typing import Any, Dict, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -14,9 +14,6 @@ class LimitData(ProxyFault):
     summary = "the fault proxy closes a host's connections after so many bytes"
     TOXIC = "limit_data"
     bytes: int = Field(ge=0, le=2**40, description="bytes in `direction` before the close")
-
-    def params(self) -> Dict[str, Any]:
-        return {"bytes": self.bytes}
 
     def shown(self) -> str:
         return f"close after {self.bytes} bytes"

@@ -10,7 +10,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from ..core.limits import MAX_SHORT, MAX_TEXT
-from ..core.protocol import RaiseSpec, check_trigger_phase, phase_problem
+from ..core.protocol import RaiseSpec, check_trigger_phase
+from ..ranks.workload import phase_problem
 from . import Fault
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\Z", re.ASCII)

@@ -12,7 +12,7 @@ from typing import List, Literal
 from pydantic import Field, field_validator
 
 from ..core.limits import MAX_STEPS
-from ..core.protocol import check_workload_steps
+from ..ranks.workload import check_workload_steps
 from . import Fault
 
 

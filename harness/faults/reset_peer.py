@@ -1,7 +1,7 @@
 """reset_peer: the fault proxy resets connections (TCP RST to both sides) after N bytes or t
 seconds, or at once: a peer that vanished, a middlebox that kills flows."""
 
-from typing import Any, Dict, Literal, Optional
+from typing import Literal, Optional
 
 from pydantic import Field
 
@@ -17,10 +17,6 @@ class ResetPeer(ProxyFault):
                                        "bytes went through in `direction`")
     after_s: Optional[float] = Field(None, ge=0, le=3600, description="reset so many seconds "
                                      "after the fault met the connection (opened, or on)")
-
-    def params(self) -> Dict[str, Any]:
-        return {k: v for k, v in (("after_bytes", self.after_bytes), ("after_s", self.after_s))
-                if v is not None}
 
     def shown(self) -> str:
         parts = ([f"after {self.after_bytes} bytes"] if self.after_bytes is not None else []) + \

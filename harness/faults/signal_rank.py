@@ -11,8 +11,9 @@ from typing import Any, ClassVar, Dict, List, Literal, Optional
 
 from pydantic import Field, field_validator
 
-from ..core.protocol import ENDED, EVERY_RANK, STACK_SIGNAL, phase_problem
+from ..core.protocol import ENDED, EVERY_RANK, STACK_SIGNAL
 from ..core.triggers import Trigger, When
+from ..ranks.workload import phase_problem
 from . import Fault, Target
 from .steps import Effect, Step
 

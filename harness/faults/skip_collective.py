@@ -8,13 +8,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from ..core.protocol import (
-    COLLECTIVES,
-    check_trigger_phase,
-    is_collective,
-    phase_problem,
-    workload_phases,
-)
+from ..core.protocol import check_trigger_phase
+from ..ranks.workload import COLLECTIVES, is_collective, phase_problem, workload_phases
 from . import Fault
 
 

@@ -1,7 +1,7 @@
 """slicer: the fault proxy forwards a host's data in small pieces with a pause after each
 (a link that fragments, stalls between segments)."""
 
-from typing import Any, Dict, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -15,9 +15,6 @@ class Slicer(ProxyFault):
     size: int = Field(gt=0, le=1 << 20, description="bytes per piece")
     variation: int = Field(0, ge=0, le=1 << 20, description="± bytes, at random")
     delay_ms: float = Field(0, ge=0, le=60_000, description="pause after each piece")
-
-    def params(self) -> Dict[str, Any]:
-        return {"size": self.size, "variation": self.variation, "delay_ms": self.delay_ms}
 
     def shown(self) -> str:
         return f"pieces of {self.size} bytes" + (f" ± {self.variation}" if self.variation

@@ -1,6 +1,6 @@
 """slow_close: the fault proxy holds a connection's close (its FIN) for a while."""
 
-from typing import Any, Dict, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -13,9 +13,6 @@ class SlowClose(ProxyFault):
     TOXIC = "slow_close"
     delay_ms: float = Field(gt=0, le=3_600_000,
                             description="how long the close (FIN) is held back, milliseconds")
-
-    def params(self) -> Dict[str, Any]:
-        return {"delay_ms": self.delay_ms}
 
     def shown(self) -> str:
         return f"close held {self.delay_ms:g} ms"

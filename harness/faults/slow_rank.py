@@ -9,7 +9,8 @@ from typing import Literal, Optional
 from pydantic import Field, field_validator
 
 from ..core.limits import PositiveSeconds
-from ..core.protocol import check_optional_trigger_phase, phase_problem, workload_phases
+from ..core.protocol import check_optional_trigger_phase
+from ..ranks.workload import phase_problem, workload_phases
 from . import Fault
 
 

@@ -5,8 +5,9 @@ worker protocol (:mod:`harness.protocol`: the event channel, the stack channel, 
 the phases, the workload). Order: enter the resolver view (``harness.resolver``, before any
 thread exists) -> start -> import torch (and DDP's lazy imports, if the workload has ``ddp``)
 -> "ready" -> wait for the start line on stdin -> init -> the workload's phases -> destroy ->
-exit. A rank's :class:`~harness.protocol.Variation` (from faults) makes it skip a collective,
-raise at a phase, or build another model. The rank exits with ``os._exit`` (0 ok,
+exit. Each workload entry is run by its step kind (:mod:`harness.ranks.workload`, one module
+per kind). A rank's :class:`~harness.protocol.Variation` (from faults) makes it skip a
+collective, raise at a phase, or build another model. The rank exits with ``os._exit`` (0 ok,
 1 exception) so that no interpreter teardown of torch's threads can blur the verdict.
 
 Started by a torchrun agent or by the harness's spawning parent (harness.spawner), it has no
@@ -18,7 +19,6 @@ was).
 from __future__ import annotations
 
 import builtins
-import contextlib
 import dataclasses
 import faulthandler
 import json
@@ -33,6 +33,7 @@ from typing import Any, Callable, List, NoReturn, Optional
 from ..core import protocol as P
 from ..machine.procs import default_signal_dispositions, die_with_parent, runqueue_wait
 from ..net import resolver
+from . import workload
 
 _EV_FD = -1
 _PHASE = "start"
@@ -81,74 +82,8 @@ def _exception(spec: P.RaiseSpec) -> BaseException:
     return cls(spec.message)
 
 
-def build_model(torch: Any, entry: str, change: str, device: Any) -> Any:
-    """The ``ddp`` entry's model: Linear layers of protocol.model_shape, the same on every rank
-    (seeded) unless a fault changes this rank's (one layer more, or wider layers)."""
-    width, layers = P.model_shape(P.model_mb(entry))
-    if change == "extra_layer":
-        layers += 1
-    elif change == "wider":
-        width += 8
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
-    return model.to(device), width
-
-
-SKIPPED = object()   # a group this rank never made (skip_collective on its new_group)
-
-
-def group_step(step: str, dist: Any, torch: Any, device: Any, groups: List[Any]) -> None:
-    """Subgroups: ``new_group [RANKS|all] [local]`` (use_local_synchronization),
-    ``split_group R,R|R,R`` (where this torch has it), and a collective on the last group
-    made. A rank outside the group gets torch's non-member handle, as user code does; a
-    collective on it is what torch does with that (a warning and no-op)."""
-    world = dist.get_world_size()
-    if step.startswith("new_group"):
-        ranks, local = P.group_ranks(step, world)
-        kw = {"use_local_synchronization": True} if local else {}
-        if local and ranks is not None and dist.get_rank() not in ranks:
-            # with local synchronization only members call new_group (torch's rule)
-            groups.append(dist.GroupMember.NON_GROUP_MEMBER)
-            return
-        groups.append(dist.new_group(ranks=ranks, **kw))
-        return
-    if step.startswith("split_group"):
-        if not hasattr(dist, "split_group"):
-            raise RuntimeError(f"torch {torch.__version__} has no torch.distributed.split_group")
-        groups.append(dist.split_group(split_ranks=P.split_ranks(step)))
-        return
-    if not groups:
-        raise RuntimeError(f"{step}: the workload made no group before it")
-    group = groups[-1]
-    member = group not in (None, dist.GroupMember.NON_GROUP_MEMBER)
-    if step == "group_barrier":
-        dist.barrier(group=group)
-    else:
-        t = torch.tensor([1.0], device=device)
-        dist.all_reduce(t, group=group)
-        if member and float(t.item()) != float(dist.get_world_size(group)):
-            raise AssertionError(f"group all_reduce gave {t.item()}, expected "
-                                 f"{dist.get_world_size(group)} (the group's size)")
-
-
-def reinit(step: str, spec: P.WorkerSpec, dist: Any, kwargs: dict) -> None:
-    """destroy_process_group, then init_process_group again in the same process, on the same
-    port or (``reinit new_port``) on the run's second port, as a retry loop or a notebook
-    does."""
-    dist.destroy_process_group()
-    if step.endswith("new_port"):
-        port2 = spec.init.port2
-        if port2 is None:
-            raise RuntimeError("reinit new_port: the plan reserved no second port")
-        old = os.environ.get("MASTER_PORT", "")
-        os.environ["MASTER_PORT"] = str(port2)
-        url = kwargs.get("init_method", "")
-        if old and isinstance(url, str) and url.startswith("tcp://"):
-            kwargs["init_method"] = url.replace(f":{old}", f":{port2}", 1)
-    dist.init_process_group(**kwargs)
-
-
 def run_workload(spec: P.WorkerSpec, dist: Any, torch: Any) -> None:
+    """init, each workload entry as its step kind runs it (harness.ranks.workload), destroy."""
     # rank_timeouts: this rank's own timer; the rank as the plan passes it, else as the
     # launcher set it in the environment (torchrun, launch, spawn: RANK; srun: SLURM_PROCID)
     init = spec.init
@@ -174,79 +109,14 @@ def run_workload(spec: P.WorkerSpec, dist: Any, torch: Any) -> None:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     dist.init_process_group(**kwargs)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    emit(P.JOINED, rank=rank, world_size=world)
-    skip = set(spec.variation.skip)
-    groups: List[Any] = []     # the process groups the workload made, in order
-    kept: List[Any] = []       # stores the workload holds on to (keep_store)
-    ddp: Any = None
-    opt: Any = None
-    width = 0
-    k = 0
-    for i, step in enumerate(spec.steps, start=1):
-        if step.startswith("ddp"):
-            phase("model", step=step)
-            model, width = build_model(torch, step, spec.variation.model_change, device)
-            phase("ddp", step=step, params=sum(p.numel() for p in model.parameters()))
-            from torch.nn.parallel import DistributedDataParallel
-
-            ddp = DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None)
-            opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
-            continue
-        if step.startswith("train "):
-            x = torch.ones(P.TRAIN_BATCH, width, device=device)
-            for _ in range(int(step.split()[1])):
-                k += 1
-                name = f"train step {k}"
-                skipped = name in skip
-                phase(name, step=step, **({"skipped": "gradient all-reduce"} if skipped else {}))
-                # a rank that skips the step's collective: no_sync keeps its gradients local
-                with (ddp.no_sync() if skipped else contextlib.nullcontext()):
-                    ddp(x).mean().backward()
-                opt.step()
-                opt.zero_grad()
-            continue
-        name = f"workload step {i}"
-        if name in skip:
-            phase(name, step=step, skipped=step)
-            if step.startswith(("new_group", "split_group")):
-                groups.append(SKIPPED)   # it has no such group: its collectives on it go too
-            continue
-        if step.startswith("group_") and groups and groups[-1] is SKIPPED:
-            phase(name, step=step, skipped=f"{step} (its group was never made)")
-            continue
-        phase(name, step=step)
-        if step == "barrier":
-            dist.barrier()
-        elif step == "monitored_barrier":
-            # gloo only; names the ranks that did not arrive within the group's timeout
-            dist.monitored_barrier(timeout=timedelta(seconds=spec.timeout), wait_all_ranks=True)
-        elif step == "all_reduce":
-            t = torch.tensor([float(rank + 1)], device=device)
-            dist.all_reduce(t)
-            want = world * (world + 1) / 2
-            if float(t.item()) != want:
-                raise AssertionError(f"all_reduce sum is {t.item()}, expected {want} "
-                                     f"(world_size {world})")
-        elif step == "broadcast":
-            t = torch.tensor([float(rank == 0) * 42.0], device=device)
-            dist.broadcast(t, src=0)
-            if float(t.item()) != 42.0:
-                raise AssertionError(f"broadcast gave {t.item()}, expected 42.0")
-        elif step.startswith("sleep "):
-            time.sleep(float(step.split()[1]))
-        elif step.startswith(("new_group", "split_group", "group_")):
-            group_step(step, dist, torch, device, groups)
-        elif step == "keep_store":   # user code holding the default store past a destroy
-            kept.append(dist.distributed_c10d._get_default_store())
-        elif step.startswith("reinit"):
-            reinit(step, spec, dist, kwargs)
-            rank, world = dist.get_rank(), dist.get_world_size()
-            groups.clear()
-            emit(P.JOINED, rank=rank, world_size=world)
-        else:  # the schema rejects unknown steps; this is a bug guard
-            raise ValueError(f"unknown step {step!r}")
+    w = workload.Running(spec=spec, dist=dist, torch=torch, device=device, init_kwargs=kwargs,
+                         phase=phase, emit=emit, skip=set(spec.variation.skip))
+    w.joined()
+    for i, entry in enumerate(spec.steps, start=1):
+        kind = workload.kind_of(entry)
+        if kind is None:   # the schema rejects unknown steps; this is a bug guard
+            raise ValueError(f"unknown step {entry!r}")
+        kind.run(w, entry, i)
     if spec.destroy:
         phase("destroy")
         dist.destroy_process_group()
@@ -342,11 +212,10 @@ def run_rank(spec: P.WorkerSpec, ev_fd: int, stack_fd: int) -> NoReturn:
         import torch
         import torch.distributed as dist
 
-        if any(s.startswith("ddp") for s in spec.steps):
-            # DDP's constructor imports torch._dynamo on first use (2-4 s here, and its
-            # memory): done before the start line, so the ddp phase is DDP's own work
-            import torch._dynamo  # noqa: F401
-            import torch.nn.parallel  # noqa: F401
+        for entry in spec.steps:   # before the start line: a phase times its own work
+            kind = workload.kind_of(entry)
+            if kind is not None:
+                kind.prepare(torch)
         emit(P.READY, torch=torch.__version__, pid=os.getpid(),
              python_version=platform.python_version(), hostname=socket.gethostname(),
              **P.torch_identity(torch))

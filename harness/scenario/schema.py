@@ -62,9 +62,9 @@ from ..core.limits import (  # noqa: F401 - the limits are part of the format's 
     located,
     no_bool,
 )
-from ..core.protocol import WORKLOAD_HELP, WORKLOAD_RE, model_mb, workload_phases
 from ..faults import Fault
 from ..launchers import LauncherSpec, launcher_kinds, launcher_of
+from ..ranks.workload import WORKLOAD_HELP, WORKLOAD_RE, model_mb, workload_phases
 from .programs import Program, program_of
 
 OUTCOMES = ("ok", "error", "timeout", "hang", "crash", "absent")
