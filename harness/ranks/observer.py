@@ -698,6 +698,18 @@ def _start(role: str, forked: bool = False) -> None:
                                               ".events") if folder else "")
     if not path:
         return
+    if not _open_events(path):
+        return
+    _hello(role, label, planned, forked)
+    phase("start", pid=os.getpid())
+    if not forked:
+        _install_hooks(role)
+    if go_fd:
+        _S.go_fd = int(go_fd)
+
+
+def _open_events(path: str) -> bool:
+    """The event file and its stacks file beside it; False (said) when they cannot be written."""
     try:
         _S.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         stacks = open(path[: -len(".events")] + ".stacks" if path.endswith(".events")
@@ -707,8 +719,13 @@ def _start(role: str, forked: bool = False) -> None:
     except OSError as e:
         sys.stderr.write(f"harness observer: cannot write events to {path}: {e}\n")
         _S.fd = -1
-        return
+        return False
     _S.events_path = path
+    return True
+
+
+def _hello(role: str, label: str, planned: str, forked: bool) -> None:
+    """``hello``: who this process is and what it was told."""
     env = os.environ
     rank = env.get("RANK", "")
     _S.rank = int(rank) if rank.isdigit() and role in (P.ROLE_WORKER, P.ROLE_RANK) else None
@@ -724,27 +741,27 @@ def _start(role: str, forked: bool = False) -> None:
          run_id=env.get("TORCHELASTIC_RUN_ID"), forked=forked,
          argv=[a[:200] for a in getattr(sys, "orig_argv", [])[:40]],
          **({"env": P.planned_env_record(planned)} if planned else {}))
-    phase("start", pid=os.getpid())
-    if not forked:
-        when_imported("torch.distributed.distributed_c10d", _hook_c10d)
-        when_imported("torch.distributed", lambda m: _copy_to_package(
-            sys.modules.get("torch.distributed.distributed_c10d")))
-        when_imported("torch.nn.parallel.distributed", _hook_ddp)
-        when_imported("torch.multiprocessing.spawn", _hook_torch_spawn)
-        when_imported("multiprocessing.process", _hook_mp_process)
-        if role in (P.ROLE_AGENT, P.ROLE_PARENT):
-            when_imported("torch.distributed.elastic.agent.server.api", _hook_agent_api)
-            when_imported("torch.distributed.elastic.rendezvous.api", _hook_rdzv_registry)
-            when_imported("torch.distributed.elastic.agent.server.local_elastic_agent",
-                          _hook_local_agent)
-            when_imported("subprocess", _hook_subprocess)
-            when_imported("multiprocessing.popen_fork", _hook_mp_popen)
-        sys.meta_path.insert(0, _Finder())
-        sys.excepthook = _excepthook(sys.excepthook)
-        sys.exit = _exit_wrapper(sys.exit)
-        atexit.register(_at_exit)
-    if go_fd:
-        _S.go_fd = int(go_fd)
+
+
+def _install_hooks(role: str) -> None:
+    """Hooks on modules as they are imported, on uncaught exceptions, sys.exit and atexit."""
+    when_imported("torch.distributed.distributed_c10d", _hook_c10d)
+    when_imported("torch.distributed", lambda m: _copy_to_package(
+        sys.modules.get("torch.distributed.distributed_c10d")))
+    when_imported("torch.nn.parallel.distributed", _hook_ddp)
+    when_imported("torch.multiprocessing.spawn", _hook_torch_spawn)
+    when_imported("multiprocessing.process", _hook_mp_process)
+    if role in (P.ROLE_AGENT, P.ROLE_PARENT):
+        when_imported("torch.distributed.elastic.agent.server.api", _hook_agent_api)
+        when_imported("torch.distributed.elastic.rendezvous.api", _hook_rdzv_registry)
+        when_imported("torch.distributed.elastic.agent.server.local_elastic_agent",
+                      _hook_local_agent)
+        when_imported("subprocess", _hook_subprocess)
+        when_imported("multiprocessing.popen_fork", _hook_mp_popen)
+    sys.meta_path.insert(0, _Finder())
+    sys.excepthook = _excepthook(sys.excepthook)
+    sys.exit = _exit_wrapper(sys.exit)
+    atexit.register(_at_exit)
 
 
 def hold_if_asked() -> None:

@@ -582,20 +582,7 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
     if scn.init == "file":
         plan.add_step(RUN, MakeDir(path=str(Path(file_store_path(run_dir)).parent),
                                       target="file store"))
-    for i, fault in enumerate(faults):
-        plan._fault_no = i + 1
-        plan.faults.append({"n": i + 1, "kind": fault.kind,
-                            "optional": getattr(fault, "effect", "required") == "optional"})
-        before, steps_before = edits.snapshot(plan), len(plan.steps)
-        try:
-            fault.apply(plan, scn)
-        except PlanRefusal as e:
-            raise PlanRefusal(f"{fault.kind}: {e}", ("faults", i, "kind")) from None
-        if not any(s.fault_no == i + 1 for s in plan.steps[steps_before:]):
-            # no step of its own proves it: what it changed in the plan, read back at the end
-            plan.edits += edits.diff(before, edits.snapshot(plan), i + 1, fault.kind,
-                                     plan.workload)
-    plan._fault_no = 0
+    _apply_faults(plan, scn)
     plan.carry_variations()
     if use_ns and any(not h.machine.is_plain() for h in hosts):
         # first of all: every process of the run (services included) starts on a whole host
@@ -613,3 +600,22 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
             rp.argv = [a.replace("{port2}", str(port2)) for a in rp.argv]
     scn.launcher.assign_start(plan, scn)   # fresh or forked, each process, with the reason
     return plan
+
+
+def _apply_faults(plan: RunPlan, scn: Scenario) -> None:
+    """Each fault of the case applied to the plan, in order (a refusal located at its
+    ``kind``); a fault that adds no step of its own is proved by what it changed in the plan."""
+    for i, fault in enumerate(scn.faults):
+        plan._fault_no = i + 1
+        plan.faults.append({"n": i + 1, "kind": fault.kind,
+                            "optional": getattr(fault, "effect", "required") == "optional"})
+        before, steps_before = edits.snapshot(plan), len(plan.steps)
+        try:
+            fault.apply(plan, scn)
+        except PlanRefusal as e:
+            raise PlanRefusal(f"{fault.kind}: {e}", ("faults", i, "kind")) from None
+        if not any(s.fault_no == i + 1 for s in plan.steps[steps_before:]):
+            # no step of its own proves it: what it changed in the plan, read back at the end
+            plan.edits += edits.diff(before, edits.snapshot(plan), i + 1, fault.kind,
+                                     plan.workload)
+    plan._fault_no = 0
