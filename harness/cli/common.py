@@ -28,7 +28,7 @@ def _text(s: str, style: str = "") -> Any:
 
 def find_scenarios(paths: Sequence[str], skipped: Optional[List[Path]] = None) -> List[Path]:
     """Scenario files among the paths named, by the rule pytest's collection uses
-    (harness.discovery); an entry that is not a regular file goes to ``skipped``."""
+    (harness.scenario.discovery); an entry that is not a regular file goes to ``skipped``."""
     from ..scenario.discovery import explain_none
     from ..scenario.discovery import find_scenarios as discover
 

@@ -140,7 +140,7 @@ def _machine_lines(facts: Dict[str, Any]) -> List[tuple]:
     miss = facts["topology_missing"]
     lines.append((ok if not miss else warn, "namespaces", "network scenarios can run" if not miss
                   else "network scenarios are skipped: " + "; ".join(miss)))
-    # what the scenario kinds need (the faults declare it: harness.requirements)
+    # what the scenario kinds need (the faults declare it: harness.run.requirements)
     for name, why in facts["requirements"].items():
         if name == "namespaces":
             continue

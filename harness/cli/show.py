@@ -103,7 +103,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         from ..judge.effects import event_lines
         from ..judge.effects import line as effect_line
 
-        for eff in run.effects:   # what each fault did, with its evidence (harness.effects)
+        for eff in run.effects:   # what each fault did, with its evidence (harness.judge.effects)
             con.print(_text(effect_line(eff), "bold"))
             for ln in event_lines(eff):
                 con.print(_text(f"    {ln}", "dim"))
@@ -164,7 +164,7 @@ def add_explain(sub: Any) -> None:
 
 
 def _store_header(plan: Dict[str, Any]) -> str:
-    """Where the job's store is (harness.jobstore), and the lease when the job does not use
+    """Where the job's store is (harness.core.jobstore), and the lease when the job does not use
     it: ``ports: master`` and the store probe mean the store's port."""
     from ..core.jobstore import JobStore
 

@@ -29,12 +29,12 @@ through files in the run directory, which lies on a file system every node sees:
   (Slurm itself also ends a step whose srun was killed).
 
 The program runs in a session of its own, its stdout and stderr drained into the run
-directory (bounded, as on the harness's own machine: harness.capture). Signals Slurm sends the
-step (``scancel``, ``--kill-on-bad-exit``) reach the program directly (Slurm signals every
-process of the step); this helper notes them and waits for the program, so that srun reports
-the program's own end. When the program ends, the helper kills what is left of its group and
-ends the same way: its exit status, or the same signal, so that srun's words for the task
-("Exited with exit code 7", "Terminated", "Killed") are the program's.
+directory (bounded, as on the harness's own machine: harness.machine.output_caps). Signals Slurm
+sends the step (``scancel``, ``--kill-on-bad-exit``) reach the program directly (Slurm signals every
+process of the step); this helper notes them and waits for the program, so that srun reports the
+program's own end. When the program ends, the helper kills what is left of its group and ends the
+same way: its exit status, or the same signal, so that srun's words for the task ("Exited with exit
+code 7", "Terminated", "Killed") are the program's.
 """
 
 from __future__ import annotations

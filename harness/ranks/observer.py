@@ -2,11 +2,11 @@
 
 A torchrun agent and its workers, a parent that spawns its ranks, a user's own script: the
 harness cannot change their code, so every such process runs this module at interpreter start
-(``harness/_site/sitecustomize.py``, first on ``PYTHONPATH``, chaining to any other
+(``harness/ranks/_site/sitecustomize.py``, first on ``PYTHONPATH``, chaining to any other
 ``sitecustomize``). It does nothing unless ``HARNESS_OBSERVE_ROLE`` says what the process is
-(:mod:`harness.protocol`, "roles"). Then, first thing and single-threaded:
+(:mod:`harness.core.protocol`, "roles"). Then, first thing and single-threaded:
 
-* it enters the harness's resolver view (``HARNESS_RESOLVER_VIEW``, harness.resolver), so that
+* it enters the harness's resolver view (``HARNESS_RESOLVER_VIEW``, harness.net.resolver), so that
   the process and everything it starts resolves names with the harness's files;
 * it writes its identity to the run's pid record (unless the harness started it and recorded it
   already) and asks for a death signal (PR_SET_PDEATHSIG: SIGKILL when its parent dies), so that
@@ -32,8 +32,8 @@ harness cannot change their code, so every such process runs this module at inte
   held.
 
 Nothing here may break the program it watches: every hook passes the call through unchanged and
-swallows its own errors. Only the standard library (and harness.protocol, harness.procs,
-harness.resolver, which use only it) is imported, so that any interpreter can run it.
+swallows its own errors. Only the standard library (and core.protocol, machine.procs and
+net.resolver of the harness, which use only it) is imported, so that any interpreter can run it.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def identify(rank: int, how: str) -> None:
 
 
 def _waited() -> Dict[str, Any]:
-    """Seconds this process's live threads waited for a CPU, all its life (harness.procs)."""
+    """Seconds this process's live threads waited for a CPU, all its life (machine.procs)."""
     from ..machine.procs import runqueue_wait
 
     w = runqueue_wait()
@@ -615,12 +615,12 @@ def _after_fork_in_child() -> None:
 
 
 def install() -> None:
-    """Called by harness/_site/sitecustomize.py in every interpreter the harness observes
+    """Called by harness/ranks/_site/sitecustomize.py in every interpreter the harness observes
     (then :func:`hold_if_asked`, once any other sitecustomize ran)."""
     env_role = os.environ.get(P.OBSERVE_ROLE_ENV, "")
     if not env_role or _S.role:
         return
-    # first, while single-threaded: the resolver view (harness.resolver)
+    # first, while single-threaded: the resolver view (harness.net.resolver)
     from ..net import resolver
 
     try:

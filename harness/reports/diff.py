@@ -46,7 +46,7 @@ out its parts, so you can say why a move is or is not a change). The allowance i
   that began at a moment the diff does not know) adds 1.5 T to the allowance instead.
 * the machine's load: in the slower run, the largest time any rank of the case spent runnable
   and waiting for a CPU after the start line (``cpu_wait``: the kernel's per-thread runqueue
-  wait, summed over a rank's live threads, harness.procs.runqueue_wait). A CPU-bound step
+  wait, summed over a rank's live threads, harness.machine.procs.runqueue_wait). A CPU-bound step
   stretches by that much under load and by nothing on an idle machine; a timeout, a sleep or a
   retry's backoff is blocked time and does not count, so a changed timeout is still a change.
   On a 2-core machine running the catalog at ``-n 4`` an ok DDP case took 0.4-4.2 s, a 256 MB
@@ -281,7 +281,7 @@ def _wildcard_key(case: Dict[str, Any], label: str) -> bool:
 
 def rank_expectation(case: Dict[str, Any], label: str) -> Dict[str, Any]:
     """The rank's expectation as the report keeps it: the key that speaks of the row, as the
-    verdicts are checked (the label, ``R@*``, ``*@A``, ``*``; :func:`harness.rows.key_for`)."""
+    verdicts are checked (the label, ``R@*``, ``*@A``, ``*``; :func:`harness.core.rows.key_for`)."""
     ranks = (case.get("expectation") or {}).get("ranks") or {}
     key = key_for(ranks, label)
     exp = ranks.get(key) if key is not None else None

@@ -1,4 +1,4 @@
-"""The HTML report: one self-contained file made from a session report (``harness.report``).
+"""The HTML report: one self-contained file made from a session report (``harness.reports.report``).
 
 Everything is inline (CSS, SVG, one small script that only marks the page as laid out), so the
 file opens anywhere without a network. It holds a summary, one section per scenario case with
@@ -252,7 +252,7 @@ def _fault_rows(out: List[str], groups: List[Tuple[str, List[Dict[str, Any]]]],
             title = f"{st.get('fault')}: {what}, {st.get('when')}" + (
                 f"; undone {st.get('undo_when')} ({b:g} s)" if undone else "")
             eff = seen.get(str(st.get("id")))
-            if eff is not None:   # what its probe saw (harness.effects)
+            if eff is not None:   # what its probe saw (harness.judge.effects)
                 title += f"; effect: {eff.get('status')}: {eff.get('summary')}"
                 for ev in (eff.get("events") or [])[:50]:
                     if ev.get("t") is None:
@@ -402,7 +402,7 @@ EFFECT_COLOURS = {"acted": "#2e7d32", "no effect": "#c62828", "not observable": 
 
 
 def effects_html(effects: Sequence[Dict[str, Any]]) -> str:
-    """What each fault did (harness.effects): per fault and target, its status and evidence
+    """What each fault did (harness.judge.effects): per fault and target, its status and evidence
     with times."""
     from ..judge.effects import event_lines
 
@@ -629,8 +629,8 @@ tr.changed td { background: #fdecea; }
 def render_compare(a: Dict[str, Any], b: Dict[str, Any], res: Any, a_name: str, b_name: str,
                    how_sure: str = "") -> str:
     """Two session reports side by side: the behaviour changes first (``res``, a
-    :class:`harness.diff.DiffResult`), then every case with side A's record left and side B's
-    right (each as the single-report page shows it: timeline, ranks, causes, stacks)."""
+    :class:`harness.reports.diff.DiffResult`), then every case with side A's record left and
+    side B's right (each as the single-report page shows it: timeline, ranks, causes, stacks)."""
     changed = set(res.changed_cases)
     title = (f"torchdist-harness compare · {len(res.changes)} behaviour change"
              f"{'s' * (len(res.changes) != 1)}")
@@ -701,7 +701,7 @@ td.bad { background: #fdecea; } td.self { background: #f5f5f5; }
 
 
 def render_preflight(report: Dict[str, Any]) -> str:
-    """A ``harness preflight`` report (``harness.preflight.judge``) as one HTML document: the
+    """A ``harness preflight`` report (``harness.tools.preflight.judge``) as one HTML document: the
     per-node table (verdict and reasons), the reachability matrix, the versions, and the
     collective's verdict per node with the stacks of a hang."""
     rows = report.get("nodes", [])

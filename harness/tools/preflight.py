@@ -364,7 +364,7 @@ def classify_collective(rc: Optional[int], result: Optional[Dict[str, Any]],
                         timed_out: bool) -> Tuple[str, str]:
     """(verdict, reason) in the harness's words (pure), from the child's exit status and the
     result it wrote: what it raised is a timeout or an error by the harness's own table
-    (``harness.classify.is_timeout``), as a rank's would be."""
+    (``harness.judge.classify.is_timeout``), as a rank's would be."""
     from ..judge.classify import is_timeout
 
     if timed_out:

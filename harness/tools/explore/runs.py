@@ -33,7 +33,7 @@ def prepare(draw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
 
 
 def result_of_case(case: Dict[str, Any]) -> Dict[str, Any]:
-    """A report's case (harness.report.case_record) -> the explorer's result of one run."""
+    """A report's case (harness.reports.report.case_record) -> the explorer's result of one run."""
     st = case.get("status")
     if st == "skipped":
         return {"skipped": case.get("reason") or "skipped"}
