@@ -53,7 +53,7 @@ GO_LINE = b"go\n"
 # or launcher sends, so SIGUSR1/SIGUSR2 stay the program's own
 STACK_SIGNAL = signal.SIGRTMIN + 4
 
-# the observer's channel (harness.observer): a process the harness did not write (a torchrun
+# the observer's channel (harness.ranks.observer): a process the harness did not write (a torchrun
 # agent and its workers, a spawning parent and its children, a user's script) writes its events
 # to a file of its own in the folder HARNESS_OBSERVE_DIR: an agent's workers inherit no file
 # descriptor of the harness. A process the harness starts itself is told its own file, label
@@ -74,10 +74,10 @@ def planned_env_record(names: str) -> dict:
     """What this process got of the variables its plan names (``PLANNED_ENV``'s value, comma
     separated): name -> value, None where unset."""
     return {k: os.environ.get(k) for k in names.split(",") if k}
-PID_RECORD_ENV = "HARNESS_PID_RECORD"          # the run's pid record (harness.procs)
+PID_RECORD_ENV = "HARNESS_PID_RECORD"          # the run's pid record (harness.machine.procs)
 SUPERVISOR_ENV = "HARNESS_SUPERVISOR"          # "pid:start ticks" of the run's supervisor
 OBSERVE_SITE = "_site"                         # harness/_site: the sitecustomize folder
-# a run's own temp folder, in its run directory (harness.rundir makes it): every process the
+# a run's own temp folder, in its run directory (harness.machine.rundir makes it): every process the
 # run starts has it as TMPDIR (torchrun's agent makes a torchelastic_* log folder there each time
 # and never removes it, a program its temp files), so the run's removal, or the sweep of a
 # killed run, takes them along
@@ -112,10 +112,10 @@ EXCEPTION = "exception"
 
 # phases: where a process was, in the order a rank meets them: (name, pattern, whether a
 # trigger may wait for it). The harness's worker enters ``workload step N``; a program the
-# observer watches (harness.observer) enters ``init``, ``ddp`` (DistributedDataParallel is being
-# built: the parameter broadcast), ``train step N`` (the N-th forward of a DDP module),
-# ``collective N`` (its N-th collective called from Python) and ``destroy``; a torchrun agent
-# enters ``rendezvous`` and ``workers`` (it started its workers); a spawning parent ``spawn``.
+# observer watches (harness.ranks.observer) enters ``init``, ``ddp`` (DistributedDataParallel is
+# being built: the parameter broadcast), ``train step N`` (the N-th forward of a DDP module),
+# ``collective N`` (its N-th collective called from Python) and ``destroy``; a torchrun agent enters
+# ``rendezvous`` and ``workers`` (it started its workers); a spawning parent ``spawn``.
 PHASE_TABLE: Tuple[Tuple[str, str, bool], ...] = (
     ("start", r"start", False),
     ("import", r"import", False),
@@ -200,7 +200,7 @@ class Variation:
 # Where a launcher starts the workers from one shared spec (torchrun, launch, spawn, srun), the
 # per-rank variations travel in this variable of the launcher's process, which its workers
 # inherit: {rank: Variation as JSON}; each worker takes its own by the rank it was given, in
-# every attempt (harness.plan.RunPlan.variations)
+# every attempt (harness.run.plan.RunPlan.variations)
 RANK_VARIATIONS_ENV = "HARNESS_RANK_VARIATIONS"
 
 

@@ -1,6 +1,6 @@
 """Rows: which processes a run can have, and which expectation key speaks of which (pure).
 
-A row of the verdict table is one process (the label grammar is :mod:`harness.protocol`'s):
+A row of the verdict table is one process (the label grammar is :mod:`harness.core.protocol`'s):
 a rank ``R`` (its first attempt) or ``R@A`` (the A-th restart of a torchrun agent's workers), an
 agent ``agent:HOST``, a spawning parent ``parent:HOST``, each with a job prefix for a second job
 (``job2:0``). A launcher says which rows a scenario's run can have (:class:`RowSet`); the loader

@@ -5,7 +5,7 @@ a step of a third-party fault: each has a :class:`Trigger` with exactly one anch
 
 * set-up: before the ranks start (nothing anchors it);
 * ``at``: seconds after the start line;
-* ``phase``: when a rank enters a phase (one syntax: :mod:`harness.protocol`), or has ended
+* ``phase``: when a rank enters a phase (one syntax: :mod:`harness.core.protocol`), or has ended
   (``ended``: a gate on another process's exit), plus ``delay``;
 * ``after``: when another step was done, plus ``delay`` (a heal ``heal_after`` s later).
 

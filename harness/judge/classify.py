@@ -10,7 +10,7 @@ An agent's elastic outcomes: ``RendezvousTimeoutError`` (the join timeout) is a 
 ``RendezvousClosedError`` (a closed rendezvous) and ``RendezvousConnectionError`` (its store
 is gone) are errors; ``ChildFailedError`` is an error whose reason names the root-cause rank
 and its exit code; the reason counts the agent's restarts and says its exit code. A program
-the harness observes (harness.observer) sends no result when it ends normally: its exit status
+the harness observes (harness.ranks.observer) sends no result when it ends normally: its exit status
 decides (0: ok; an exit after a torch call raised: that exception; an exit with a status after
 a clean interpreter exit: error; a signal, or a status without a Python exit: crash).
 
@@ -87,7 +87,7 @@ class Verdict:
     node: Optional[str] = None         # a worker's agent or parent
     restarts: Optional[int] = None     # an agent's restarts of its workers
     root_cause: Optional[int] = None   # an agent's ChildFailedError: the rank that failed first
-    cause: str = ""                    # the diagnosis, one line (harness.diagnose)
+    cause: str = ""                    # the diagnosis, one line (harness.judge.diagnose)
     cause_evidence: List[str] = field(default_factory=list)   # the lines it rests on
     cause_rule: str = ""               # the diagnosis rule that gave the cause; "" for unknown
     claims: Optional[int] = None       # the rank it told torch, where not its row's (RANK=0 on 1)
@@ -278,7 +278,7 @@ def _sig_matches(name: Optional[str], rc: int) -> bool:
 
 
 def job_outcome(verdicts: Sequence[Verdict]) -> str:
-    """The job's outcome: the most severe of its rows' (see harness.outcomes), leaving out a
+    """The job's outcome: the most severe of its rows' (see harness.core.outcomes), leaving out a
     worker that a later restart attempt of the same rank replaced (its agent restarted it: the
     job went on; the row keeps its own verdict)."""
     return _job([v.outcome for v in verdicts if not superseded(v, verdicts)]) or "ok"

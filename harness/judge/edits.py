@@ -10,7 +10,7 @@ planned processes before each fault's ``apply`` and another after it; :func:`dif
 difference into :class:`Edit` records (the fault's number, the target process, what changed),
 so that every such fault, a plugin's too, is covered by one mechanism and none says by hand
 what it did. A fault that adds steps of its own is proven by their probes
-(:meth:`harness.steps.Step.effect`), not here.
+(:meth:`harness.faults.steps.Step.effect`), not here.
 
 At the end of the run, :func:`read` reads each edit's effect from the processes' own words
 (never from the plan): the start record each process sends (``launched``: the argv and the
@@ -20,7 +20,7 @@ init_process_group), the worker's phase events (a skipped collective says ``skip
 phase's duration is measured between its events, the ``ddp`` phase says its parameter count),
 its result (the exception it raised, in which phase), the supervisor's release time of each
 process, and whether a process ran at all under a label. One record per fault, target and kind
-of edit, in the shape of :meth:`harness.steps.Scheduler.effects` (``harness.effects``
+of edit, in the shape of :meth:`harness.faults.steps.Scheduler.effects` (``harness.judge.effects``
 aggregates both):
 
 * ``acted``: the process had what the plan gave it (the value, the skip, the delay...);
@@ -319,7 +319,7 @@ def _read_slow(e: Edit, obs: Any, t0: Optional[float],
 
 
 def model_params(entry: str, change: str = "") -> int:
-    """The parameter count of the worker's model for a ``ddp`` entry (harness.worker)."""
+    """The parameter count of the worker's model for a ``ddp`` entry (harness.ranks.worker)."""
     width, layers = P.model_shape(P.model_mb(entry))
     if change == "extra_layer":
         layers += 1
@@ -437,7 +437,7 @@ def read_one(e: Edit, rows: Mapping[str, Any], t0: Optional[float],
 
 def read(edits: Sequence[Edit], rows: Sequence[Any], t0: Optional[float], now: float,
          absent: Sequence[str] = ()) -> List[Dict[str, Any]]:
-    """Every edit's effect, in the records of :meth:`harness.steps.Scheduler.effects`
+    """Every edit's effect, in the records of :meth:`harness.faults.steps.Scheduler.effects`
     (``rows``: the run's RankObservations; ``t0``: the start line, monotonic; ``now``: seconds
     after it; ``absent``: the labels the plan never starts, whose other edits are moot). A
     reader that fails proves nothing: ``not observable``, with the error."""

@@ -1,9 +1,9 @@
 """Fault effects: what each fault of a case did in the run, per target, with its evidence (pure).
 
 Every fault step may read its own effect at the end of the run, before teardown
-(:meth:`harness.steps.Step.effect`: an nft rule's packet counters, the fault proxy's log, the
+(:meth:`harness.faults.steps.Step.effect`: an nft rule's packet counters, the fault proxy's log, the
 signal delivered and to which pid, the DNS responder's answers for the faulted name). The
-scheduler gives one record per step (:meth:`harness.steps.Scheduler.effects`); this module
+scheduler gives one record per step (:meth:`harness.faults.steps.Scheduler.effects`); this module
 groups them per fault and per target and says, for each, one of three statuses:
 
 * ``acted``: a probe saw the fault act (at least one of its steps, on that target);

@@ -62,25 +62,26 @@ class RankObservation:
     stdout_tail: str = ""
     stderr_tail: str = ""
     stderr_key: str = ""                 # torch's warning/error and errno lines of the whole
-    #                                      stderr (harness.stderrlines), which the tail may lose
+    #                                      stderr (harness.judge.stderrlines), which the tail
+    #                                      may lose
     native_stacks: str = ""              # py-spy's native stacks of a hung rank, as text
     native_threads: List[Dict[str, Any]] = field(default_factory=list)   # the same, as read
-    #                                      (harness.pyspy.trim of py-spy dump --native --json)
+    #                                      (harness.judge.pyspy.trim of py-spy dump --native --json)
     released_at: Optional[float] = None  # seconds after the start line
     ended_at: Optional[float] = None     # seconds after the start line (as seen by the supervisor)
     notes: List[str] = field(default_factory=list)   # what steps found out about it (an OOM kill)
-    role: str = "rank"                   # rank | agent | parent | worker (harness.protocol)
+    role: str = "rank"                   # rank | agent | parent | worker (harness.core.protocol)
     node: Optional[str] = None           # a worker's agent or parent (its label)
     attempt: int = 0                     # a torchrun worker's restart attempt
     info: Dict[str, Any] = field(default_factory=dict)   # what an observed process said first
     sockets: List[SocketRecord] = field(default_factory=list)   # its TCP sockets at the
-    #     deadline (before the kill) or when its result said it raised (harness.sockets)
+    #     deadline (before the kill) or when its result said it raised (harness.net.sockets)
     # seconds its threads waited for a CPU (runqueue: the machine's load), read by the
-    # supervisor at the deadline for a rank still alive (harness.procs.runqueue_wait)
+    # supervisor at the deadline for a rank still alive (harness.machine.procs.runqueue_wait)
     waited_at_deadline: Optional[float] = None
     # (seconds after the start line, CPU seconds it had used) of a rank alive near the deadline:
-    # read a little before it and at it (harness.launch), so a rank at work is told from a stuck
-    # one (harness.procs.cpu_seconds: user and system time of all its threads)
+    # read a little before it and at it (harness.run.supervisor), so a rank at work is told from a
+    # stuck one (harness.machine.procs.cpu_seconds: user and system time of all its threads)
     cpu_samples: List[Tuple[float, float]] = field(default_factory=list)
 
     def result(self) -> Optional[Event]:
@@ -159,10 +160,10 @@ class RunObservation:
     counters: Dict[str, Dict[str, int]] = field(default_factory=dict)   # per host: its kernel's
     #                                            TCP counters at the end (listen overflows...)
     # the harness's own memory at the start line: supervisor and fork servers (RSS, MiB), and
-    # per rank of the run (harness.launch)
+    # per rank of the run (harness.run.supervisor)
     harness_memory: Dict[str, Any] = field(default_factory=dict)
     # what the run's store held, asked at the deadline or when a rank first raised
-    # (harness.storeprobe.StoreSnapshot's dict; empty when never asked)
+    # (harness.net.storeprobe.StoreSnapshot's dict; empty when never asked)
     store: Dict[str, Any] = field(default_factory=dict)
     # the other stores of the run, asked at the same moments: the stores torchrun's workers
     # host themselves (share_store: false), apart from the agents' rendezvous store above
@@ -170,7 +171,7 @@ class RunObservation:
     # start: fork: the run's fork servers, one per host with forked ranks: host, warm (forked
     # from the session's zygote) or not, and a fresh one's note (why not warm)
     servers: List[Dict[str, Any]] = field(default_factory=list)
-    # what each fault did, per target, with its evidence (harness.effects.aggregate), read at
+    # what each fault did, per target, with its evidence (harness.judge.effects.aggregate), read at
     # the end of the run before teardown
     effects: List[Dict[str, Any]] = field(default_factory=list)
 

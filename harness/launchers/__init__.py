@@ -4,15 +4,15 @@ A launcher is a small pydantic model (the YAML field ``launcher:``, a name or a 
 ``kind`` first, like a fault) and owns everything about how a scenario's ranks start:
 
 * its options and ``check(scenario)`` (located problems the schema cannot see);
-* ``rows(scenario)``: which processes a run can have (:class:`harness.rows.RowSet`: ranks and
+* ``rows(scenario)``: which processes a run can have (:class:`harness.core.rows.RowSet`: ranks and
   restart attempts, agents, parents), for expectation keys and fault targets;
-* ``plan(plan, scenario)``: the processes it starts itself, as :class:`harness.plan.RankPlan`
+* ``plan(plan, scenario)``: the processes it starts itself, as :class:`harness.run.plan.RankPlan`
   objects (label, role, argv, environment, host, release trigger), pure;
   ``plan_job(...)`` the same for a second job (``concurrent_job``);
-* at run time, ``start(sup)``: every planned process through :mod:`harness.procs`, returning a
-  :class:`RankProcess` each; and ``poll(sup)``, every tick of the supervisor: the processes it
-  did not start itself (an agent's workers, a parent's children) as their event files appear in
-  the run's ``observed/`` folder (harness.observer writes them).
+* at run time, ``start(sup)``: every planned process through :mod:`harness.machine.procs`, returning
+  a :class:`RankProcess` each; and ``poll(sup)``, every tick of the supervisor: the processes it did
+  not start itself (an agent's workers, a parent's children) as their event files appear in the
+  run's ``observed/`` folder (harness.ranks.observer writes them).
 
 The supervisor does the rest the same way for every launcher: waits until every process it
 holds is ready (torch imported), starts the clock (the start line), releases each when its
@@ -46,7 +46,7 @@ from ..machine.procs import ForeignProcess, ManagedProcess
 from ..machine.rundir import package_path
 from ..net import resolver
 
-# A planned process is a harness.plan.RankPlan; this room does not import the plan (the plan
+# A planned process is a harness.run.plan.RankPlan; this room does not import the plan (the plan
 # and the schema import the launchers), so it is typed by its name only.
 RankPlan = Any
 
@@ -89,7 +89,8 @@ class LauncherSpec(BaseModel):
         return False
 
     def requirements(self, scn: Any) -> List[Any]:
-        """What it needs from the machine (harness.machine requirements: the skip reason)."""
+        """What it needs from the machine (harness.machine.requirement's kinds: the skip
+        reason)."""
         return []
 
     def plan(self, plan: Any, scn: Any) -> None:
@@ -127,7 +128,7 @@ class LauncherSpec(BaseModel):
 class RankProcess:
     """One row as the supervisor sees it: a process (started by the harness, or found through
     its events), its event reader, what was observed, whether it was released or has ended.
-    It is the :class:`harness.steps.RankControl` that steps act on."""
+    It is the :class:`harness.faults.steps.RankControl` that steps act on."""
 
     def __init__(self, label: str, proc: Any, *, events: Path, stacks: Path,
                  out: Optional[Path], err: Optional[Path], now: Callable[[], float],
@@ -344,7 +345,7 @@ def _tag(label: str) -> str:
 
 def start_process(sup: Any, rp: RankPlan) -> RankProcess:
     """Start one planned process: the harness's worker speaking the protocol on inherited
-    descriptors, or an observed program (harness.observer) held until the start line."""
+    descriptors, or an observed program (harness.ranks.observer) held until the start line."""
     if not rp.observed:
         from .direct import start_worker
 

@@ -29,12 +29,12 @@ through files in the run directory, which lies on a file system every node sees:
   (Slurm itself also ends a step whose srun was killed).
 
 The program runs in a session of its own, its stdout and stderr drained into the run
-directory (bounded, as on the harness's own machine: harness.capture). Signals Slurm sends the
-step (``scancel``, ``--kill-on-bad-exit``) reach the program directly (Slurm signals every
-process of the step); this helper notes them and waits for the program, so that srun reports
-the program's own end. When the program ends, the helper kills what is left of its group and
-ends the same way: its exit status, or the same signal, so that srun's words for the task
-("Exited with exit code 7", "Terminated", "Killed") are the program's.
+directory (bounded, as on the harness's own machine: harness.machine.output_caps). Signals Slurm
+sends the step (``scancel``, ``--kill-on-bad-exit``) reach the program directly (Slurm signals every
+process of the step); this helper notes them and waits for the program, so that srun reports the
+program's own end. When the program ends, the helper kills what is left of its group and ends the
+same way: its exit status, or the same signal, so that srun's words for the task ("Exited with exit
+code 7", "Terminated", "Killed") are the program's.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 POLL = 0.05
 # signals Slurm (or a user) sends the whole step: the helper notes them and waits for the
@@ -180,7 +180,6 @@ def _killpg(pid: int, sig: int) -> None:
 
 
 def run(run_dir: Path) -> int:
-    from ..core import protocol as P
     from ..machine.output_caps import Capture
 
     spec = json.loads((run_dir / "alloc" / "spec.json").read_text())
@@ -206,22 +205,7 @@ def run(run_dir: Path) -> int:
     capture = Capture()
     out_w = capture.pipe(Path(entry["out"]))
     err_w = capture.pipe(Path(entry["err"]))
-    keep: List[int] = []
-    go_w: Optional[int] = None
-    stdin: Any = subprocess.DEVNULL
-    if entry.get("protocol") == "worker":     # the harness's worker: fds + stdin
-        ev = os.open(entry["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        st = os.open(entry["stacks"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        keep += [ev, st]
-        env[P.EVENT_FD_ENV], env[P.STACK_FD_ENV] = str(ev), str(st)
-        stdin = subprocess.PIPE
-    else:                                     # an observed program (harness.observer)
-        env[P.OBSERVE_EVENTS_ENV] = entry["events"]
-        env[P.OBSERVE_LABEL_ENV] = str(entry["label"])
-        if entry.get("held"):
-            go_r, go_w = os.pipe()
-            keep.append(go_r)
-            env[P.GO_FD_ENV] = str(go_r)
+    keep, go_w, stdin = _child_fds(entry, env)
     try:
         proc = subprocess.Popen(entry["argv"], env=env, cwd=entry.get("cwd") or "/",
                                 stdin=stdin, stdout=out_w, stderr=err_w, pass_fds=tuple(keep),
@@ -241,24 +225,7 @@ def run(run_dir: Path) -> int:
     lost = False
     while proc.poll() is None:
         for cmd in cmds.new():
-            word, _, arg = cmd.partition(" ")
-            if word == "go" and go is not None:
-                try:
-                    go.write(P.GO_LINE)
-                    go.close()
-                except OSError:
-                    pass
-                go = None
-            elif word == "signal":
-                sig = _signum(arg)
-                if sig is not None:
-                    _killpg(proc.pid, sig)
-            elif word == "stacks":
-                try:
-                    os.kill(proc.pid, P.STACK_SIGNAL)
-                    os.kill(proc.pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
+            go = _obey(cmd, proc, go)
             status.write("done", cmd=cmd)
         if beat.lost():
             lost = True
@@ -274,7 +241,64 @@ def run(run_dir: Path) -> int:
                  slurm_signals=[signal.Signals(n).name for n in noted])
     if lost:
         return 1
-    if rc < 0:                                # end as the program ended: srun says the same
+    return _end_as(rc)
+
+
+def _child_fds(entry: Dict[str, Any], env: Dict[str, str]) -> Tuple[List[int], Optional[int], Any]:
+    """(the descriptors the program is handed, the write end of its start line's pipe, its
+    stdin), its environment told where they are: the harness's worker gets its event and
+    stack descriptors and the start line on stdin; an observed program its events file and,
+    when held, the start line's pipe."""
+    from ..core import protocol as P
+
+    keep: List[int] = []
+    go_w: Optional[int] = None
+    stdin: Any = subprocess.DEVNULL
+    if entry.get("protocol") == "worker":     # the harness's worker: fds + stdin
+        ev = os.open(entry["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        st = os.open(entry["stacks"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        keep += [ev, st]
+        env[P.EVENT_FD_ENV], env[P.STACK_FD_ENV] = str(ev), str(st)
+        stdin = subprocess.PIPE
+    else:                                     # an observed program (harness.ranks.observer)
+        env[P.OBSERVE_EVENTS_ENV] = entry["events"]
+        env[P.OBSERVE_LABEL_ENV] = str(entry["label"])
+        if entry.get("held"):
+            go_r, go_w = os.pipe()
+            keep.append(go_r)
+            env[P.GO_FD_ENV] = str(go_r)
+    return keep, go_w, stdin
+
+
+def _obey(cmd: str, proc: Any, go: Any) -> Any:
+    """One command of the supervisor's: ``go`` (the start line, written once), ``signal NAME``
+    (to the program's group), ``stacks``; returns the start line's file, None once used."""
+    from ..core import protocol as P
+
+    word, _, arg = cmd.partition(" ")
+    if word == "go" and go is not None:
+        try:
+            go.write(P.GO_LINE)
+            go.close()
+        except OSError:
+            pass
+        go = None
+    elif word == "signal":
+        sig = _signum(arg)
+        if sig is not None:
+            _killpg(proc.pid, sig)
+    elif word == "stacks":
+        try:
+            os.kill(proc.pid, P.STACK_SIGNAL)
+            os.kill(proc.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    return go
+
+
+def _end_as(rc: int) -> int:
+    """End as the program ended (its status, or the same signal): srun says the same."""
+    if rc < 0:
         try:
             signal.signal(-rc, signal.SIG_DFL)
         except (OSError, ValueError):

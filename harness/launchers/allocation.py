@@ -1,4 +1,5 @@
-"""Ranks started by ``srun`` across the nodes of a real Slurm allocation (harness.allocation).
+"""Ranks started by ``srun`` across the nodes of a real Slurm allocation
+(harness.tools.allocation_catalog).
 
 No test cluster is brought up and nothing is set up on the nodes: every case is one ``srun
 --overlap`` step of the allocation the supervisor runs in, and each of its tasks is the node's
@@ -253,7 +254,7 @@ class AllocTasks(_OnAllocation):
 
 class RemoteProcess:
     """A row's process on an allocation's node, as its task helper reports it (the
-    :class:`harness.procs.ManagedProcess` interface the supervisor uses). It runs until its
+    :class:`harness.machine.procs.ManagedProcess` interface the supervisor uses). It runs until its
     helper said it ended, or srun ended and a few seconds passed without that word (the
     status srun gave the task is then its end); signals and stack dumps are commands to the
     helper."""

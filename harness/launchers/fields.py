@@ -8,10 +8,11 @@ field a case sets is honoured only where the run does something with it; anywher
 would be accepted and have no effect, so it is refused at load, located, naming the field and
 the launcher (:func:`field_problems`).
 
-``TABLE[launcher kind][program kind]`` maps every field of a case (``harness.schema.Scenario``;
-``case`` is the loader's own) to :data:`HONOURED` or a :class:`Refused` with its reason.
-``tests/test_fields.py`` asserts that every field is classified for every launcher and program
-kind: a new field cannot be added without saying where it is honoured.
+``TABLE[launcher kind][program kind]`` maps every field of a case
+(``harness.scenario.schema.Scenario``; ``case`` is the loader's own) to :data:`HONOURED` or a
+:class:`Refused` with its reason. ``tests/test_fields.py`` asserts that every field is classified
+for every launcher and program kind: a new field cannot be added without saying where it is
+honoured.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ _EVERYWHERE: Dict[str, Any] = {f: HONOURED for f in (
     "dns",               # the run's name server: every host resolves through it
     "env",               # every process's environment (an agent's workers inherit it)
     "backend",           # the worker's backend; for a program: what the machine must give
-    "backend_available", "gpus",   # whether the case runs here (harness.requirements)
+    "backend_available", "gpus",   # whether the case runs here (harness.run.requirements)
     "start",             # fresh or fork: a process that cannot fork says why (start_note)
     "world_size",
     "python",            # the interpreter(s); rank entries only where the launcher starts
@@ -69,7 +70,7 @@ _PROGRAM_OWN = {
 
 def _link(scn: Any) -> bool:
     """The run's hosts are linked (several hosts, a name server, an etcd host of its own, a
-    fault that needs the link: as harness.plan.make_plan decides): MASTER_ADDR is then the
+    fault that needs the link: as harness.run.plan.make_plan decides): MASTER_ADDR is then the
     master host's address on the link."""
     multi = scn.hosts is not None and len(scn.hosts) > 1
     own_etcd = scn.etcd is not None and scn.etcd.own_host(scn.host_names())

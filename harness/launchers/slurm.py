@@ -27,7 +27,7 @@ run's own (harness.services.slurm), one node per scenario host.
   adds the variables its observer needs), ``wait`` (``--wait=S``), ``cpus_per_task``,
   ``args`` (more srun flags, verbatim).
 
-Tasks are found through their event files (harness.observer, reached through srun's
+Tasks are found through their event files (harness.ranks.observer, reached through srun's
 environment); each row's host is the node it runs on (its network namespace); a torchrun
 agent found that way is ``agent:<host>``.
 """

@@ -1,7 +1,7 @@
 """The job script of ``launcher: slurm`` (``parent:srun``): what a user's batch script does on
 the first node, then Slurm's own view of how it went.
 
-``python -m harness.launchers.slurm_job SPEC``, observed (harness.observer) and held until the
+``python -m harness.launchers.slurm_job SPEC``, observed (harness.ranks.observer) and held until the
 start line like the first process of every launcher. Then it runs
 ``srun OPTIONS --output=<run>/slurm/task-%t.out --error=<run>/slurm/task-%t.err sh -c SCRIPT``
 (each task's own output in a file of its own, srun's messages on its stderr), waits for it,
@@ -194,7 +194,7 @@ def main(argv: List[str]) -> int:
         cmd = [*spec["srun"], f"--output={out_dir / 'task-%t.out'}",
                f"--error={out_dir / 'task-%t.err'}", "sh", "-c", spec["script"]]
     # srun dies with this script (util-linux's setpriv asks for the death signal, then execs
-    # it; not harness.procs --exec or a preexec_fn: the observer would see an interpreter or
+    # it; not harness.machine.procs --exec or a preexec_fn: the observer would see an interpreter or
     # a fork of this one and take it for a task), so a killed run leaves no srun behind
     proc = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "--", *cmd], env=env,
                             stdin=subprocess.DEVNULL, stdout=sys.stdout,

@@ -1,19 +1,18 @@
 """The spawn launcher: one parent process per host starts that host's ranks itself.
 
 ``launcher: spawn`` or ``{kind: spawn, method: spawn | process, start_method: spawn | fork |
-forkserver}``. The parent is observed (harness.observer), held until the start line after
+forkserver}``. The parent is observed (harness.ranks.observer), held until the start line after
 importing torch; its children are found through their own event files (their rank from the
 harness's spawn program, torch's spawn index or their ``init_process_group`` arguments).
 
-With the harness's worker, the parent is ``python -m harness.spawner SPEC`` (harness.spawner):
-``method: spawn`` calls ``torch.multiprocessing.start_processes`` (``mp.spawn``: the parent
-joins and raises when a child fails, and torch terminates the others), ``method: process``
-starts one ``multiprocessing.Process`` per rank and joins them (the parent exits 0 whatever its
-children did, as that pattern does). Each child sets RANK (the host's first rank + its index),
-LOCAL_RANK and runs the worker's steps. With a user's program, the parent is
-``python train.py ARGS``: the script spawns its ranks itself; it gets MASTER_ADDR, MASTER_PORT,
-WORLD_SIZE, LOCAL_WORLD_SIZE and NODE_RANK (the host's index), as a cluster script would set
-them.
+With the harness's worker, the parent is ``python -m harness.ranks.spawner SPEC``
+(harness.ranks.spawner): ``method: spawn`` calls ``torch.multiprocessing.start_processes``
+(``mp.spawn``: the parent joins and raises when a child fails, and torch terminates the others),
+``method: process`` starts one ``multiprocessing.Process`` per rank and joins them (the parent exits
+0 whatever its children did, as that pattern does). Each child sets RANK (the host's first rank +
+its index), LOCAL_RANK and runs the worker's steps. With a user's program, the parent is ``python
+train.py ARGS``: the script spawns its ranks itself; it gets MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
+LOCAL_WORLD_SIZE and NODE_RANK (the host's index), as a cluster script would set them.
 """
 
 from __future__ import annotations

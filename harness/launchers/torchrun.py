@@ -2,11 +2,11 @@
 
 ``launcher: torchrun`` or ``{kind: torchrun, ...options}``. Every agent is
 ``python -m torch.distributed.run FLAGS PROGRAM`` (what the ``torchrun`` script runs) on its
-host, observed (harness.observer): held until the start line after importing torch, its
+host, observed (harness.ranks.observer): held until the start line after importing torch, its
 rendezvous, restarts and the exit status of each worker it collects come out as events; its
 workers are found through their own event files (rank and ``TORCHELASTIC_RESTART_COUNT`` give
-their rows: "1", "1@1"). The program is the harness's worker (``-m harness.worker SPEC``) or the
-user's (``train.py ARGS``, ``-m MODULE ARGS``).
+their rows: "1", "1@1"). The program is the harness's worker (``-m harness.ranks.worker SPEC``) or
+the user's (``train.py ARGS``, ``-m MODULE ARGS``).
 
 Flags, as torchrun spells them (every one a scenario may set; ``agents: {HOST: {...}}`` sets
 them for one agent, ``null`` there drops a flag):

@@ -277,7 +277,7 @@ def _walk(d: Path, depth: int) -> Iterator[Path]:
 
 def sweep(live_run_ids: Optional[Dict[str, bool]] = None) -> List[str]:
     """Remove the cgroups of runs that are over (``live_run_ids``: run id -> alive; by default
-    the run directories of this user's state folder, harness.rundir). Returns what went.
+    the run directories of this user's state folder, harness.machine.rundir). Returns what went.
 
     A cgroup whose run is not in ``live_run_ids`` belongs to a run this sweep cannot judge (a
     state folder elsewhere: another ``TMPDIR``, another session's test): it is removed only

@@ -6,7 +6,7 @@ reaches everything they start), recorded with their start time in the run's pid 
 a sweep after a killed run kills exactly them, never a reused pid), and killed with their whole
 group when the run ends. Children die with the harness too: a harness program calls
 :func:`die_with_parent` first thing, and any other program is started through
-``python -m harness.procs --exec -- ARGV`` which does the same and then execs it.
+``python -m harness.machine.procs --exec -- ARGV`` which does the same and then execs it.
 
 Liveness is one test everywhere (:func:`alive`): the same pid with the same start time (clock
 ticks since boot, ``/proc/PID/stat`` field 22) on the same boot, and not a zombie. This module
@@ -185,7 +185,7 @@ Stream = Union[None, int, IO[Any]]
 class ManagedProcess:
     """One child process's whole life: started in its own session, recorded, killed with its
     group. ``exec_wrapper``: start a program that is not the harness's own through
-    ``python -m harness.procs --exec``, so that it too dies with the harness."""
+    ``python -m harness.machine.procs --exec``, so that it too dies with the harness."""
 
     def __init__(self, argv: Sequence[str], *, name: str = "", record: Optional[PidRecord] = None,
                  env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
@@ -307,7 +307,8 @@ def kill_observed(record: PidRecord) -> List[int]:
 
 
 def _exec_main(argv: List[str]) -> None:
-    """``python -m harness.procs --exec -- PROGRAM ARGS``: die with the parent, then exec."""
+    """``python -m harness.machine.procs --exec -- PROGRAM ARGS``: die with the parent, then
+    exec."""
     if not argv:
         sys.exit("usage: python -m harness.machine.procs --exec -- PROGRAM [ARGS...]")
     die_with_parent()

@@ -1,7 +1,7 @@
 """What this machine has or lacks for scenarios: requirements and the probes behind them.
 
 A :class:`Requirement` is one thing a machine has or lacks (root, a program, a kernel feature).
-Fault modules declare theirs with these classes; ``harness.requirements`` turns them into a
+Fault modules declare theirs with these classes; ``harness.run.requirements`` turns them into a
 scenario's skip reason and ``harness doctor``'s lines. This module knows no scenario and no
 fault.
 """
@@ -92,7 +92,7 @@ def _view_missing() -> Optional[str]:
 # own lookups (c10d's reverse lookups of peers) off the machine's resolver
 RESOLVER_VIEW = Probe("resolver view", ok="ranks in the machine's network namespace resolve "
                       "with the harness's view (no DNS leaves the machine)", check=_view_missing,
-                      cached=False)   # harness.resolver.missing caches its own try
+                      cached=False)   # harness.net.resolver.missing caches its own try
 
 
 # hosts with names of their own (UTS namespaces pinned and entered by the topology)

@@ -4,15 +4,15 @@ State lives in ``<tmp>/torchdist-harness-<uid>/`` (``<tmp>``: ``$HARNESS_TMP``, 
 system's temp dir), mode 0700, one folder per user: a root run and a non-root run on one
 machine never share (or lock each other out of) a state folder. A folder that is a symlink, is
 not a directory, or belongs to another user is refused with one line (a HarnessError), never
-used. Port locks are the one thing shared across users (``harness.ports``).
+used. Port locks are the one thing shared across users (``harness.machine.ports``).
 
 Each run has ``run-<id>/`` holding ``owner.json`` (the supervisor's pid and start time) and
 ``pids.jsonl`` (every process it started: ranks, port holders, helpers). A session's zygote
-(``harness.forkserver``: the warm parent of ``start: fork`` servers, which outlives runs) has a
-folder of the same shape, ``zygote-<id>/``, owned by its supervisor. A run that ends tidies
-up after itself; a run that was killed cannot, so every new run first sweeps: a run directory
-whose owner is gone has its recorded processes killed (only if pid and start time still match)
-and is removed. Runs of live owners (concurrent pytest-xdist workers) are left alone.
+(``harness.ranks.forkserver``: the warm parent of ``start: fork`` servers, which outlives runs) has
+a folder of the same shape, ``zygote-<id>/``, owned by its supervisor. A run that ends tidies up
+after itself; a run that was killed cannot, so every new run first sweeps: a run directory whose
+owner is gone has its recorded processes killed (only if pid and start time still match) and is
+removed. Runs of live owners (concurrent pytest-xdist workers) are left alone.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def package_path(base: Optional[Path] = None) -> str:
 
 
 # the kinds of owned folders the sweep looks at: a run's, a session's zygote's
-# (harness.forkserver: it outlives runs, not its supervisor), and ``harness run``'s own (its
+# (harness.ranks.forkserver: it outlives runs, not its supervisor), and ``harness run``'s own (its
 # report where none was asked for: a SIGKILLed command leaves it to the next sweep)
 KINDS = ("run", "zygote", "cli")
 
@@ -154,7 +154,7 @@ class RunDir:
 
     @property
     def pids(self) -> PidRecord:
-        """The record of every process this run started (harness.procs)."""
+        """The record of every process this run started (harness.machine.procs)."""
         return PidRecord(self.path / "pids.jsonl")
 
     def record_pid(self, pid: int, name: str = "") -> None:
@@ -201,7 +201,7 @@ def _rmtree(path: Path) -> None:
 
 
 def kill_recorded(run: Path) -> List[int]:
-    """Kill what a run recorded and is still the same process (harness.procs.alive)."""
+    """Kill what a run recorded and is still the same process (harness.machine.procs.alive)."""
     return PidRecord(run / "pids.jsonl").kill_all()
 
 

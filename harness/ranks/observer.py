@@ -2,11 +2,11 @@
 
 A torchrun agent and its workers, a parent that spawns its ranks, a user's own script: the
 harness cannot change their code, so every such process runs this module at interpreter start
-(``harness/_site/sitecustomize.py``, first on ``PYTHONPATH``, chaining to any other
+(``harness/ranks/_site/sitecustomize.py``, first on ``PYTHONPATH``, chaining to any other
 ``sitecustomize``). It does nothing unless ``HARNESS_OBSERVE_ROLE`` says what the process is
-(:mod:`harness.protocol`, "roles"). Then, first thing and single-threaded:
+(:mod:`harness.core.protocol`, "roles"). Then, first thing and single-threaded:
 
-* it enters the harness's resolver view (``HARNESS_RESOLVER_VIEW``, harness.resolver), so that
+* it enters the harness's resolver view (``HARNESS_RESOLVER_VIEW``, harness.net.resolver), so that
   the process and everything it starts resolves names with the harness's files;
 * it writes its identity to the run's pid record (unless the harness started it and recorded it
   already) and asks for a death signal (PR_SET_PDEATHSIG: SIGKILL when its parent dies), so that
@@ -32,8 +32,8 @@ harness cannot change their code, so every such process runs this module at inte
   held.
 
 Nothing here may break the program it watches: every hook passes the call through unchanged and
-swallows its own errors. Only the standard library (and harness.protocol, harness.procs,
-harness.resolver, which use only it) is imported, so that any interpreter can run it.
+swallows its own errors. Only the standard library (and core.protocol, machine.procs and
+net.resolver of the harness, which use only it) is imported, so that any interpreter can run it.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def identify(rank: int, how: str) -> None:
 
 
 def _waited() -> Dict[str, Any]:
-    """Seconds this process's live threads waited for a CPU, all its life (harness.procs)."""
+    """Seconds this process's live threads waited for a CPU, all its life (machine.procs)."""
     from ..machine.procs import runqueue_wait
 
     w = runqueue_wait()
@@ -615,12 +615,12 @@ def _after_fork_in_child() -> None:
 
 
 def install() -> None:
-    """Called by harness/_site/sitecustomize.py in every interpreter the harness observes
+    """Called by harness/ranks/_site/sitecustomize.py in every interpreter the harness observes
     (then :func:`hold_if_asked`, once any other sitecustomize ran)."""
     env_role = os.environ.get(P.OBSERVE_ROLE_ENV, "")
     if not env_role or _S.role:
         return
-    # first, while single-threaded: the resolver view (harness.resolver)
+    # first, while single-threaded: the resolver view (harness.net.resolver)
     from ..net import resolver
 
     try:
@@ -698,6 +698,18 @@ def _start(role: str, forked: bool = False) -> None:
                                               ".events") if folder else "")
     if not path:
         return
+    if not _open_events(path):
+        return
+    _hello(role, label, planned, forked)
+    phase("start", pid=os.getpid())
+    if not forked:
+        _install_hooks(role)
+    if go_fd:
+        _S.go_fd = int(go_fd)
+
+
+def _open_events(path: str) -> bool:
+    """The event file and its stacks file beside it; False (said) when they cannot be written."""
     try:
         _S.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         stacks = open(path[: -len(".events")] + ".stacks" if path.endswith(".events")
@@ -707,8 +719,13 @@ def _start(role: str, forked: bool = False) -> None:
     except OSError as e:
         sys.stderr.write(f"harness observer: cannot write events to {path}: {e}\n")
         _S.fd = -1
-        return
+        return False
     _S.events_path = path
+    return True
+
+
+def _hello(role: str, label: str, planned: str, forked: bool) -> None:
+    """``hello``: who this process is and what it was told."""
     env = os.environ
     rank = env.get("RANK", "")
     _S.rank = int(rank) if rank.isdigit() and role in (P.ROLE_WORKER, P.ROLE_RANK) else None
@@ -724,27 +741,27 @@ def _start(role: str, forked: bool = False) -> None:
          run_id=env.get("TORCHELASTIC_RUN_ID"), forked=forked,
          argv=[a[:200] for a in getattr(sys, "orig_argv", [])[:40]],
          **({"env": P.planned_env_record(planned)} if planned else {}))
-    phase("start", pid=os.getpid())
-    if not forked:
-        when_imported("torch.distributed.distributed_c10d", _hook_c10d)
-        when_imported("torch.distributed", lambda m: _copy_to_package(
-            sys.modules.get("torch.distributed.distributed_c10d")))
-        when_imported("torch.nn.parallel.distributed", _hook_ddp)
-        when_imported("torch.multiprocessing.spawn", _hook_torch_spawn)
-        when_imported("multiprocessing.process", _hook_mp_process)
-        if role in (P.ROLE_AGENT, P.ROLE_PARENT):
-            when_imported("torch.distributed.elastic.agent.server.api", _hook_agent_api)
-            when_imported("torch.distributed.elastic.rendezvous.api", _hook_rdzv_registry)
-            when_imported("torch.distributed.elastic.agent.server.local_elastic_agent",
-                          _hook_local_agent)
-            when_imported("subprocess", _hook_subprocess)
-            when_imported("multiprocessing.popen_fork", _hook_mp_popen)
-        sys.meta_path.insert(0, _Finder())
-        sys.excepthook = _excepthook(sys.excepthook)
-        sys.exit = _exit_wrapper(sys.exit)
-        atexit.register(_at_exit)
-    if go_fd:
-        _S.go_fd = int(go_fd)
+
+
+def _install_hooks(role: str) -> None:
+    """Hooks on modules as they are imported, on uncaught exceptions, sys.exit and atexit."""
+    when_imported("torch.distributed.distributed_c10d", _hook_c10d)
+    when_imported("torch.distributed", lambda m: _copy_to_package(
+        sys.modules.get("torch.distributed.distributed_c10d")))
+    when_imported("torch.nn.parallel.distributed", _hook_ddp)
+    when_imported("torch.multiprocessing.spawn", _hook_torch_spawn)
+    when_imported("multiprocessing.process", _hook_mp_process)
+    if role in (P.ROLE_AGENT, P.ROLE_PARENT):
+        when_imported("torch.distributed.elastic.agent.server.api", _hook_agent_api)
+        when_imported("torch.distributed.elastic.rendezvous.api", _hook_rdzv_registry)
+        when_imported("torch.distributed.elastic.agent.server.local_elastic_agent",
+                      _hook_local_agent)
+        when_imported("subprocess", _hook_subprocess)
+        when_imported("multiprocessing.popen_fork", _hook_mp_popen)
+    sys.meta_path.insert(0, _Finder())
+    sys.excepthook = _excepthook(sys.excepthook)
+    sys.exit = _exit_wrapper(sys.exit)
+    atexit.register(_at_exit)
 
 
 def hold_if_asked() -> None:

@@ -1,9 +1,9 @@
-"""The harness's spawning parent: ``python -m harness.spawner SPEC`` (the spawn launcher).
+"""The harness's spawning parent: ``python -m harness.ranks.spawner SPEC`` (the spawn launcher).
 
-It runs observed (harness.observer): held until the start line, then it starts its host's ranks
-the way users do, ``torch.multiprocessing.start_processes`` (``mp.spawn``) or one
+It runs observed (harness.ranks.observer): held until the start line, then it starts its host's
+ranks the way users do, ``torch.multiprocessing.start_processes`` (``mp.spawn``) or one
 ``multiprocessing.Process`` per rank, each child running the harness's worker steps
-(:func:`harness.worker.run_observed`) as rank ``first_rank + index``. Standard library and the
+(:func:`harness.ranks.worker.run_observed`) as rank ``first_rank + index``. Standard library and the
 harness's light modules only, so that a spawned child imports little before torch.
 """
 

@@ -15,8 +15,8 @@ Both sides run the same scenario files, the same ``-k``/``-m`` selection, the sa
 (against a saved report: the report's own, unless ``--repeat`` says otherwise; an
 interpreter's ranks always start fresh); a scenario's random draws are seeded by the scenario itself
 (``malformed_env``'s faker seed, the proxy's seed), so both sides draw the same. The reports are
-compared by :func:`harness.diff.diff_reports`: with ``--repeat N`` (N > 1) a rank's outcome
-frequencies (and what it said: ``families``, :func:`harness.report.family_key`) are compared
+compared by :func:`harness.reports.diff.diff_reports`: with ``--repeat N`` (N > 1) a rank's outcome
+frequencies (and what it said: ``families``, :func:`harness.reports.report.family_key`) are compared
 with Fisher's exact test, and a difference counts only when chance explains it less often than
 ``ALPHA`` (5%); the table says how sure (1 - p); what was the same on every run of each side and
 differs between them is a change at any N. Run once per side, a move inside a race the

@@ -46,7 +46,7 @@ out its parts, so you can say why a move is or is not a change). The allowance i
   that began at a moment the diff does not know) adds 1.5 T to the allowance instead.
 * the machine's load: in the slower run, the largest time any rank of the case spent runnable
   and waiting for a CPU after the start line (``cpu_wait``: the kernel's per-thread runqueue
-  wait, summed over a rank's live threads, harness.procs.runqueue_wait). A CPU-bound step
+  wait, summed over a rank's live threads, harness.machine.procs.runqueue_wait). A CPU-bound step
   stretches by that much under load and by nothing on an idle machine; a timeout, a sleep or a
   retry's backoff is blocked time and does not count, so a changed timeout is still a change.
   On a 2-core machine running the catalog at ``-n 4`` an ok DDP case took 0.4-4.2 s, a 256 MB
@@ -281,7 +281,7 @@ def _wildcard_key(case: Dict[str, Any], label: str) -> bool:
 
 def rank_expectation(case: Dict[str, Any], label: str) -> Dict[str, Any]:
     """The rank's expectation as the report keeps it: the key that speaks of the row, as the
-    verdicts are checked (the label, ``R@*``, ``*@A``, ``*``; :func:`harness.rows.key_for`)."""
+    verdicts are checked (the label, ``R@*``, ``*@A``, ``*``; :func:`harness.core.rows.key_for`)."""
     ranks = (case.get("expectation") or {}).get("ranks") or {}
     key = key_for(ranks, label)
     exp = ranks.get(key) if key is not None else None
@@ -521,98 +521,117 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
             changes.append(Change(cid, None, "removed", o.get("status"), None))
             continue
         res.compared += 1
-        os_, ns = o.get("status"), n.get("status")
-        if ns == "skipped" and os_ != "skipped":
-            changes.append(Change(cid, None, "skipped", os_, ns, n.get("reason") or ""))
-            continue
-        if os_ == "skipped" and ns != "skipped":
-            changes.append(Change(cid, None, "unskipped", os_, ns, o.get("reason") or ""))
-            continue
-        if os_ == "skipped":
-            continue
-        repeated = (o.get("repeat") or 1) > 1 and (n.get("repeat") or 1) > 1
-        if os_ != ns:
-            changes.append(Change(cid, None, "status", os_, ns, n.get("reason") or ""))
-        if o.get("job") != n.get("job") and not repeated:
-            changes.append(Change(cid, None, "job", o.get("job"), n.get("job")))
-        for k in SETTINGS:
-            if o.get(k) is not None and n.get(k) is not None and o.get(k) != n.get(k):
-                changes.append(Change(cid, None, "settings", f"{k}: {o.get(k)}",
-                                      f"{k}: {n.get(k)}", "the case ran with another setting; "
-                                      "durations are compared against the old one's allowance"))
-        oranks = {str(r.get("label")): _refamily(r) for r in o.get("ranks", [])}
-        nranks = {str(r.get("label")): _refamily(r) for r in n.get("ranks", [])}
-        # the largest move of the rows whose end is their own: carried by the rows that follow
-        own = [abs(float(nranks[lb]["duration"]) - float(r["duration"]))
-               for lb, r in oranks.items() if lb in nranks and r.get("duration") is not None
-               and nranks[lb].get("duration") is not None
-               and not _follows(lb, r, nranks[lb])]
-        others_moved = max(own or [0.0])
-        job_race = False
-        for label in list(oranks) + [x for x in nranks if x not in oranks]:
-            orank, nrank = oranks.get(label), nranks.get(label)
-            if orank is None or nrank is None:
-                ch = Change(cid, label, "rank_added", None, nrank.get("outcome")) \
-                    if orank is None and nrank is not None else \
-                    Change(cid, label, "rank_removed", (orank or {}).get("outcome"), None)
-                # a row that exists on one path of a declared race only (a restart's workers,
-                # a late node's): matched by a wildcard key that declares the race
-                exp = rank_expectation(n, label) or rank_expectation(o, label)
-                if _declared_race(exp) and _wildcard_key(n, label):
-                    ch.note = "a row of one path of the declared race"
-                    res.within.append(ch)
-                else:
-                    changes.append(ch)
-            elif (o.get("repeat") or 1) > 1 and (n.get("repeat") or 1) > 1:
-                # repeated on both sides: frequencies and spreads, not single draws
-                freq = _frequency_changes(cid, label, orank, nrank)
-                changes += freq
-                if not any(c.kind == "outcome" for c in freq):   # else it says the same again
-                    changes += _family_frequency_changes(cid, label, orank, nrank)
-                allow = duration_allowance(o, n, label, orank, nrank, abs_tol)
-                changes += _repeated_duration_change(cid, label, orank, nrank, rel_tol, allow)
-            else:
-                allow = duration_allowance(o, n, label, orank, nrank, abs_tol, others_moved)
-                found = _rank_changes(cid, orank, nrank, rel_tol, allow,
-                                      _in_band(allow, o, n, label, orank.get("duration"),
-                                               nrank.get("duration")))
-                if o.get("random") or n.get("random"):   # a fault draws at random: one run
-                    drawn = [c for c in found if c.kind == "duration"]   # is one draw
-                    for c in drawn:
-                        c.note += "; the case's fault draws at random (compare repeats)"
-                        found.remove(c)
-                    res.within += drawn
-                exp = rank_expectation(o, label)
-                if not _declared_race(exp):   # a race declared since the old report
-                    exp = rank_expectation(n, label)
-                if found and _declared_race(exp) and _within_race(exp, orank) \
-                        and _within_race(exp, nrank):
-                    inside = [c for c in found if _varying(exp, c)]
-                    for c in inside:
-                        c.note = (c.note + "; " if c.note else "") + "within the declared race"
-                    res.within += inside
-                    changes += [c for c in found if c not in inside]
-                    job_race = job_race or any(c.kind == "outcome" for c in inside)
-                else:
-                    changes += found
-        if job_race:
-            # a rank moved inside its declared race: the case took another path. The rows a
-            # wildcard speaks of ("*@1": a restart's workers) that come or go, and the other
-            # rows' durations (an agent that restarted no workers ends seconds sooner), are
-            # that path's; with no such move they count
-            _to_within(changes, res, [
-                c for c in changes if c.case == cid and (
-                    c.kind == "duration" or c.kind in ("rank_added", "rank_removed")
-                    and (_wildcard_key(n, str(c.rank)) or _wildcard_key(o, str(c.rank))))],
-                "the case took another path of a rank's declared race")
-            # a job outcome that moved only because a rank moved inside its declared race
-            if o.get("job") != n.get("job") and o.get("status") == n.get("status"):
-                _to_within(changes, res,
-                           [c for c in changes if c.case == cid and c.kind == "job"],
-                           "a rank moved within its declared race")
+        changes += _case_changes(cid, o, n, res, rel_tol, abs_tol)
     res.changes = [c for c in changes if c.kind not in ignore]
     res.ignored = len(changes) - len(res.changes)
     return res
+
+
+def _case_changes(cid: str, o: Dict[str, Any], n: Dict[str, Any], res: DiffResult,
+                  rel_tol: float, abs_tol: float) -> List[Change]:
+    """The changes of a case both reports ran; what moved only within a declared race goes
+    to ``res.within``."""
+    os_, ns = o.get("status"), n.get("status")
+    if ns == "skipped" and os_ != "skipped":
+        return [Change(cid, None, "skipped", os_, ns, n.get("reason") or "")]
+    if os_ == "skipped" and ns != "skipped":
+        return [Change(cid, None, "unskipped", os_, ns, o.get("reason") or "")]
+    if os_ == "skipped":
+        return []
+    changes: List[Change] = []
+    repeated = (o.get("repeat") or 1) > 1 and (n.get("repeat") or 1) > 1
+    if os_ != ns:
+        changes.append(Change(cid, None, "status", os_, ns, n.get("reason") or ""))
+    if o.get("job") != n.get("job") and not repeated:
+        changes.append(Change(cid, None, "job", o.get("job"), n.get("job")))
+    for k in SETTINGS:
+        if o.get(k) is not None and n.get(k) is not None and o.get(k) != n.get(k):
+            changes.append(Change(cid, None, "settings", f"{k}: {o.get(k)}",
+                                  f"{k}: {n.get(k)}", "the case ran with another setting; "
+                                  "durations are compared against the old one's allowance"))
+    oranks = {str(r.get("label")): _refamily(r) for r in o.get("ranks", [])}
+    nranks = {str(r.get("label")): _refamily(r) for r in n.get("ranks", [])}
+    # the largest move of the rows whose end is their own: carried by the rows that follow
+    own = [abs(float(nranks[lb]["duration"]) - float(r["duration"]))
+           for lb, r in oranks.items() if lb in nranks and r.get("duration") is not None
+           and nranks[lb].get("duration") is not None
+           and not _follows(lb, r, nranks[lb])]
+    others_moved = max(own or [0.0])
+    job_race = False
+    for label in list(oranks) + [x for x in nranks if x not in oranks]:
+        moved = _row_changes(cid, label, o, n, oranks.get(label), nranks.get(label), res,
+                             changes, rel_tol, abs_tol, others_moved)
+        job_race = job_race or moved
+    if job_race:
+        # a rank moved inside its declared race: the case took another path. The rows a
+        # wildcard speaks of ("*@1": a restart's workers) that come or go, and the other
+        # rows' durations (an agent that restarted no workers ends seconds sooner), are
+        # that path's; with no such move they count
+        _to_within(changes, res, [
+            c for c in changes if c.case == cid and (
+                c.kind == "duration" or c.kind in ("rank_added", "rank_removed")
+                and (_wildcard_key(n, str(c.rank)) or _wildcard_key(o, str(c.rank))))],
+            "the case took another path of a rank's declared race")
+        # a job outcome that moved only because a rank moved inside its declared race
+        if o.get("job") != n.get("job") and o.get("status") == n.get("status"):
+            _to_within(changes, res,
+                       [c for c in changes if c.case == cid and c.kind == "job"],
+                       "a rank moved within its declared race")
+    return changes
+
+
+def _row_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any],
+                 orank: Optional[Dict[str, Any]], nrank: Optional[Dict[str, Any]],
+                 res: DiffResult, changes: List[Change], rel_tol: float, abs_tol: float,
+                 others_moved: float) -> bool:
+    """One row's changes, added to ``changes`` (or to ``res.within`` where its declared race
+    allows them); whether it moved inside its declared race with its outcome (the case took
+    another path of the race)."""
+    if orank is None or nrank is None:
+        ch = Change(cid, label, "rank_added", None, nrank.get("outcome")) \
+            if orank is None and nrank is not None else \
+            Change(cid, label, "rank_removed", (orank or {}).get("outcome"), None)
+        # a row that exists on one path of a declared race only (a restart's workers,
+        # a late node's): matched by a wildcard key that declares the race
+        exp = rank_expectation(n, label) or rank_expectation(o, label)
+        if _declared_race(exp) and _wildcard_key(n, label):
+            ch.note = "a row of one path of the declared race"
+            res.within.append(ch)
+        else:
+            changes.append(ch)
+    elif (o.get("repeat") or 1) > 1 and (n.get("repeat") or 1) > 1:
+        # repeated on both sides: frequencies and spreads, not single draws
+        freq = _frequency_changes(cid, label, orank, nrank)
+        changes += freq
+        if not any(c.kind == "outcome" for c in freq):   # else it says the same again
+            changes += _family_frequency_changes(cid, label, orank, nrank)
+        allow = duration_allowance(o, n, label, orank, nrank, abs_tol)
+        changes += _repeated_duration_change(cid, label, orank, nrank, rel_tol, allow)
+    else:
+        allow = duration_allowance(o, n, label, orank, nrank, abs_tol, others_moved)
+        found = _rank_changes(cid, orank, nrank, rel_tol, allow,
+                              _in_band(allow, o, n, label, orank.get("duration"),
+                                       nrank.get("duration")))
+        if o.get("random") or n.get("random"):   # a fault draws at random: one run
+            drawn = [c for c in found if c.kind == "duration"]   # is one draw
+            for c in drawn:
+                c.note += "; the case's fault draws at random (compare repeats)"
+                found.remove(c)
+            res.within += drawn
+        exp = rank_expectation(o, label)
+        if not _declared_race(exp):   # a race declared since the old report
+            exp = rank_expectation(n, label)
+        if found and _declared_race(exp) and _within_race(exp, orank) \
+                and _within_race(exp, nrank):
+            inside = [c for c in found if _varying(exp, c)]
+            for c in inside:
+                c.note = (c.note + "; " if c.note else "") + "within the declared race"
+            res.within += inside
+            changes += [c for c in found if c not in inside]
+            return any(c.kind == "outcome" for c in inside)
+        else:
+            changes += found
+    return False
 
 
 def render_table(res: DiffResult, old_name: str = "old", new_name: str = "new",

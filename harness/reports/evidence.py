@@ -51,7 +51,7 @@ class EvidenceSession:
     root: str
     name: str
     pid: int
-    start_time: Optional[int]        # the owner's identity (harness.procs): pid, start, boot
+    start_time: Optional[int]        # the owner's identity (machine.procs): pid, start, boot
     boot_id: str
     started: str
 

@@ -1,4 +1,4 @@
-"""The HTML report: one self-contained file made from a session report (``harness.report``).
+"""The HTML report: one self-contained file made from a session report (``harness.reports.report``).
 
 Everything is inline (CSS, SVG, one small script that only marks the page as laid out), so the
 file opens anywhere without a network. It holds a summary, one section per scenario case with
@@ -12,7 +12,7 @@ from __future__ import annotations
 import html as _html
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..core.protocol import row_name
 from ..faults.steps import RUN as RUN_STEPS
@@ -140,10 +140,28 @@ def timeline_svg(case: Dict[str, Any]) -> str:
         'patternTransform="rotate(45)"><rect width="6" height="6" fill="#f3f3f3"/>'
         '<line x1="0" y1="0" x2="0" y2="6" stroke="#bbb" stroke-width="2"/></pattern></defs>',
     ]
-    # axis
+    bottom = AXIS_H + rows * ROW_H
+    _axis(out, x, tmax, bottom)
+    for i, r in enumerate(ranks):
+        _rank_row(out, i, r, verdicts.get(r.get("label"), {}), ends[r["label"]], x)
+    # the faults' steps, drawn from their declaration: a row per thing they act on (a host's
+    # network, the port holder...); what a step does to a rank is a mark on the rank's row
+    seen = {str(s.get("step")): s for e in case.get("effects") or []
+            for t in e.get("targets") or [] for s in t.get("steps") or []}
+    _fault_rows(out, groups, seen, len(ranks), end_all, x)
+    _limit_lines(out, x, bottom, timeout, show_timeout, deadline, show_deadline)
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+Scale = Callable[[float], float]   # seconds from the start line -> x on the chart
+
+
+def _axis(out: List[str], x: Scale, tmax: float, bottom: float) -> None:
+    """The time axis: a tick and a grid line per nice step."""
+    x0 = LABEL_W
     step = _nice_step(tmax)
     t = 0.0
-    bottom = AXIS_H + rows * ROW_H
     while t <= tmax + 1e-9:
         xt = x(t)
         out.append(f'<line class="grid" x1="{xt}" y1="{AXIS_H - 4}" x2="{xt}" y2="{bottom}" '
@@ -153,69 +171,75 @@ def timeline_svg(case: Dict[str, Any]) -> str:
         t += step
     out.append(f'<text x="{x0 - 8}" y="{AXIS_H - 8}" text-anchor="end" font-size="11" '
                'fill="#666">from start line</text>')
-    # rows
-    for i, r in enumerate(ranks):
-        y = AXIS_H + i * ROW_H
-        label = r.get("label")
-        v = verdicts.get(label, {})
-        end = ends[label]
-        host = r.get("host") or "local"
-        name = f"rank {row_name(label, r.get('claims'))}" + ("" if host == "local" else f" @{host}")
-        if i % 2:
-            out.append(f'<rect class="rowbg" x="0" y="{y}" width="{WIDTH}" height="{ROW_H}" '
-                       'fill="#fafafa"/>')
-        out.append(f'<text class="rowlabel" x="{x0 - 8}" y="{y + ROW_H / 2 + 4}" '
-                   f'text-anchor="end" font-size="12" fill="#222">{esc(name)}</text>')
-        by = y + (ROW_H - BAR_H) / 2
-        for ph, a, b, stepname in phase_segments(r, end):
-            w = max(x(b) - x(a), 1.0)
-            fill = phase_colour(ph)
-            stroke = ' stroke="#aaa" stroke-dasharray="3,2"' if ph == "waiting" else ""
-            what = f"{ph} ({stepname})" if stepname else ph
-            out.append(
-                f'<rect class="bar" data-rank="{esc(label)}" data-phase="{esc(ph)}" '
-                f'x="{x(a)}" y="{by}" width="{w:.2f}" height="{BAR_H}" fill="{fill}"{stroke}>'
-                f'<title>rank {esc(label)}: {esc(what)} {a:.3f} to {b:.3f} s</title></rect>')
-            inside = ph.replace("workload step", "step") + (f" {stepname}" if stepname else "")
-            if ph != "waiting" and w > 7 * len(inside) + 8:
-                out.append(f'<text class="barlabel" x="{x(a) + 4}" y="{by + BAR_H - 4}" '
-                           f'font-size="10" fill="#fff">{esc(inside)}</text>')
-        if r.get("released_at"):
-            xr = x(float(r["released_at"]))
-            out.append(f'<path class="mark release" d="M{xr - 5},{by - 6} L{xr + 5},{by - 6} '
-                       f'L{xr},{by} Z" fill="#555"><title>released '
-                       f'{float(r["released_at"]):g} s after the start line</title></path>')
-        for s in r.get("signals", []):
-            xs = x(float(s.get("t") or 0))
-            out.append(f'<line class="mark signal" x1="{xs}" y1="{y + 2}" x2="{xs}" '
-                       f'y2="{y + ROW_H - 2}" stroke="#111" stroke-width="2.5">'
-                       f'<title>SIG{esc(s.get("signal"))} at {s.get("t")} s '
-                       f'({esc(s.get("why"))})</title></line>')
-            out.append(f'<text class="marklabel" x="{xs + 3}" y="{y + 9}" font-size="9" '
-                       f'font-weight="bold" fill="#111">SIG{esc(s.get("signal"))}</text>')
-        outcome = v.get("outcome") or ("hang" if r.get("killed_at_deadline") else "?")
-        colour = OUTCOME_COLOURS.get(outcome, "#333")
-        xe = x(end)
-        if r.get("killed_at_deadline"):
-            out.append(f'<path class="mark killed" d="M{xe - 5},{by - 1} L{xe + 5},{by + BAR_H + 1}'
-                       f' M{xe + 5},{by - 1} L{xe - 5},{by + BAR_H + 1}" stroke="{colour}" '
-                       'stroke-width="2.5"><title>killed by the harness at the deadline'
-                       '</title></path>')
-        text = outcome
-        if v.get("exception"):
-            text += f" · {v['exception']}"
-        dur = v.get("duration")
-        if dur is not None:
-            text += f" · {_fmt_s(float(dur))}"
-        out.append(f'<text class="outcome" data-outcome="{esc(outcome)}" x="{xe + 8}" '
-                   f'y="{y + ROW_H / 2 + 4}" font-size="12" font-weight="bold" '
-                   f'fill="{colour}">{esc(text)}</text>')
-    # the faults' steps, drawn from their declaration: a row per thing they act on (a host's
-    # network, the port holder...); what a step does to a rank is a mark on the rank's row
-    seen = {str(s.get("step")): s for e in case.get("effects") or []
-            for t in e.get("targets") or [] for s in t.get("steps") or []}
+
+
+def _rank_row(out: List[str], i: int, r: Dict[str, Any], v: Dict[str, Any], end: float,
+              x: Scale) -> None:
+    """Rank ``i``'s row: its phases as bars, its release and signals as marks, its outcome
+    after the bar's end."""
+    x0 = LABEL_W
+    y = AXIS_H + i * ROW_H
+    label = r.get("label")
+    host = r.get("host") or "local"
+    name = f"rank {row_name(label, r.get('claims'))}" + ("" if host == "local" else f" @{host}")
+    if i % 2:
+        out.append(f'<rect class="rowbg" x="0" y="{y}" width="{WIDTH}" height="{ROW_H}" '
+                   'fill="#fafafa"/>')
+    out.append(f'<text class="rowlabel" x="{x0 - 8}" y="{y + ROW_H / 2 + 4}" '
+               f'text-anchor="end" font-size="12" fill="#222">{esc(name)}</text>')
+    by = y + (ROW_H - BAR_H) / 2
+    for ph, a, b, stepname in phase_segments(r, end):
+        w = max(x(b) - x(a), 1.0)
+        fill = phase_colour(ph)
+        stroke = ' stroke="#aaa" stroke-dasharray="3,2"' if ph == "waiting" else ""
+        what = f"{ph} ({stepname})" if stepname else ph
+        out.append(
+            f'<rect class="bar" data-rank="{esc(label)}" data-phase="{esc(ph)}" '
+            f'x="{x(a)}" y="{by}" width="{w:.2f}" height="{BAR_H}" fill="{fill}"{stroke}>'
+            f'<title>rank {esc(label)}: {esc(what)} {a:.3f} to {b:.3f} s</title></rect>')
+        inside = ph.replace("workload step", "step") + (f" {stepname}" if stepname else "")
+        if ph != "waiting" and w > 7 * len(inside) + 8:
+            out.append(f'<text class="barlabel" x="{x(a) + 4}" y="{by + BAR_H - 4}" '
+                       f'font-size="10" fill="#fff">{esc(inside)}</text>')
+    if r.get("released_at"):
+        xr = x(float(r["released_at"]))
+        out.append(f'<path class="mark release" d="M{xr - 5},{by - 6} L{xr + 5},{by - 6} '
+                   f'L{xr},{by} Z" fill="#555"><title>released '
+                   f'{float(r["released_at"]):g} s after the start line</title></path>')
+    for s in r.get("signals", []):
+        xs = x(float(s.get("t") or 0))
+        out.append(f'<line class="mark signal" x1="{xs}" y1="{y + 2}" x2="{xs}" '
+                   f'y2="{y + ROW_H - 2}" stroke="#111" stroke-width="2.5">'
+                   f'<title>SIG{esc(s.get("signal"))} at {s.get("t")} s '
+                   f'({esc(s.get("why"))})</title></line>')
+        out.append(f'<text class="marklabel" x="{xs + 3}" y="{y + 9}" font-size="9" '
+                   f'font-weight="bold" fill="#111">SIG{esc(s.get("signal"))}</text>')
+    outcome = v.get("outcome") or ("hang" if r.get("killed_at_deadline") else "?")
+    colour = OUTCOME_COLOURS.get(outcome, "#333")
+    xe = x(end)
+    if r.get("killed_at_deadline"):
+        out.append(f'<path class="mark killed" d="M{xe - 5},{by - 1} L{xe + 5},{by + BAR_H + 1}'
+                   f' M{xe + 5},{by - 1} L{xe - 5},{by + BAR_H + 1}" stroke="{colour}" '
+                   'stroke-width="2.5"><title>killed by the harness at the deadline'
+                   '</title></path>')
+    text = outcome
+    if v.get("exception"):
+        text += f" · {v['exception']}"
+    dur = v.get("duration")
+    if dur is not None:
+        text += f" · {_fmt_s(float(dur))}"
+    out.append(f'<text class="outcome" data-outcome="{esc(outcome)}" x="{xe + 8}" '
+               f'y="{y + ROW_H / 2 + 4}" font-size="12" font-weight="bold" '
+               f'fill="{colour}">{esc(text)}</text>')
+
+
+def _fault_rows(out: List[str], groups: List[Tuple[str, List[Dict[str, Any]]]],
+                seen: Dict[str, Any], n_ranks: int, end_all: float, x: Scale) -> None:
+    """The faults' steps, a row per thing they act on, under the ranks' rows; what each
+    step's probe saw as dots (``seen``: the effects' steps by id)."""
+    x0 = LABEL_W
     for j, (target, sts) in enumerate(groups):
-        y = AXIS_H + (len(ranks) + j) * ROW_H
+        y = AXIS_H + (n_ranks + j) * ROW_H
         by = y + (ROW_H - BAR_H) / 2
         out.append(f'<text class="rowlabel" x="{x0 - 8}" y="{y + ROW_H / 2 + 4}" '
                    f'text-anchor="end" font-size="12" fill="#555">{esc(target)}</text>')
@@ -228,7 +252,7 @@ def timeline_svg(case: Dict[str, Any]) -> str:
             title = f"{st.get('fault')}: {what}, {st.get('when')}" + (
                 f"; undone {st.get('undo_when')} ({b:g} s)" if undone else "")
             eff = seen.get(str(st.get("id")))
-            if eff is not None:   # what its probe saw (harness.effects)
+            if eff is not None:   # what its probe saw (harness.judge.effects)
                 title += f"; effect: {eff.get('status')}: {eff.get('summary')}"
                 for ev in (eff.get("events") or [])[:50]:
                     if ev.get("t") is None:
@@ -251,7 +275,13 @@ def timeline_svg(case: Dict[str, Any]) -> str:
             if w > 6 * len(what) + 8:
                 out.append(f'<text class="barlabel" x="{x(a) + 4}" y="{by + BAR_H - 4}" '
                            f'font-size="10" fill="#7f0000">{esc(what)}</text>')
-    # vertical lines
+
+
+def _limit_lines(out: List[str], x: Scale, bottom: float, timeout: Optional[float],
+                 show_timeout: bool, deadline: Optional[float], show_deadline: bool) -> None:
+    """torch's timeout and the harness's deadline as vertical lines (the deadline said off the
+    chart when it lies far beyond the runs)."""
+    x1 = WIDTH - RIGHT_W
     if timeout is not None and show_timeout:
         xt = x(timeout)
         out.append(f'<line class="timeout" x1="{xt}" y1="{AXIS_H - 2}" x2="{xt}" y2="{bottom}" '
@@ -268,8 +298,6 @@ def timeline_svg(case: Dict[str, Any]) -> str:
         out.append(f'<text class="deadline-off" x="{x1}" y="12" text-anchor="end" '
                    f'font-size="10" fill="#c62828">deadline {_fmt_s(deadline)} '
                    '(off the chart) →</text>')
-    out.append("</svg>")
-    return "\n".join(out)
 
 
 def legend_html() -> str:
@@ -374,7 +402,7 @@ EFFECT_COLOURS = {"acted": "#2e7d32", "no effect": "#c62828", "not observable": 
 
 
 def effects_html(effects: Sequence[Dict[str, Any]]) -> str:
-    """What each fault did (harness.effects): per fault and target, its status and evidence
+    """What each fault did (harness.judge.effects): per fault and target, its status and evidence
     with times."""
     from ..judge.effects import event_lines
 
@@ -424,23 +452,39 @@ def case_html(i: int, c: Dict[str, Any]) -> str:
                    f'{esc(c.get("failure"))}</pre></details>')
     ranks = c.get("ranks") or []
     if ranks:
-        rows = []
-        for r in ranks:
-            msg = esc(r.get("message") or r.get("reason"))
-            fam = f'<div class="fam">family: {esc(r["family"])}</div>' if r.get("family") else ""
-            rows.append([esc(row_name(r.get("label"), r.get("claims"))),
-                         _outcome(r.get("outcome")), esc(r.get("phase")),
-                         _dur(r.get("duration")), esc(r.get("host")) + (
-                             f" {esc(r['addr'])}" if r.get("addr") else ""),
-                         esc(r.get("exception") or ""), msg + fam,
-                         esc(r.get("cause") or "") + "".join(
-                             f'<div class="fam">{esc(e)}</div>'
-                             for e in r.get("cause_evidence") or [])])
-        out.append(_table(["rank", "outcome", "phase", "duration", "host", "exception",
-                           "message", "cause (harness.diagnose)"], rows, "ranks"))
+        out.append(_ranks_table(ranks))
     svg = timeline_svg(c)
     if svg:
         out.append("<h3>Timeline</h3>" + legend_html() + f'<div class="chart">{svg}</div>')
+    _rank_details(out, ranks)
+    _run_evidence(out, c)
+    if c.get("evidence"):
+        out.append(f'<p class="muted">evidence: <code>{esc(c["evidence"])}</code></p>')
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _ranks_table(ranks: List[Dict[str, Any]]) -> str:
+    """The case's table of rows: outcome, phase, duration, host, exception, message and
+    cause with its evidence."""
+    rows = []
+    for r in ranks:
+        msg = esc(r.get("message") or r.get("reason"))
+        fam = f'<div class="fam">family: {esc(r["family"])}</div>' if r.get("family") else ""
+        rows.append([esc(row_name(r.get("label"), r.get("claims"))),
+                     _outcome(r.get("outcome")), esc(r.get("phase")),
+                     _dur(r.get("duration")), esc(r.get("host")) + (
+                         f" {esc(r['addr'])}" if r.get("addr") else ""),
+                     esc(r.get("exception") or ""), msg + fam,
+                     esc(r.get("cause") or "") + "".join(
+                         f'<div class="fam">{esc(e)}</div>'
+                         for e in r.get("cause_evidence") or [])])
+    return _table(["rank", "outcome", "phase", "duration", "host", "exception",
+                   "message", "cause (harness.diagnose)"], rows, "ranks")
+
+
+def _rank_details(out: List[str], ranks: List[Dict[str, Any]]) -> None:
+    """Each row's stacks (identical ones once), traceback and output tails, folded."""
     from ..scenario.expect import label_ranges, stack_groups
 
     groups = stack_groups({str(r.get("label")): str(r.get("stacks") or "") for r in ranks})
@@ -473,6 +517,11 @@ def case_html(i: int, c: Dict[str, Any]) -> str:
         if r.get("stdout_tail"):
             out.append(f'<details><summary>rank {label}: stdout (tail)</summary><pre>'
                        f'{esc(r["stdout_tail"])}</pre></details>')
+
+
+def _run_evidence(out: List[str], c: Dict[str, Any]) -> None:
+    """What the run left beside its rows: who held the master port, each host's nftables
+    rules and TCP counters, what the stores held."""
     if c.get("port_owners"):
         rows = [[esc(p.get(k, "")) for k in ("laddr", "pid", "status", "cmdline")]
                 if isinstance(p, dict) else [esc(p), "", "", ""] for p in c["port_owners"]]
@@ -496,10 +545,6 @@ def case_html(i: int, c: Dict[str, Any]) -> str:
         keys = "\n".join(f"{k} = {v}" if v else k for k, v in snap.keys.items())
         out.append(f'<details><summary>what {what} held: {esc("; ".join(snap.lines()))}'
                    f'</summary><pre>{esc(keys)}</pre></details>')
-    if c.get("evidence"):
-        out.append(f'<p class="muted">evidence: <code>{esc(c["evidence"])}</code></p>')
-    out.append("</section>")
-    return "\n".join(out)
 
 
 def _shown_env(k: str, v: Any) -> str:
@@ -584,8 +629,8 @@ tr.changed td { background: #fdecea; }
 def render_compare(a: Dict[str, Any], b: Dict[str, Any], res: Any, a_name: str, b_name: str,
                    how_sure: str = "") -> str:
     """Two session reports side by side: the behaviour changes first (``res``, a
-    :class:`harness.diff.DiffResult`), then every case with side A's record left and side B's
-    right (each as the single-report page shows it: timeline, ranks, causes, stacks)."""
+    :class:`harness.reports.diff.DiffResult`), then every case with side A's record left and
+    side B's right (each as the single-report page shows it: timeline, ranks, causes, stacks)."""
     changed = set(res.changed_cases)
     title = (f"torchdist-harness compare · {len(res.changes)} behaviour change"
              f"{'s' * (len(res.changes) != 1)}")
@@ -656,7 +701,7 @@ td.bad { background: #fdecea; } td.self { background: #f5f5f5; }
 
 
 def render_preflight(report: Dict[str, Any]) -> str:
-    """A ``harness preflight`` report (``harness.preflight.judge``) as one HTML document: the
+    """A ``harness preflight`` report (``harness.tools.preflight.judge``) as one HTML document: the
     per-node table (verdict and reasons), the reachability matrix, the versions, and the
     collective's verdict per node with the stacks of a hang."""
     rows = report.get("nodes", [])

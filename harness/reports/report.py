@@ -207,7 +207,7 @@ def rank_record(verdict: Verdict, obs: Optional[RankObservation], t0: float) -> 
         "message": verdict.message,
         "family": message_family(verdict.message),
         "reason": verdict.reason,
-        "cause": verdict.cause,              # the diagnosis (harness.diagnose); "" when ok
+        "cause": verdict.cause,              # the diagnosis (harness.judge.diagnose); "" when ok
         "cause_evidence": list(verdict.cause_evidence),
         "cause_rule": verdict.cause_rule,    # the RULES entry that gave it; "" when unknown
         "returncode": verdict.returncode,
@@ -217,7 +217,7 @@ def rank_record(verdict: Verdict, obs: Optional[RankObservation], t0: float) -> 
         "import_s": round(ready.t - start, 3) if start is not None and ready is not None
         else None,
         # seconds its threads waited for a CPU after the start line (the load's share of its
-        # duration, at most): the diff's allowance (harness.diff)
+        # duration, at most): the diff's allowance (harness.reports.diff)
         "cpu_wait": obs.cpu_wait() if obs is not None else None,
     }
     if verdict.claims is not None:   # it told torch another rank than its row's
@@ -354,7 +354,7 @@ def case_record(*, nodeid: str, file: str, name: str, scenario: Any = None,
         "port_owners": run.port_owners if run is not None else [],
         "rules": run.rules if run is not None else {},
         "counters": run.counters if run is not None else {},
-        # what each fault did, per target, with its evidence and times (harness.effects)
+        # what each fault did, per target, with its evidence and times (harness.judge.effects)
         "effects": run.effects if run is not None else [],
         "store": run.store if run is not None else {},
         "stores": run.stores if run is not None else [],
@@ -494,8 +494,9 @@ def _evidence_of(item: Any) -> Optional[str]:
 
 def item_record(item: Any) -> Dict[str, Any]:
     """The case record of a ScenarioItem (duck-typed: no import of the plugin), with the
-    seconds its runs waited at the admission gate before their start lines (harness.admission;
-    in ``duration``, which is pytest's, but not in any run's own times)."""
+    seconds its runs waited at the admission gate before their start lines
+    (harness.machine.admission; in ``duration``, which is pytest's, but not in any run's own
+    times)."""
     rec = _item_record(item)
     runs = list(getattr(item, "runs", []) or [])
     rec["admission_waited"] = round(sum(

@@ -2,8 +2,8 @@
 
 The plan says everything the supervisor will do: which processes the launcher starts on which
 host (ranks, torchrun agents or spawning parents: :class:`RankPlan`) with which program,
-environment and init arguments, when each is released (a :class:`~harness.triggers.Trigger`,
-normally the start line), and the fault :class:`~harness.steps.Step` objects with their
+environment and init arguments, when each is released (a :class:`~harness.core.triggers.Trigger`,
+normally the start line), and the fault :class:`~harness.faults.steps.Step` objects with their
 triggers. The scenario's launcher (``harness.launchers``) plans its processes, then faults edit
 the plan (``Fault.apply``); the supervisor executes it without knowing any launcher or fault by
 name.
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional
 
-from ..core.errors import PlanRefusal  # noqa: F401 - re-exported: harness.plan.PlanRefusal
+from ..core.errors import PlanRefusal  # noqa: F401 - re-exported: harness.run.plan.PlanRefusal
 from ..core.jobstore import JobStore, job_store
 from ..core.protocol import (
     RANK_VARIATIONS_ENV,
@@ -53,18 +53,18 @@ class RankPlan:
     release: Trigger = field(default_factory=lambda: Trigger.at_time(0.0))
     host: str = "local"
     resolver_view: str = ""          # the folder of the hosts/nsswitch/resolv.conf it resolves
-    #                                  with (harness.resolver): /etc/netns/<ns> in the run's
+    #                                  with (harness.net.resolver): /etc/netns/<ns> in the run's
     #                                  namespaces, <run_dir>/resolver in the machine's own
     variation: Variation = field(default_factory=Variation)   # how its run differs (faults)
     python: str = ""                 # its interpreter ("": the harness's own, sys.executable)
     absent: bool = False             # part of the world, never started (a fault)
-    role: str = "rank"               # rank | agent | parent (harness.protocol)
+    role: str = "rank"               # rank | agent | parent (harness.core.protocol)
     argv: List[str] = field(default_factory=list)    # after the interpreter; [] = the worker
-    observed: bool = False           # runs under harness.observer (not the worker's protocol)
+    observed: bool = False           # runs under harness.ranks.observer (not the worker's protocol)
     job: str = ""                    # "job2" for a second job's processes
     cwd: str = ""                    # where it runs ("" = /)
     start: str = "fresh"             # fresh (its own interpreter) | fork (from a host's
-    #                                  warm server, harness.forkserver); the launcher decides
+    #                                  warm server, harness.ranks.forkserver); the launcher decides
     start_note: str = ""             # why it runs fresh where the run asked for fork
     fresh_only: str = ""             # a fault's reason why this rank must start fresh
 
@@ -94,7 +94,7 @@ class HostPlan:
     netns: str = ""                  # its network namespace ("" when the run has none)
     addr6: str = ""                  # its IPv6 address (ip: 6 or dual), else ""
     machine: HostNames = field(default_factory=HostNames)   # its name, hosts file, sysctl,
-    #                                  MTU (harness.hostspec); faults may change it in the plan
+    #                                  MTU (harness.net.hostspec); faults may change it in the plan
 
 
 @dataclass
@@ -115,7 +115,7 @@ class MakeDir(Step):
 @dataclass
 class WriteResolverView(Step):
     """The run's own preparation for ranks in the machine's network namespace: the resolver
-    view they enter (harness.resolver; the topology writes the namespaces' own)."""
+    view they enter (harness.net.resolver; the topology writes the namespaces' own)."""
 
     path: str = ""
 
@@ -130,7 +130,7 @@ class WriteResolverView(Step):
 
 @dataclass
 class ShapeHosts(Step):
-    """The run's own preparation of hosts that are whole machines (harness.hostspec): each
+    """The run's own preparation of hosts that are whole machines (harness.net.hostspec): each
     one's host name (a UTS namespace), hosts file, kernel settings and MTU, before any process
     starts on it. It reads the plan's hosts when it fires, so that faults could change them."""
 
@@ -191,12 +191,13 @@ class RunPlan:
     dns: Any = None                  # harness.services.dns.DnsPlan (a dns: block), else None
     etcd: Any = None                 # harness.faults._etcd.EtcdPlan (an etcd: block), else None
     allocation: Optional[Dict[str, Any]] = None   # the Slurm allocation whose nodes run the
-    #                                  ranks (harness.allocation: job, nodes), else None
+    #                                  ranks (harness.tools.allocation_catalog: job, nodes),
+    #                                  else None
     stores: Dict[str, JobStore] = field(default_factory=dict)   # each job's store, as
-    #                                  launched ("" the scenario's own; harness.jobstore)
+    #                                  launched ("" the scenario's own; harness.core.jobstore)
 
     def store(self, job: str = "") -> JobStore:
-        """Where ``job``'s store really is (harness.jobstore): the port that ``ports: master``
+        """Where ``job``'s store really is (harness.core.jobstore): the port that ``ports: master``
         and the store probe mean, which may not be the lease (``master_port``)."""
         if job in self.stores:
             return self.stores[job]
@@ -210,11 +211,12 @@ class RunPlan:
             if st.port is not None and st.port not in out:
                 out.append(st.port)
         return out
-    # the case's faults, numbered from 1: kind and whether it may have no effect (harness.effects)
+    # the case's faults, numbered from 1: kind and whether it may have no effect
+    # (harness.judge.effects)
     faults: List[Dict[str, Any]] = field(default_factory=list)
     _fault_no: int = field(default=0, repr=False, compare=False)   # the fault being applied
     # what each fault without steps of its own changed in the planned processes, per process
-    # (harness.edits): its effect is read from what the processes said at the end of the run
+    # (harness.judge.edits): its effect is read from what the processes said at the end of the run
     edits: List[Any] = field(default_factory=list)
 
     def service_hosts(self) -> List[str]:
@@ -482,12 +484,12 @@ def base_env(scn: Scenario, addr: str, port: int, rank: int, world: int,
 
 
 def run_tmp(run_dir: str) -> str:
-    """The run's temp folder (harness.protocol.RUN_TMP), every process's TMPDIR."""
+    """The run's temp folder (harness.core.protocol.RUN_TMP), every process's TMPDIR."""
     return str(Path(run_dir) / RUN_TMP)
 
 
 def resolver_view(run_dir: str, host: HostPlan) -> str:
-    """Where a rank on ``host`` finds its resolver view (see harness.resolver): the topology
+    """Where a rank on ``host`` finds its resolver view (see harness.net.resolver): the topology
     writes it to /etc/netns/<ns> for a namespace host, the supervisor to the run directory for
     ranks in the machine's own network namespace."""
     if host.netns:
@@ -532,8 +534,9 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
     for this run (the supervisor's port lease; tests pass a counter). ``netns``: the harness can
     make network namespaces (a multi-host scenario or a network fault needs them; a single-host
     one uses them when ``isolate`` allows). A PlanRefusal names where the scenario asks for
-    something that cannot be planned. ``allocation`` (harness.allocation.Allocation): the ranks
-    run on its nodes: no namespaces, no resolver view (the nodes resolve as they do)."""
+    something that cannot be planned. ``allocation``
+    (harness.tools.allocation_catalog.Allocation): the ranks run on its nodes: no namespaces,
+    no resolver view (the nodes resolve as they do)."""
     faults = scn.faults
     run_id = run_id or Path(run_dir).name.replace("run-", "").replace("-", "_")
     multi = scn.hosts is not None and len(scn.hosts) > 1
@@ -563,7 +566,7 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
         allocation=allocation.to_dict() if allocation is not None else None,
     )
     for told, where in ((addr, "master_addr"), (scn.env.get("MASTER_ADDR"), "env MASTER_ADDR")):
-        if told and as_meant(told) != told:   # harness.safety judged what it stands for
+        if told and as_meant(told) != told:   # harness.net.safety judged what it stands for
             plan.notes.append(f"{where} {told!r} reaches torch as written (it stands for "
                               f"{as_meant(told)}): what torch makes of it is the verdict")
     if scn.etcd is not None:   # the run's etcd, before the launcher, which points at it
@@ -582,20 +585,7 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
     if scn.init == "file":
         plan.add_step(RUN, MakeDir(path=str(Path(file_store_path(run_dir)).parent),
                                       target="file store"))
-    for i, fault in enumerate(faults):
-        plan._fault_no = i + 1
-        plan.faults.append({"n": i + 1, "kind": fault.kind,
-                            "optional": getattr(fault, "effect", "required") == "optional"})
-        before, steps_before = edits.snapshot(plan), len(plan.steps)
-        try:
-            fault.apply(plan, scn)
-        except PlanRefusal as e:
-            raise PlanRefusal(f"{fault.kind}: {e}", ("faults", i, "kind")) from None
-        if not any(s.fault_no == i + 1 for s in plan.steps[steps_before:]):
-            # no step of its own proves it: what it changed in the plan, read back at the end
-            plan.edits += edits.diff(before, edits.snapshot(plan), i + 1, fault.kind,
-                                     plan.workload)
-    plan._fault_no = 0
+    _apply_faults(plan, scn)
     plan.carry_variations()
     if use_ns and any(not h.machine.is_plain() for h in hosts):
         # first of all: every process of the run (services included) starts on a whole host
@@ -613,3 +603,22 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
             rp.argv = [a.replace("{port2}", str(port2)) for a in rp.argv]
     scn.launcher.assign_start(plan, scn)   # fresh or forked, each process, with the reason
     return plan
+
+
+def _apply_faults(plan: RunPlan, scn: Scenario) -> None:
+    """Each fault of the case applied to the plan, in order (a refusal located at its
+    ``kind``); a fault that adds no step of its own is proved by what it changed in the plan."""
+    for i, fault in enumerate(scn.faults):
+        plan._fault_no = i + 1
+        plan.faults.append({"n": i + 1, "kind": fault.kind,
+                            "optional": getattr(fault, "effect", "required") == "optional"})
+        before, steps_before = edits.snapshot(plan), len(plan.steps)
+        try:
+            fault.apply(plan, scn)
+        except PlanRefusal as e:
+            raise PlanRefusal(f"{fault.kind}: {e}", ("faults", i, "kind")) from None
+        if not any(s.fault_no == i + 1 for s in plan.steps[steps_before:]):
+            # no step of its own proves it: what it changed in the plan, read back at the end
+            plan.edits += edits.diff(before, edits.snapshot(plan), i + 1, fault.kind,
+                                     plan.workload)
+    plan._fault_no = 0

@@ -1,6 +1,6 @@
 """What a scenario needs from this machine, and the exact reason to skip when it is missing.
 
-Faults declare what they need (``Fault.requirements``, as :mod:`harness.machine`
+Faults declare what they need (``Fault.requirements``, as :mod:`harness.machine.requirement`
 requirements); the scenario's own needs (torch, the backend, network namespaces for several
 hosts, the resolver view for ranks in the machine's own network) are added here.
 ``skip_reason`` gives the first missing one, in words; ``harness doctor`` lists every
@@ -26,8 +26,8 @@ from ..scenario.schema import Scenario
 def skip_reason(scn: Scenario, env: Dict[str, Any], on_allocation: bool = False
                 ) -> Optional[str]:
     """The first thing this machine lacks for the case (None: nothing). ``on_allocation``: the
-    ranks run on an allocation's nodes (harness.allocation says what cannot run there): no
-    namespace, resolver view, test cluster or service of this machine is needed."""
+    ranks run on an allocation's nodes (harness.tools.allocation_catalog says what cannot run
+    there): no namespace, resolver view, test cluster or service of this machine is needed."""
     if env.get("torch") in (None, "none"):
         return f"torch is not importable by {env.get('python', 'this Python')}: " \
                f"{env.get('error', '')} (install torch first)"

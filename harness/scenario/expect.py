@@ -1,8 +1,8 @@
 """Expectations: verdicts vs the scenario's Expect block -> mismatches and a readable table (pure).
 
 ``message:`` patterns are matched with the ``regex`` library (re-compatible, the same engine
-validates them in harness.schema) with a time limit, ``PATTERN_TIMEOUT`` seconds: a pattern that
-backtracks without end on a message is a mismatch saying so, never a session spinning until the
+validates them in harness.scenario.schema) with a time limit, ``PATTERN_TIMEOUT`` seconds: a pattern
+that backtracks without end on a message is a mismatch saying so, never a session spinning until the
 outer timeout.
 """
 
@@ -35,7 +35,7 @@ class Mismatch:
 
 def _rank_expect(exp: Expect, label: str) -> Optional[RankExpect]:
     """The expectation that speaks of the row ``label``: its own key, else the most specific
-    wildcard (``R@*``, ``*@A``, ``*``; ``agent:*``, ``parent:*``: harness.rows)."""
+    wildcard (``R@*``, ``*@A``, ``*``; ``agent:*``, ``parent:*``: harness.core.rows)."""
     key = key_for(exp.ranks, label)
     return exp.ranks[key] if key is not None else None
 
@@ -89,7 +89,7 @@ def check(exp: Expect, verdicts: Sequence[Verdict],
           effects: Optional[Sequence[Mapping[str, Any]]] = None) -> List[Mismatch]:
     """The mismatches of one run; ``counters``: the run's kernel TCP counters per host (the
     observation's), checked against ``exp.counters`` (None: not known, not checked);
-    ``effects``: what each fault did (the observation's, harness.effects), checked against
+    ``effects``: what each fault did (the observation's, harness.judge.effects), checked against
     ``exp.effects``, and a fault that had no effect without ``effect: optional`` is one."""
     out: List[Mismatch] = check_counters(exp, counters) if counters is not None else []
     if effects is not None:

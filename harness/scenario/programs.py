@@ -1,11 +1,11 @@
 """Programs: what each rank runs (pure; the YAML field ``program:``).
 
-``worker`` (the default) is the harness's own rank, :mod:`harness.worker`: init, the workload's
-steps, destroy. Anything else is a user's own Python file or module with its arguments, run
-exactly as the scenario's launcher would run it (``python train.py ARGS`` per rank under
+``worker`` (the default) is the harness's own rank, :mod:`harness.ranks.worker`: init, the
+workload's steps, destroy. Anything else is a user's own Python file or module with its arguments,
+run exactly as the scenario's launcher would run it (``python train.py ARGS`` per rank under
 ``direct``; ``torchrun ... train.py ARGS`` under ``torchrun``; ``python train.py ARGS`` once per
 host under ``spawn``, the script itself spawning its ranks). Its phases come from the observer
-(:mod:`harness.observer`), never from a change to its code.
+(:mod:`harness.ranks.observer`), never from a change to its code.
 """
 
 from __future__ import annotations

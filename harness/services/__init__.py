@@ -4,11 +4,11 @@ A service (the fault proxy today; a name server, etcd, a Slurm controller later)
 the run starts on one of its hosts, waits for until it ANSWERS, talks to while the run goes on,
 and stops with the run. This module owns that life, the same way for every kind:
 
-* start: through :class:`harness.procs.ManagedProcess` (a session of its own, recorded in the
-  run's pid record, so that the sweep after a SIGKILLed run kills it by identity), inside a
-  host's network namespace (the caller's spawn function adds the exec prefix), stdout and
-  stderr into files of the run directory (evidence; a pipe that nobody drains would block it
-  once full). A harness program also calls ``die_with_parent`` first thing.
+* start: through :class:`harness.machine.procs.ManagedProcess` (a session of its own, recorded in
+  the run's pid record, so that the sweep after a SIGKILLed run kills it by identity), inside a
+  host's network namespace (the caller's spawn function adds the exec prefix), stdout and stderr
+  into files of the run directory (evidence; a pipe that nobody drains would block it once full). A
+  harness program also calls ``die_with_parent`` first thing.
 * ready: a :class:`Readiness` check polled until it holds, the process exits, or the spec's
   timeout passes: a line in its output (:class:`ReadyLine`), a UNIX socket that answers a
   request (:class:`Answers`). Never a sleep before the first query. A service that dies or
@@ -23,11 +23,11 @@ and stops with the run. This module owns that life, the same way for every kind:
 
 This is mirakuru's pattern (an executor plus a check: ``OutputExecutor``, ``TCPExecutor``;
 start, wait within a timeout, stop, kill the same way for every kind). mirakuru itself is not
-used: it starts the process itself, so the child would escape harness.procs (the one owner of
-every process and its pid record, which the sweep of a killed run reads), and its TCP check
-dials from the caller's network namespace, while a service lives in a host's namespace, whose
-ports the supervisor cannot reach. A UNIX socket in the run directory can be reached from any
-network namespace (it is found through the file system), so that is the check used here.
+used: it starts the process itself, so the child would escape harness.machine.procs (the one owner
+of every process and its pid record, which the sweep of a killed run reads), and its TCP check dials
+from the caller's network namespace, while a service lives in a host's namespace, whose ports the
+supervisor cannot reach. A UNIX socket in the run directory can be reached from any network
+namespace (it is found through the file system), so that is the check used here.
 """
 
 from __future__ import annotations

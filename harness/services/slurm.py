@@ -10,7 +10,7 @@ What this module owns (the launcher ``harness.launchers.slurm`` plans it, its se
   /etc/slurm or /etc/munge is read or written, and no machine-wide daemon is asked: every
   daemon and every client (``srun``, ``scontrol``, ``sinfo``) is given ``SLURM_CONF`` or ``-f``
   and the run's munge socket (``AuthInfo=socket=``).
-* Ports: the controller's and the node daemons' ports are leased by the run (harness.ports),
+* Ports: the controller's and the node daemons' ports are leased by the run (harness.machine.ports),
   so two runs never pick the same numbers, and they live in the run's own namespaces anyway.
 * Plugins: the simple ones suffice and need nothing of the machine (``proctrack/linuxproc``,
   ``task/none``, no accounting, ``select/cons_tres`` by CPU); ``SlurmdParameters=
@@ -187,7 +187,7 @@ def node_prefix(netns: str, uts: Optional[str], view: str, python: str = sys.exe
                 ) -> List[str]:
     """Argv prefix: into the host's network (and UTS) namespace through nsenter, a mount
     namespace of its own where the host's resolver files (``view``: /etc/netns/<ns>) cover
-    /etc's, then the program through ``harness.procs --exec`` (it dies with the harness)."""
+    /etc's, then the program through ``harness.machine.procs --exec`` (it dies with the harness)."""
     binds = " && ".join(
         f"mount --bind {shlex.quote(str(Path(view) / name))} /etc/{name}"
         for name in ("hosts", "nsswitch.conf", "resolv.conf") if (Path(view) / name).exists())

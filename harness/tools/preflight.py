@@ -364,7 +364,7 @@ def classify_collective(rc: Optional[int], result: Optional[Dict[str, Any]],
                         timed_out: bool) -> Tuple[str, str]:
     """(verdict, reason) in the harness's words (pure), from the child's exit status and the
     result it wrote: what it raised is a timeout or an error by the harness's own table
-    (``harness.classify.is_timeout``), as a rank's would be."""
+    (``harness.judge.classify.is_timeout``), as a rank's would be."""
     from ..judge.classify import is_timeout
 
     if timed_out:
@@ -447,52 +447,11 @@ def task(args: argparse.Namespace) -> int:
     t_start = time.monotonic()
 
     # 1. local facts
-    hostname = socket.gethostname()
-    own, own_err = resolve(hostname)
-    with cf.ThreadPoolExecutor(max_workers=min(32, len(nodes))) as ex:   # a slow resolver
-        names = {n: dict(zip(("addrs", "error"), r))                    # costs one lookup,
-                 for n, r in zip(nodes, ex.map(resolve, nodes))}        # not N
-    ifs = interfaces()
-    gloo = gloo_interface(hostname, own, ifs)
-    nccl = nccl_interface(ifs)
-    listeners = []
-    ports = {}
-    for name, p in (("master", port), ("ephemeral", 0)):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", p))
-            s.listen(256)
-            ports[name] = s.getsockname()[1]
-            listeners.append(s)
-            threading.Thread(target=_answer, args=(s, node), daemon=True).start()
-        except OSError as e:
-            ports[name] = None
-            ports[f"{name}_error"] = f"cannot listen on {p}: {e}"
-            s.close()
-    facts = {"node": node, "rank": rank, "hostname": hostname, "own": own, "own_error": own_err,
-             "names": names, "interfaces": ifs, "gloo": gloo, "nccl": nccl, "gpu": gpu(),
-             "ports": ports, "versions": versions()}
-    _write(d / f"facts-{node}.json", facts)
+    listeners = _local_facts(d, node, rank, nodes, port)
 
     # 2. the reachability matrix: every peer's gloo address on both its ports, in parallel
     peers = _wait_all(d, "facts", nodes, args.wait)
-    t_matrix = time.monotonic()
-    jobs = {}
-    with cf.ThreadPoolExecutor(max_workers=min(64, 2 * len(peers) + 1)) as ex:
-        for n, f in peers.items():
-            if n == node:
-                continue
-            addr = f["gloo"].get("addr")
-            for kind in ("master", "ephemeral"):
-                pp = f["ports"].get(kind)
-                if addr and pp:
-                    jobs[(n, kind)] = ex.submit(_dial, addr, pp, args.connect_timeout, n)
-        reach = {f"{n} {k}": fut.result() for (n, k), fut in jobs.items()}
-    _write(d / f"reach-{node}.json", {"node": node, "reach": reach,
-                                      "s": round(time.monotonic() - t_matrix, 3)})
-    present = [n for n in nodes if n in peers]    # a node silent so far is not waited for again
-    _wait_all(d, "reach", present, args.wait)     # every dial done before the ports close
+    present = _reach_matrix(args, d, node, nodes, peers)
     for s in listeners:
         s.shutdown(socket.SHUT_RDWR)   # wakes the accept of _answer (close alone does not,
         s.close()                      # and the port would stay bound: EADDRINUSE for the store)
@@ -519,6 +478,64 @@ def task(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 1
 
 
+def _local_facts(d: Path, node: str, rank: int, nodes: List[str], port: int
+                 ) -> List[socket.socket]:
+    """This node's facts written for the others (names, interfaces, GPU, versions), with two
+    listeners (the master port and an ephemeral one) answering with the node's name; returns
+    the listeners, open until the matrix is done."""
+    hostname = socket.gethostname()
+    own, own_err = resolve(hostname)
+    with cf.ThreadPoolExecutor(max_workers=min(32, len(nodes))) as ex:   # a slow resolver
+        names = {n: dict(zip(("addrs", "error"), r))                    # costs one lookup,
+                 for n, r in zip(nodes, ex.map(resolve, nodes))}        # not N
+    ifs = interfaces()
+    gloo = gloo_interface(hostname, own, ifs)
+    nccl = nccl_interface(ifs)
+    listeners = []
+    ports: Dict[str, Any] = {}
+    for name, p in (("master", port), ("ephemeral", 0)):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", p))
+            s.listen(256)
+            ports[name] = s.getsockname()[1]
+            listeners.append(s)
+            threading.Thread(target=_answer, args=(s, node), daemon=True).start()
+        except OSError as e:
+            ports[name] = None
+            ports[f"{name}_error"] = f"cannot listen on {p}: {e}"
+            s.close()
+    facts = {"node": node, "rank": rank, "hostname": hostname, "own": own, "own_error": own_err,
+             "names": names, "interfaces": ifs, "gloo": gloo, "nccl": nccl, "gpu": gpu(),
+             "ports": ports, "versions": versions()}
+    _write(d / f"facts-{node}.json", facts)
+    return listeners
+
+
+def _reach_matrix(args: argparse.Namespace, d: Path, node: str, nodes: List[str],
+                  peers: Dict[str, Any]) -> List[str]:
+    """Every peer's gloo address dialled on both its ports, in parallel, written for the
+    others; returns the nodes present, once every present node's dials are done."""
+    t_matrix = time.monotonic()
+    jobs = {}
+    with cf.ThreadPoolExecutor(max_workers=min(64, 2 * len(peers) + 1)) as ex:
+        for n, f in peers.items():
+            if n == node:
+                continue
+            addr = f["gloo"].get("addr")
+            for kind in ("master", "ephemeral"):
+                pp = f["ports"].get(kind)
+                if addr and pp:
+                    jobs[(n, kind)] = ex.submit(_dial, addr, pp, args.connect_timeout, n)
+        reach = {f"{n} {k}": fut.result() for (n, k), fut in jobs.items()}
+    _write(d / f"reach-{node}.json", {"node": node, "reach": reach,
+                                      "s": round(time.monotonic() - t_matrix, 3)})
+    present = [n for n in nodes if n in peers]    # a node silent so far is not waited for again
+    _wait_all(d, "reach", present, args.wait)     # every dial done before the ports close
+    return present
+
+
 def write_html(args: argparse.Namespace, report: Dict[str, Any]) -> None:
     if getattr(args, "html", None):
         from ..reports.html import write_preflight_html
@@ -543,7 +560,33 @@ def judge(nodes: Sequence[str], facts: Dict[str, Any], reach: Dict[str, Any],
     for n in nodes:
         if n not in facts:
             reasons[n].append("no answer (its task never wrote its facts)")
-    # names: on every node, every node's name
+    _judge_names(facts, reasons)
+    _judge_reach(facts, reach, reasons)
+    _judge_versions(nodes, facts, reasons)
+    notes, coll = _judge_collective(nodes, facts, results, reasons)
+    rows = []
+    for n in nodes:
+        f = facts.get(n, {})
+        c = results.get(n, {}).get("collective", {})
+        rows.append({"node": n, "ok": not reasons[n], "reasons": reasons[n], "notes": notes[n],
+                     "resolves_to": f.get("own"),
+                     "gloo": f"{(f.get('gloo') or {}).get('ifname')} "
+                             f"{(f.get('gloo') or {}).get('addr')}" if f else None,
+                     "nccl": (f"{(f.get('nccl') or {}).get('ifname')} "
+                              f"{(f.get('nccl') or {}).get('addr')}; collective "
+                              f"{c.get('nccl') or '-'}") if f else None,
+                     "versions": f.get("versions"), "collective": c.get("verdict"),
+                     "collective_s": c.get("s"), "stacks": c.get("stacks"),
+                     "task_s": results.get(n, {}).get("s"),
+                     "cpu_s": results.get(n, {}).get("cpu_s"),
+                     "matrix_s": reach.get(n, {}).get("s")})
+    said = sorted({str(c.get("nccl")) for c in coll.values() if c and c.get("nccl")})
+    return {"ok": all(r["ok"] for r in rows), "nodes": rows, "facts": facts, "reach": reach,
+            "results": results, "nccl": "; ".join(said) or None}
+
+
+def _judge_names(facts: Dict[str, Any], reasons: Dict[str, List[str]]) -> None:
+    """Names: on every node, every node's name; gloo's interface, and NCCL's where a GPU is."""
     for obs, f in facts.items():
         if f.get("own_error"):
             reasons[obs].append(f"its own name {f['hostname']} does not resolve: "
@@ -558,8 +601,12 @@ def judge(nodes: Sequence[str], facts: Dict[str, Any], reach: Dict[str, Any],
             reasons[obs].append(f["gloo"]["problem"])
         if (f.get("gpu") or {}).get("cuda_devices") and (f.get("nccl") or {}).get("problem"):
             reasons[obs].append(f["nccl"]["problem"])     # NCCL matters where there is a GPU
-    # reachability: a target nobody reaches is flagged; a source that reaches nothing that
-    # others reach is flagged
+
+
+def _judge_reach(facts: Dict[str, Any], reach: Dict[str, Any],
+                 reasons: Dict[str, List[str]]) -> None:
+    """Reachability: a target nobody reaches is flagged; a source that reaches nothing that
+    others reach is flagged; a port a node could not listen on is its own."""
     reached_by: Dict[str, List[str]] = {}
     for src, r in reach.items():
         for key, res in r.get("reach", {}).items():
@@ -583,7 +630,11 @@ def judge(nodes: Sequence[str], facts: Dict[str, Any], reach: Dict[str, Any],
         for kind in ("master", "ephemeral"):
             if f.get("ports", {}).get(f"{kind}_error"):
                 reasons[n].append(f["ports"][f"{kind}_error"])
-    # versions: the majority (ties: rank 0's node)
+
+
+def _judge_versions(nodes: Sequence[str], facts: Dict[str, Any],
+                    reasons: Dict[str, List[str]]) -> None:
+    """Versions: the majority (ties: rank 0's node); a node that differs is flagged."""
     vers = {n: {k: v for k, v in f["versions"].items() if k != "executable"}
             for n, f in facts.items()}
     if vers:
@@ -592,8 +643,14 @@ def judge(nodes: Sequence[str], facts: Dict[str, Any], reach: Dict[str, Any],
             diff = [f"{k} {v[k]} (others {usual[k]})" for k in v if v[k] != usual.get(k)]
             if diff:
                 reasons[n].append("differs from the other nodes: " + ", ".join(diff))
-    # the collective: a node that hung, crashed or never answered is the cause; the others'
-    # timeouts while they waited for it are its consequence (a note, not a failure of theirs)
+
+
+def _judge_collective(nodes: Sequence[str], facts: Dict[str, Any], results: Dict[str, Any],
+                      reasons: Dict[str, List[str]]
+                      ) -> Tuple[Dict[str, List[str]], Dict[str, Any]]:
+    """(notes per node, each node's collective). A node that hung, crashed or never answered
+    is the cause; the others' timeouts while they waited for it are its consequence (a note,
+    not a failure of theirs)."""
     notes: Dict[str, List[str]] = {n: [] for n in nodes}
     coll = {n: results.get(n, {}).get("collective") for n in nodes}
     # a collective the kernel showed stopped (state T) is the cause of the others' hangs too:
@@ -616,25 +673,7 @@ def judge(nodes: Sequence[str], facts: Dict[str, Any], reach: Dict[str, Any],
             notes[n].append(f"{line} (waiting for {', '.join(culprits)}, flagged)")
         else:
             reasons[n].append(line)
-    rows = []
-    for n in nodes:
-        f = facts.get(n, {})
-        c = results.get(n, {}).get("collective", {})
-        rows.append({"node": n, "ok": not reasons[n], "reasons": reasons[n], "notes": notes[n],
-                     "resolves_to": f.get("own"),
-                     "gloo": f"{(f.get('gloo') or {}).get('ifname')} "
-                             f"{(f.get('gloo') or {}).get('addr')}" if f else None,
-                     "nccl": (f"{(f.get('nccl') or {}).get('ifname')} "
-                              f"{(f.get('nccl') or {}).get('addr')}; collective "
-                              f"{c.get('nccl') or '-'}") if f else None,
-                     "versions": f.get("versions"), "collective": c.get("verdict"),
-                     "collective_s": c.get("s"), "stacks": c.get("stacks"),
-                     "task_s": results.get(n, {}).get("s"),
-                     "cpu_s": results.get(n, {}).get("cpu_s"),
-                     "matrix_s": reach.get(n, {}).get("s")})
-    said = sorted({str(c.get("nccl")) for c in coll.values() if c and c.get("nccl")})
-    return {"ok": all(r["ok"] for r in rows), "nodes": rows, "facts": facts, "reach": reach,
-            "results": results, "nccl": "; ".join(said) or None}
+    return notes, coll
 
 
 def table(report: Dict[str, Any]) -> str:

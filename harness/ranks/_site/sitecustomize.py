@@ -2,7 +2,7 @@
 
 The launchers put this folder first on ``PYTHONPATH`` for the processes of a run whose code the
 harness did not write (torchrun agents and their workers, a spawning parent and its children,
-a user's script). With ``HARNESS_OBSERVE_ROLE`` set, :func:`harness.observer.install` runs;
+a user's script). With ``HARNESS_OBSERVE_ROLE`` set, :func:`harness.ranks.observer.install` runs;
 then the ``sitecustomize`` this one hides (the interpreter's own, a virtualenv's) runs as it
 would have; then a held process waits for the start line. Without the variable it only chains.
 """
