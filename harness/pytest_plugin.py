@@ -291,9 +291,9 @@ def _forward_to_workers(state: _SessionState, sig: int) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The session's zygotes (``start: fork``'s warm parents, harness.forkserver) end with it;
+    """The session's zygotes (``start: fork``'s warm parents, harness.ranks.forkclient) end with it;
     (xdist worker) tell the controller what an interrupt made this worker clean up."""
-    from .ranks.forkserver import close_zygotes
+    from .ranks.forkclient import close_zygotes
 
     with interrupts.shield():
         close_zygotes()
