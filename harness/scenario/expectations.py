@@ -167,7 +167,7 @@ class RankExpect(Strict):
     @field_validator("message", "cause")
     @classmethod
     def _regex(cls, v: Any) -> Any:
-        # the engine and flags harness.expect matches with (the `regex` library)
+        # the engine and flags harness.scenario.expect matches with (the `regex` library)
         for pat in (v.values() if isinstance(v, dict) else [v] if v is not None else []):
             from .patterns import compile_message_pattern
 

@@ -27,7 +27,7 @@ from ..core.protocol import WORKLOAD_HELP, WORKLOAD_RE, model_mb, workload_phase
 from ..faults import Fault
 from ..launchers import LauncherSpec, launcher_kinds, launcher_of
 
-STEP_RE = WORKLOAD_RE   # the worker's grammar (harness.protocol)
+STEP_RE = WORKLOAD_RE   # the worker's grammar (harness.core.protocol)
 
 # markers that pytest or a common plugin gives a meaning to: as a label they would skip, time out,
 # parametrize or abort the session (pytest-timeout's needs an argument: INTERNALERROR)

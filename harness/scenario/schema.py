@@ -431,7 +431,7 @@ class Scenario(Strict):
                 "cwd": self.program_cwd()}
 
     def row_sets(self) -> List[Any]:
-        """Which rows a run of this case can have (harness.rows): the scenario's job's and
+        """Which rows a run of this case can have (harness.core.rows): the scenario's job's and
         those of the jobs and ranks its faults add."""
         from ..core.rows import RowSet
 
