@@ -29,7 +29,7 @@ def _no_leaked_processes():
     # start: fork's zygotes live as long as the session (the plugin ends them at
     # pytest_sessionfinish, which comes after this teardown): ended here the same way, so that
     # whatever is still alive below is a leak, a zygote that would not go included
-    from harness.ranks.forkserver import close_zygotes
+    from harness.ranks.forkclient import close_zygotes
 
     close_zygotes()
     left = _harness_children()

@@ -100,11 +100,11 @@ def test_a_rank_that_prints_a_lot_is_cut_and_still_ends_ok(tmp_path, monkeypatch
 
 
 def test_stacks_beyond_the_cap_are_cut_in_the_file_too(tmp_path, monkeypatch):
-    from harness.run import supervisor as launch
+    from harness.run import stacks
 
-    monkeypatch.setattr(launch, "STACKS_MAX", 1000)
+    monkeypatch.setattr(stacks, "STACKS_MAX", 1000)
     path = tmp_path / "rank-0.stacks"
     path.write_text("x" * 5000)
-    text = launch._read_stacks(path)
+    text = stacks._read_stacks(path)
     assert text.startswith("x" * 1000) and "[harness: 4000 bytes of stacks cut here]" in text
     assert path.read_text() == text

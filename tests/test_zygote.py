@@ -25,8 +25,8 @@ from harness.judge.classify import classify_run
 from harness.machine.procs import alive
 from harness.machine.rundir import sweep
 from harness.net import topology
-from harness.ranks import forkserver
-from harness.ranks.forkserver import PER_RUN_ENV, close_zygotes, warm_zygote, zygote_key
+from harness.ranks import forkclient
+from harness.ranks.forkclient import PER_RUN_ENV, close_zygotes, warm_zygote, zygote_key
 from harness.run.supervisor import Supervisor, run_scenario
 from harness.scenario.loader import load_text
 
@@ -46,7 +46,7 @@ def session(tmp_path, monkeypatch):
     monkeypatch.delenv("HARNESS_ZYGOTES", raising=False)
     close_zygotes()
     yield tmp_path
-    procs = [z.proc for z in forkserver.zygotes()]
+    procs = [z.proc for z in forkclient.zygotes()]
     close_zygotes()
     assert all(p.poll() is not None for p in procs)
     assert not list(state_dir(tmp_path).glob("zygote-*"))
@@ -102,7 +102,7 @@ def test_no_zygote_when_they_are_off_or_outside_the_main_thread(session, monkeyp
     t.start()
     t.join()
     assert got[0][0] is None and "main thread" in got[0][1]
-    assert forkserver.zygotes() == []
+    assert forkclient.zygotes() == []
 
 
 def test_python_forgets_the_machines_uname_in_a_new_uts_namespace():
@@ -221,7 +221,7 @@ def test_a_second_run_reuses_the_warm_zygote_and_its_ranks_see_their_host_as_fre
     assert [r["start"] for r in second.plan["ranks"]] == ["fork", "fork"]
     zygotes = {s["zygote"] for run in (first, second) for s in run.servers}
     assert len(zygotes) == 1 and [s["warm"] for s in second.servers] == [True, True]
-    (z,) = forkserver.zygotes()
+    (z,) = forkclient.zygotes()
     assert z.pid in zygotes and z.proc.poll() is None
     for label in ("0", "1"):
         assert warm_view[label]["net"] and warm_view[label]["uts"]
@@ -284,7 +284,7 @@ def test_a_zygote_whose_torch_import_fails_leaves_its_ranks_fresh_as_a_fresh_ser
     assert notes["2"] == notes["0"]
     assert all(n.startswith("the fork server could not fork: the server could not import "
                             "torch") for n in notes["2"])
-    assert forkserver.zygotes() == []   # the failed zygote was not kept
+    assert forkclient.zygotes() == []   # the failed zygote was not kept
 
 
 @pytest.mark.timeout(600)
@@ -309,7 +309,7 @@ def test_a_zygote_not_ready_in_time_is_closed_and_the_run_goes_on(session, monke
     assert server["warm"] is False and server["note"] == (
         "the warm server could not serve: the fork server of host local was not ready in 0 s")
     assert [r["start"] for r in run.plan["ranks"]] == ["fresh", "fresh"]
-    assert forkserver.zygotes() == []
+    assert forkclient.zygotes() == []
 
 
 @pytest.mark.timeout(600)
@@ -325,12 +325,12 @@ def test_a_zygote_killed_between_runs_is_replaced(session):
         workload: [all_reduce]
     """
     first = run_scenario(scenario(text))
-    (z,) = forkserver.zygotes()
+    (z,) = forkclient.zygotes()
     z.proc.popen.send_signal(signal.SIGKILL)
     z.proc.wait(30)
     second = run_scenario(scenario(text))
     assert [v.outcome for v in classify_run(second)] == ["ok", "ok"]
-    (z2,) = forkserver.zygotes()
+    (z2,) = forkclient.zygotes()
     assert first.servers[0]["zygote"] == z.pid != z2.pid == second.servers[0]["zygote"]
     assert second.servers[0]["warm"] is True
 

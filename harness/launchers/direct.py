@@ -1,13 +1,13 @@
 """The direct launcher: the harness starts every rank itself, one interpreter per rank.
 
 With the harness's worker (``program: worker``, the default) each rank is a fresh
-``python -m harness.ranks.worker SPEC`` that speaks the worker protocol on inherited descriptors:
-its event and stack channels, the start line on its stdin (harness.core.protocol). With a user's
-program each rank is ``python train.py ARGS`` (or ``python -m MODULE ARGS``) with RANK, WORLD_SIZE,
-LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as a cluster script would, and runs
-under the observer (harness.ranks.observer), held until the start line.
+``python -m harness.worker SPEC`` that speaks the worker protocol on inherited descriptors: its
+event and stack channels, the start line on its stdin (harness.protocol). With a user's program
+each rank is ``python train.py ARGS`` (or ``python -m MODULE ARGS``) with RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as a cluster script would, and
+runs under the observer (harness.observer), held until the start line.
 
-Every rank runs in its own session (harness.machine.procs), in its host's network namespace when the
+Every rank runs in its own session (harness.procs), in its host's network namespace when the
 run has them, with its stdout and stderr drained by the run's capture (bounded). Ranks are
 numbered from the master host (with env:// rank 0 hosts the store at MASTER_ADDR), then host by
 host in order.
@@ -71,11 +71,11 @@ class Direct(LauncherSpec):
 def start_direct(sup: Any) -> List[RankProcess]:
     """Start the plan's ranks: the fork servers first (one per host with forked ranks), then
     the fresh ranks (they import torch while the servers do), then the forked ones. A server
-    comes warm from the session's zygote (harness.ranks.forkserver) where it can, else fresh; a
+    comes warm from the session's zygote (harness.ranks.forkclient) where it can, else fresh; a
     warm one that cannot serve the run is replaced by a fresh one, its reason kept. A server
     that cannot fork at all (it failed to start, or torch left threads behind at import) is
     not a failure: its ranks start fresh, and their ``start_note`` says why."""
-    from ..ranks.forkserver import ForkServer, prune_zygotes
+    from ..ranks.forkclient import ForkServer, prune_zygotes
 
     ranks = sup.plan.launched_ranks()
     forked = [rp for rp in ranks if rp.start == "fork"]
@@ -117,7 +117,7 @@ def _start_server(sup: Any, rp: Any, ddp: bool, cls: Any, fresh_because: str = "
     that environment, which enters the host's namespaces itself (``Supervisor.host_entry``),
     or, where none can serve (``fresh_because``, or the zygote's reason), a fresh
     interpreter started in the host's namespaces by its exec prefix."""
-    from ..ranks.forkserver import warm_zygote
+    from ..ranks.forkclient import warm_zygote
     from . import RUNTIME_ENV
 
     env = {k: v for k, v in process_env(rp).items() if k not in RUNTIME_ENV}

@@ -6,74 +6,58 @@ lease, the plan, the topology, the supervisor, and the cleanup (inside ``interru
 a SIGTERM or a second Ctrl-C waits until it has finished). The :class:`Supervisor` runs the
 plan: a launcher (``harness.launchers``) starts every process; every rank imports torch and
 reports ``ready``; only then is the clock started (the start line) and each rank released when
-its release trigger holds; the scheduler (``harness.steps``) fires the faults' steps when their
-triggers hold, through the small Runtime interface this class implements. The supervisor knows
-no fault by name.
+its release trigger holds; the scheduler (``harness.faults.steps``) fires the faults' steps
+when their triggers hold, through the small Runtime interface this class implements
+(:mod:`harness.run.runtime`). The supervisor knows no fault by name. At the deadline it takes
+the live rows' stacks (:mod:`harness.run.stacks`); the evidence of a live run (sockets, the
+store, port owners, rules, counters) is :mod:`harness.run.probes`.
 
-A rank's stdout and stderr go through pipes drained by one thread (``harness.capture``): kept
-up to a head and a tail with a marker of what was cut, so evidence stays bounded. A rank that
-dies before it reported ``ready`` (Python or torch could not start) is a HarnessError naming
-the rank and the cause.
+A rank's stdout and stderr go through pipes drained by one thread
+(``harness.machine.output_caps``): kept up to a head and a tail with a marker of what was cut,
+so evidence stays bounded. A rank that dies before it reported ``ready`` (Python or torch could
+not start) is a HarnessError naming the rank and the cause.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..core.errors import HarnessError
 from ..core.protocol import (
-    ENDED,
-    EVERY_RANK,
     EXCEPTION,
     PHASE,
     RESULT,
     RUN_TMP,
-    STACK_SIGNAL,
     Event,
     last_phase,
     ready_event,
     result_of,
 )
-from ..faults.steps import Scheduler, StepError
-from ..judge import edits, pyspy
+from ..faults.steps import StepError
+from ..judge import edits
 from ..judge.effects import aggregate
 from ..judge.observation import RunObservation
 from ..judge.stderrlines import key_lines
-from ..launchers import Discovery, RankProcess, close_fds, process_env
+from ..launchers import RankProcess, close_fds
 from ..machine import cgroups, interrupts
-from ..machine.output_caps import Capture
 from ..machine.ports import PortLease
-from ..machine.procs import (
-    ForeignProcess,
-    ManagedProcess,
-    cpu_seconds,
-    kill_observed,
-    runqueue_wait,
-)
+from ..machine.procs import ForeignProcess, kill_observed, runqueue_wait
 from ..machine.rundir import RunDir, kill_recorded, sweep
-from ..net.sockets import port_owners
-from ..scenario.schema import Scenario, launcher_spec_of
-from ..services import ReadyLine, Service, ServiceError, Services, ServiceSpec
-from .plan import HostPlan, RunPlan, make_plan
+from ..scenario.schema import Scenario
+from .plan import make_plan
+from .probes import Probes
+from .runtime import POLL, READY_TIMEOUT, _remote
+from .stacks import STACK_LEAD, DeadlineStacks, _read_stacks
+from .stacks import native_stacks_available as native_stacks_available
 
-READY_TIMEOUT = float(os.environ.get("HARNESS_READY_TIMEOUT", "180"))
-POLL = 0.02
-# native stacks (py-spy symbolizes libtorch: ~0.4 s of CPU per rank) are started this long
-# before the deadline for the ranks alive then, so that the verdict does not wait for them
-STACK_LEAD = float(os.environ.get("HARNESS_STACK_LEAD", "2.0"))
 TAIL = 4000
-STACKS_MAX = 1 << 20     # a faulthandler dump is kept up to this many bytes per rank
 
 
 def _tail(path: Path) -> str:
@@ -86,27 +70,6 @@ def _tail(path: Path) -> str:
     except OSError:
         return ""
 
-
-def _read_stacks(path: Path) -> str:
-    """A rank's faulthandler dump, at most STACKS_MAX bytes (the file is cut to that too, with
-    a marker: it is evidence, and a rank with thousands of threads must not make it huge)."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            data = f.read(STACKS_MAX)
-    except OSError:
-        return ""
-    if size > STACKS_MAX:
-        note = f"\n[harness: {size - STACKS_MAX} bytes of stacks cut here]\n".encode()
-        data += note
-        try:
-            with open(path, "r+b") as f:
-                f.seek(STACKS_MAX)
-                f.write(note)
-                f.truncate()
-        except OSError:
-            pass
-    return data.decode(errors="replace")
 
 
 _ERROR_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception|Interrupt|Exit)\b|Fatal Python error)")
@@ -167,165 +130,9 @@ def _raised(events: Sequence[Event]) -> bool:
     return any(e.ev == RESULT and e.data.get("status") == EXCEPTION for e in events)
 
 
-def _remote(r: RankProcess) -> bool:
-    """The row's process runs on an allocation's node (harness.launchers.allocation): its pid
-    means nothing on this machine."""
-    return bool(getattr(r.proc, "remote", False))
-
-
-def native_stacks_available() -> bool:
-    return pyspy.executable() is not None
-
-
-def native_stacks(pid: int) -> Tuple[List[Dict[str, Any]], str]:
-    """A stuck rank's C++ frames (TCPStore::ping -> recv ...) by ``py-spy dump --native
-    --json`` (harness.pyspy; py-spy pauses it while reading): (threads, their text). Empty
-    without py-spy; the text is py-spy's error when it is not permitted (CAP_SYS_PTRACE)."""
-    return pyspy.dump(pid)
-
-
-class Supervisor:
-    """Runs one RunPlan. It is the Runtime that fault steps act through (harness.steps) and
-    the Clock their triggers read. Use ``run_scenario`` unless you build plans yourself."""
-
-    def __init__(self, plan: RunPlan, run_dir: RunDir, topo: Any = None,
-                 launcher: Optional[str] = None,
-                 progress: Optional[Callable[[str], None]] = None):
-        self.plan = plan
-        self.progress = progress         # one line at the start line and at each row's end
-        self.topo = topo                 # harness.topology.Topology when the run has namespaces
-        self.rundir = run_dir
-        self.dir = Path(plan.run_dir)
-        self.run_dir = self.dir
-        self.observe_dir = self.dir / "observed"   # observed processes' events (harness.observer)
-        self.ranks: List[RankProcess] = []   # every row: ranks, agents, parents, workers
-        self.services = Services(self.dir)   # helpers and services (harness.services)
-        self.fds: List[int] = []
-        self.owned: List[Any] = []   # what a launcher keeps for the run (fork servers): .close()
-        self.capture = Capture()
-        self.launcher = plan.launcher if plan.launcher is not None and launcher is None \
-            else launcher_spec_of(launcher or "direct")
-        self.discovery = Discovery(self.observe_dir)
-        self.t0: Optional[float] = None
-        self.scheduler = Scheduler(plan.steps, self, self)
-        self._native: Optional[Dict[str, Tuple[Future, float]]] = None   # early py-spy dumps
-        self._sockets_taken: Set[str] = set()     # rows whose sockets are in their observation
-        self._torch_checked: Set[str] = set()     # rows whose torch was judged (_check_torch)
-        self._native_pool: Optional[ThreadPoolExecutor] = None
-        self._store: Any = None    # the store's snapshot, being taken (a Future) or taken
-        self._stores: Dict[str, Any] = {}   # the workers' own stores' snapshots, by address
-        self._rules_at_deadline: Dict[str, str] = {}
-
-    # -- Runtime -------------------------------------------------------------------------------
-    def now(self) -> float:
-        return 0.0 if self.t0 is None else time.monotonic() - self.t0
-
-    def rank(self, label: str) -> RankProcess:
-        for r in self.ranks:
-            if r.label == str(label):
-                return r
-        raise KeyError(f"no rank {label!r} in this run")
-
-    def host(self, name: str) -> HostPlan:
-        return self.plan.host(name)
-
-    @property
-    def net(self) -> Any:
-        if self.topo is None:
-            raise StepError("this step needs the run's network namespaces, and it has none")
-        return self.topo
-
-    def python(self, module: str, *args: str) -> List[str]:
-        return [sys.executable, "-m", module, *args]
-
-    def start_helper(self, name: str, argv: Sequence[str], *, host: Optional[str] = None,
-                     ready_line: Optional[bytes] = b"ready") -> Service:
-        ready = None if ready_line is None else ReadyLine(ready_line.decode().strip())
-        n = sum(1 for _ in self.services)
-        return self.start_service(ServiceSpec(f"{name}#{n + 1}", list(argv), host or "",
-                                              ready=ready, timeout=READY_TIMEOUT))
-
-    def start_service(self, spec: ServiceSpec) -> Service:
-        host = spec.host or self._master_host()
-
-        def spawn(argv: Sequence[str], out: Any, err: Any) -> ManagedProcess:
-            return ManagedProcess(argv, name=spec.name, record=self.rundir.pids,
-                                  env=process_env(extra={}), cwd=str(self.dir), stdout=out,
-                                  stderr=err, prefix=self.prefix(host)
-                                  if spec.prefix is None else spec.prefix)
-
-        try:
-            with interrupts.shield():   # a process that exists is a process that is tracked
-                svc = self.services.start(spec, spawn)
-            return svc.wait_ready()
-        except ServiceError as e:
-            raise StepError(str(e)) from None
-
-    def service(self, name: str) -> Service:
-        try:
-            return self.services.get(name)
-        except ServiceError as e:
-            raise StepError(str(e)) from None
-
-    def run_helper(self, name: str, argv: Sequence[str], *, host: Optional[str] = None,
-                   timeout: float = READY_TIMEOUT) -> subprocess.CompletedProcess[str]:
-        host = host or self._master_host()
-        with interrupts.shield():
-            proc = ManagedProcess(argv, name=name, record=self.rundir.pids,
-                                  env=process_env(self.plan.ranks[0]), cwd=str(self.dir),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  prefix=self.prefix(host))
-        try:
-            out, err = proc.popen.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise StepError(f"{name} did not finish within {timeout:.0f} s") from None
-        return subprocess.CompletedProcess(proc.argv, proc.popen.returncode,
-                                           out.decode(errors="replace"),
-                                           err.decode(errors="replace"))
-
-    # -- Clock ---------------------------------------------------------------------------------
-    def phase_entered(self, rank: str, phase: str) -> Optional[float]:
-        if self.t0 is None:
-            return None
-        if rank == EVERY_RANK:   # when the last rank of the job's first attempt entered it
-            ranks = [str(n) for n in range(self.plan.world_size) if not self._absent(str(n))]
-            times = [t for t in (self.phase_entered(n, phase) for n in ranks) if t is not None]
-            return max(times) if times and len(times) == len(ranks) else None
-        try:
-            r = self.rank(rank)
-        except KeyError:
-            return None
-        if phase == ENDED:   # the anchor of a gate on another process's exit
-            return r.obs.ended_at if r.ended else None
-        t = r.entered(phase)
-        return None if t is None else t - self.t0
-
-    def step_done(self, step_id: str) -> Optional[float]:
-        return self.scheduler.step_done(step_id)
-
-    def _absent(self, label: str) -> bool:
-        """A rank the plan leaves out (absent_rank): it never enters a phase."""
-        try:
-            return bool(self.plan.rank(label).absent)
-        except KeyError:   # a worker a launcher starts: not in the plan
-            return False
-
-    # -- where things run ----------------------------------------------------------------------
-    def prefix(self, host: str) -> List[str]:
-        return self.topo.exec_prefix(host) if self.topo is not None else []
-
-    def host_entry(self, host: str) -> Optional[Dict[str, Optional[str]]]:
-        """What :meth:`prefix` enters, as paths (None: the machine's own namespaces)."""
-        return self.topo.host_entry(host) if self.topo is not None else None
-
-    def addr_of(self, host: str) -> str:
-        if self.plan.hosts and any(h.name == host for h in self.plan.hosts):
-            return self.plan.host(host).addr
-        return self.plan.hosts[0].addr if self.plan.hosts else "127.0.0.1"
-
-    def _master_host(self) -> str:
-        return self.plan.ranks[0].host
+class Supervisor(Probes, DeadlineStacks):
+    """Runs one RunPlan. It is the Runtime that fault steps act through (harness.faults.steps)
+    and the Clock their triggers read. Use ``run_scenario`` unless you build plans yourself."""
 
     # -- start ---------------------------------------------------------------------------------
     def _wait_ready(self) -> None:
@@ -366,10 +173,11 @@ class Supervisor:
 
     def _check_torch(self) -> None:
         """Every process that said ``ready`` ran the torch of the interpreter it was given
-        (protocol.torch_identity against harness.probe of that interpreter), or the run is a
-        harness error naming who ran which torch from where: a report must never say one torch
-        while ranks ran another (a path that leaks another environment's site-packages). A
-        process whose plan sets its own PYTHONPATH chose its torch itself and is not judged."""
+        (protocol.torch_identity against harness.machine.torch_probe of that interpreter), or
+        the run is a harness error naming who ran which torch from where: a report must never
+        say one torch while ranks ran another (a path that leaks another environment's
+        site-packages). A process whose plan sets its own PYTHONPATH chose its torch itself and
+        is not judged."""
         from ..machine.torch_probe import probe
 
         for r in self.ranks:
@@ -391,134 +199,6 @@ class Supervisor:
                     f"{python or sys.executable} has torch {want.get('torch')} at "
                     f"{want['torch_path']}: something on its path shadows the interpreter's "
                     "own torch, so the run would report the wrong torch")
-
-    # -- the end -------------------------------------------------------------------------------
-    def _capture_stacks(self, live: List[RankProcess]) -> None:
-        """Every live rank's stacks, all ranks at once: py-spy's native stacks where permitted
-        (one py-spy per rank, in parallel), then the faulthandler dump of every rank
-        (protocol.STACK_SIGNAL; SIGCONT too, so that a stopped rank can write it). What a
-        resumed rank does after the deadline is not part of the run: its events are cut at
-        the deadline."""
-        import psutil
-
-        early = self._native or {}
-        spied: List[RankProcess] = []
-        remote = [r for r in live if _remote(r)]
-        for r in remote:     # on an allocation's node: its task helper signals it there
-            r.proc.dump_stacks()
-        live_here = [r for r in live if not _remote(r)]
-        for r in live:
-            r.read_events()
-            r.cutoff = len(r.obs.events)
-        for r in live_here:
-            if r.label in early:
-                continue
-            try:
-                stopped = psutil.Process(r.proc.pid).status() == psutil.STATUS_STOPPED
-            except psutil.Error:
-                stopped = False
-            if stopped and native_stacks_available():
-                r.obs.native_stacks = ("(no native stacks: the rank is stopped (SIGSTOP) and "
-                                       "py-spy cannot attach to a stopped process)")
-            else:
-                spied.append(r)
-        # the dump signal first: py-spy pauses a rank while it reads it, which would hold up
-        # the rank's own dump
-        for r in live_here:
-            try:
-                os.kill(r.proc.pid, STACK_SIGNAL)
-                os.kill(r.proc.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        pool = ThreadPoolExecutor(max_workers=max(1, len(spied)), thread_name_prefix="py-spy")
-        try:
-            self._read_dumps(live, remote, early,
-                             {r.label: (pool.submit(native_stacks, r.proc.pid), self.now())
-                              for r in spied})
-        finally:
-            # also when interrupted: an idle worker no shutdown woke would hold the
-            # interpreter's exit for good (its py-spy, if any, ends by its own timeout)
-            with interrupts.shield():
-                pool.shutdown(wait=False)
-
-    def _read_dumps(self, live: List[RankProcess], remote: List[RankProcess],
-                    early: Dict[str, Tuple[Future, float]],
-                    late: Dict[str, Tuple[Future, float]]) -> None:
-        """Each live rank's faulthandler dump once complete, and its py-spy dump: ``early``
-        (taken before the deadline) or ``late`` (now)."""
-        # faulthandler writes from its signal handler at once; a dump is complete when the
-        # file stopped growing (three looks 10 ms apart: 20 ms without a byte); a rank gets up
-        # to 3 s
-        sizes: Dict[str, int] = {}
-        stable: Dict[str, int] = {}
-        # a remote rank's dump goes through its helper (a command file, a poll) and a shared
-        # file system: more time
-        limit = time.monotonic() + (10.0 if remote else 3.0)
-        while time.monotonic() < limit:
-            done = True
-            for r in live:
-                size = r.stacks_path.stat().st_size if r.stacks_path.exists() else 0
-                stable[r.label] = stable.get(r.label, 0) + 1 \
-                    if size and sizes.get(r.label) == size else 0
-                if stable[r.label] < 2:
-                    done = False
-                sizes[r.label] = size
-            if done:
-                break
-            time.sleep(0.01)
-        for r in live:
-            r.obs.stacks = _read_stacks(r.stacks_path)
-            taken = early.get(r.label) or late.get(r.label)
-            if taken is not None:
-                future, at = taken
-                threads, text = future.result()
-                r.obs.native_stacks = (f"(taken at {at:.2f} s)\n" + text) if text else text
-                r.obs.native_threads = threads
-
-    def _sample_cpu(self, rows: Optional[Sequence[RankProcess]] = None) -> None:
-        """(seconds after the start line, CPU seconds used) of each live row on this machine,
-        appended to its ``cpu_samples``: read twice, before the deadline and at it, they tell a
-        rank still at work from one blocked in a call (harness.diagnose: still progressing)."""
-        now = round(self.now(), 3)
-        for r in (self.ranks if rows is None else rows):
-            if _remote(r) or r.ended or r.proc.pid is None:
-                continue
-            used = cpu_seconds(int(r.proc.pid))
-            if used is not None:
-                r.obs.cpu_samples.append((now, used))
-
-    def _start_native_stacks(self) -> None:
-        """py-spy, in parallel, ``STACK_LEAD`` s (at most a quarter of the deadline) before the
-        deadline, once, for every rank that is alive and has said nothing for that long (it
-        looks stuck: py-spy pauses a process while it reads its native stack, which must not
-        slow down a rank still at work; those are read at the deadline). The ranks still alive
-        at the deadline keep theirs, marked with the time they were taken (a stuck rank's
-        native stack does not change); the others' are dropped."""
-        import psutil
-
-        self._native = {}
-        self._sample_cpu()     # the first of two reads: a rank at work uses CPU between them
-        if not native_stacks_available():
-            return
-        alive = []
-        quiet_since = time.monotonic() - min(STACK_LEAD, self.plan.deadline / 4)
-        for r in self.ranks:
-            if _remote(r) or r.ended or r.proc.poll() is not None:
-                continue
-            r.read_events()
-            if r.obs.events and r.obs.events[-1].t > quiet_since:
-                continue
-            try:
-                if psutil.Process(r.proc.pid).status() == psutil.STATUS_STOPPED:
-                    continue
-            except psutil.Error:
-                continue
-            alive.append(r)
-        if alive:
-            self._native_pool = ThreadPoolExecutor(max_workers=len(alive))
-            now = self.now()
-            self._native = {r.label: (self._native_pool.submit(native_stacks, r.proc.pid), now)
-                            for r in alive}
 
     def _say(self, line: str) -> None:
         """A progress line (pytest -v shows them live); a failing printer never stops a run."""
@@ -543,6 +223,22 @@ class Supervisor:
                   f"{last_phase(r.obs.events)}: {how}")
 
     def run(self) -> RunObservation:
+        owners, memory = self._start()
+        torch_version = next((str(e.data.get("torch")) for r in self.ranks
+                              for e in [ready_event(r.obs.events)] if e is not None), "unknown")
+        deadline = self.plan.deadline
+        self._say(f"start line: {len(self.ranks)} process{'es' * (len(self.ranks) != 1)} "
+                  f"ready (torch {torch_version}), released; deadline {deadline:g} s")
+        self._watch(deadline)
+        live = [r for r in self.ranks if not r.ended]
+        if live:
+            self._at_deadline(live, deadline)
+        self._reap()
+        return self._observation(torch_version, owners, memory)
+
+    def _start(self) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+        """Every process started and ready, its torch checked, then the start line (``t0``):
+        (who held the master port, the harness's own memory) as seen before it."""
         self.scheduler.setup()            # set-up steps: before any process of the run starts
         looking = self._port_owners_start()   # while the ranks import (none binds before
         self.observe_dir.mkdir(exist_ok=True)  # the start line)
@@ -552,11 +248,11 @@ class Supervisor:
         owners = self._port_owners_end(looking)
         memory = self._own_memory()
         self.t0 = time.monotonic()
-        torch_version = next((str(e.data.get("torch")) for r in self.ranks
-                              for e in [ready_event(r.obs.events)] if e is not None), "unknown")
-        deadline = self.plan.deadline
-        self._say(f"start line: {len(self.ranks)} process{'es' * (len(self.ranks) != 1)} "
-                  f"ready (torch {torch_version}), released; deadline {deadline:g} s")
+        return owners, memory
+
+    def _watch(self, deadline: float) -> None:
+        """From the start line until every row ended or the deadline: release the ranks, read
+        their events, fire the steps, take the evidence of a row that raised."""
         while True:
             now = self.now()
             for r in self.ranks:
@@ -582,21 +278,27 @@ class Supervisor:
             if self._native is None and now >= deadline - min(STACK_LEAD, deadline / 4):
                 self._start_native_stacks()
             time.sleep(POLL)
-        live = [r for r in self.ranks if not r.ended]
-        if live:
-            self._take_store(again=True)
-            self._say(f"deadline {deadline:g} s: {', '.join(r.label for r in live)} still "
-                      "alive: taking stacks, killing")
-            self._take_sockets(live)
-            self._sample_cpu(live)   # the second read, before the stacks' pause
-            for r in live:   # what the load added to its duration, before the stacks' pause
-                pid = r.obs.pid
-                r.obs.waited_at_deadline = runqueue_wait(int(pid)) \
-                    if pid and not _remote(r) else None
-            self._capture_stacks(live)
-            for r in live:
-                r.obs.killed_at_deadline = True
-            self._kill(live)
+
+    def _at_deadline(self, live: List[RankProcess], deadline: float) -> None:
+        """The rows alive at the deadline: the store, their sockets, CPU and stacks, then the
+        kill."""
+        self._take_store(again=True)
+        self._say(f"deadline {deadline:g} s: {', '.join(r.label for r in live)} still "
+                  "alive: taking stacks, killing")
+        self._take_sockets(live)
+        self._sample_cpu(live)   # the second read, before the stacks' pause
+        for r in live:   # what the load added to its duration, before the stacks' pause
+            pid = r.obs.pid
+            r.obs.waited_at_deadline = runqueue_wait(int(pid)) \
+                if pid and not _remote(r) else None
+        self._capture_stacks(live)
+        for r in live:
+            r.obs.killed_at_deadline = True
+        self._kill(live)
+
+    def _reap(self) -> None:
+        """Every row's end: its exit status, its events cut at the deadline, its output's
+        tails and stacks."""
         for r in self.ranks:
             self._wait(r)
             r.read_events()
@@ -617,6 +319,11 @@ class Supervisor:
             r.obs.stderr_key = key_lines(r.err_path) if r.err_path else ""
             if not r.obs.stacks and r.stacks_path.exists():
                 r.obs.stacks = _read_stacks(r.stacks_path)
+
+    def _observation(self, torch_version: str, owners: List[Dict[str, Any]],
+                     memory: Dict[str, Any]) -> RunObservation:
+        """What was seen of the run, read before the teardown (the steps' undo and what nft
+        counted go with it)."""
         wall = self.now()
         rules = self._rules_at_deadline or ({h.name: self._rules(h.name)
                                              for h in self.plan.hosts}
@@ -643,224 +350,6 @@ class Supervisor:
                               store=store, stores=stores,
                               servers=[o.record() for o in self.owned if hasattr(o, "record")],
                               effects=effects)
-
-    def _take_sockets(self, rows: Sequence[RankProcess]) -> None:
-        """The TCP sockets of ``rows``, read from /proc (harness.sockets: no process is
-        entered, nothing waits), each remote end named when a process of the run holds it.
-        Evidence only: whatever goes wrong leaves the rows without sockets."""
-        from ..net.sockets import children, snapshot
-
-        names: Dict[int, str] = {}
-        rows = [r for r in rows if not _remote(r)]   # a node's /proc is not this machine's
-        try:
-            for r in self.ranks:
-                if _remote(r):
-                    continue
-                if r.proc.pid is not None and r.proc.poll() is None:
-                    names[r.proc.pid] = r.label if r.label.startswith(f"{r.role}:") \
-                        or f":{r.role}:" in r.label else f"{r.role} {r.label}"
-                    if r.role == "rank":
-                        names[r.proc.pid] = f"rank {r.label}"
-            for pid in list(names):
-                for c in children(pid):
-                    names.setdefault(c, f"a child of {names[pid]} (pid {c})")
-            for svc in self.services:
-                try:
-                    names.setdefault(svc.pid, f"{svc.name} (pid {svc.pid}, the harness's)")
-                except Exception:  # noqa: BLE001 - not started
-                    continue
-            table = snapshot(names, t=round(self.now(), 3))
-        except Exception:  # noqa: BLE001 - evidence only: never fail the run for it
-            return
-        for r in rows:
-            self._sockets_taken.add(r.label)
-            if r.proc.pid in table:
-                r.obs.sockets = table[r.proc.pid]
-
-    def _store_addr(self) -> Optional[Tuple[str, str]]:
-        """(host, "ip:port") where the job's store listens (harness.jobstore: the port the
-        launch gives it, not necessarily the lease), on the loopback of its host (TCPStore
-        listens on every address of its host; asking by loopback needs no name and no route);
-        where rank 0 was told another MASTER_PORT (a fault), that one. A port chosen at run
-        time (torchrun's standalone or single-node launch) is the one its rank-0 worker was
-        handed, as observed. None: no store port is known (init: file, or none observed)."""
-        store = self.plan.store()
-        first = self.plan.ranks[0]
-        port = str(store.port) if store.port is not None else ""
-        if not port and store.kind == "tcp":
-            for r in self.ranks:
-                info = r.obs.info or {}
-                if r.obs.role == "worker" and info.get("rank") == 0 and \
-                        str(info.get("use_agent_store")) != "False" and \
-                        str(info.get("master_port") or "").isdigit():
-                    return r.obs.host, f"127.0.0.1:{info['master_port']}"
-        if first.rank == 0 and first.role == "rank" and store.kind == "tcp" and \
-                not first.init.url:
-            told = str((first.env or {}).get("MASTER_PORT") or "")
-            port = told if told.isdigit() else port
-        if not port:
-            return None
-        host = store.host or first.host
-        six = ":" in str(self.plan.master_addr) and not str(self.plan.master_addr).startswith("[")
-        return host, (f"[::1]:{port}" if six else f"127.0.0.1:{port}")
-
-    def _take_store(self, again: bool = False) -> None:
-        """Ask the run's store what it holds (harness.storeprobe), once, in a thread: at the
-        deadline before the kill, or when a rank first raises. Evidence only. The nft rules
-        in force are read at the deadline too (a rule a trigger lifts later is still shown)."""
-        if (self._store is not None and not again) or not self.plan.ranks:
-            return
-        if self.plan.allocation is not None:   # the store is on a node, not on this machine
-            return
-        from ..net.storeprobe import StoreSnapshot, connect_and_ask
-
-        where = self._store_addr()
-        host, addr = where if where is not None else ("", "")
-        t = round(self.now(), 3)
-
-        def asking() -> Optional[StoreSnapshot]:
-            if where is None:   # no store port known: nothing to ask
-                return None
-            fam = socket.AF_INET6 if addr.startswith("[") else socket.AF_INET
-            try:
-                sock = self.topo.socket(host, fam, socket.SOCK_STREAM) \
-                    if self.topo is not None else socket.socket(fam, socket.SOCK_STREAM)
-            except Exception as e:  # noqa: BLE001 - evidence only
-                return StoreSnapshot(addr=addr, host=host, t=t, error=str(e))
-            snap = connect_and_ask(sock, addr)
-            snap.host, snap.t = host, t
-            return snap
-
-        # submitted and shut down as one: a Ctrl-C between (one landing in the worker thread's
-        # start is enough) left the worker waiting for work that never came, its executor held
-        # by the traceback, and the interpreter's exit joined it for good (pytest hung after
-        # two quick Ctrl-Cs: 2 of 6 tries)
-        with interrupts.shield():
-            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
-            try:
-                self._store = pool.submit(asking)
-                for whost, waddr in self._worker_stores():
-                    if waddr != addr:
-                        self._stores[waddr] = pool.submit(self._asker(whost, waddr, t))
-            finally:
-                pool.shutdown(wait=False)
-        if self.topo is not None and self.now() >= self.plan.deadline:
-            self._rules_at_deadline = {h.name: self._rules(h.name) for h in self.plan.hosts}
-
-    def _asker(self, host: str, addr: str, t: float) -> Any:
-        from ..net.storeprobe import StoreSnapshot, connect_and_ask
-
-        def asking() -> StoreSnapshot:
-            try:
-                sock = self.topo.socket(host, socket.AF_INET, socket.SOCK_STREAM) \
-                    if self.topo is not None else socket.socket(socket.AF_INET,
-                                                                socket.SOCK_STREAM)
-            except Exception as e:  # noqa: BLE001 - evidence only
-                return StoreSnapshot(addr=addr, host=host, t=t, error=str(e))
-            snap = connect_and_ask(sock, addr)
-            snap.host, snap.t = host, t
-            return snap
-        return asking
-
-    def _worker_stores(self) -> List[Tuple[str, str]]:
-        """(host, "127.0.0.1:port") of each store torchrun's workers host themselves
-        (TORCHELASTIC_USE_AGENT_STORE False: their rank 0 starts a TCPStore on MASTER_PORT),
-        asked on the host of the worker that hosts it."""
-        out: Dict[str, str] = {}
-        for r in self.ranks:
-            info = r.obs.info or {}
-            if r.obs.role != "worker" or str(info.get("use_agent_store")) != "False" or \
-                    not str(info.get("master_port") or "").isdigit():
-                continue
-            addr = f"127.0.0.1:{info['master_port']}"
-            if info.get("rank") == 0 or addr not in out:
-                out[addr] = r.obs.host
-        return [(h, a) for a, h in out.items()]
-
-    def _stores_snapshots(self) -> List[Dict[str, Any]]:
-        out = []
-        for fut in self._stores.values():
-            try:
-                out.append(dict(fut.result(timeout=5.0).to_dict()))
-            except Exception:  # noqa: BLE001 - evidence only
-                pass
-        return out
-
-    def _store_snapshot(self) -> Dict[str, Any]:
-        if self._store is None:
-            return {}
-        try:
-            snap = self._store.result(timeout=5.0)
-            return dict(snap.to_dict()) if snap is not None else {}
-        except Exception:  # noqa: BLE001 - evidence only
-            return {}
-
-    def _own_memory(self) -> Dict[str, Any]:
-        """The harness's own resident memory when every rank is ready: this supervisor and what
-        its launcher keeps for the run (fork servers; a forked rank's pages shared with its
-        server are counted once, in the server), in MiB, and per rank of the run."""
-        import psutil
-
-        def rss(pid: int) -> float:
-            try:
-                return float(psutil.Process(pid).memory_info().rss) / (1 << 20)
-            except psutil.Error:
-                return 0.0
-
-        sup = rss(os.getpid())
-        servers = sum(rss(int(o.pid)) for o in self.owned if getattr(o, "pid", None))
-        n = max(1, len(self.ranks))
-        return {"supervisor_mb": round(sup, 1), "servers_mb": round(servers, 1),
-                "ranks": len(self.ranks), "per_rank_mb": round((sup + servers) / n, 2)}
-
-    def _port_owners_start(self) -> Any:
-        """Who holds MASTER_PORT, seen from the master host (inside its namespace if any:
-        psutil only sees the network namespace it runs in): asked now, in a child that the
-        ranks' start does not wait for (:meth:`_port_owners_end` reads it before the start
-        line; no rank binds a port before it)."""
-        if self.plan.allocation is not None:   # the master port is a node's, not ours
-            return []
-        port = self.plan.store().port   # the job's store port (harness.jobstore)
-        if port is None:
-            return []
-        if self.topo is None:
-            return port_owners(port)
-        # harness.sockets imports nothing of the harness: the child costs ~40 ms of CPU
-        # where one importing harness.launch cost ~0.3 s, once per run with namespaces
-        code = ("import json,sys; from harness.net.sockets import port_owners; "
-                f"print(json.dumps(port_owners({port})))")
-        try:
-            with interrupts.shield():
-                return ManagedProcess(self.prefix(self.plan.store().host or
-                                                  self._master_host()) +
-                                      [sys.executable, "-c", code], name="port owners",
-                                      record=self.rundir.pids, env=process_env(),
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        except OSError:
-            return []
-
-    def _port_owners_end(self, looking: Any) -> List[Dict[str, Any]]:
-        if not isinstance(looking, ManagedProcess):
-            return list(looking)
-        try:
-            out, _ = looking.popen.communicate(timeout=60)
-            return list(json.loads(out.decode().strip().splitlines()[-1]))
-        except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
-            return []
-        finally:
-            looking.kill()
-
-    def _counters(self, host: str) -> Dict[str, int]:
-        try:
-            return dict(self.topo.counters(host))
-        except Exception:  # noqa: BLE001 - evidence only: never fail the run for it
-            return {}
-
-    def _rules(self, host: str) -> str:
-        try:
-            return str(self.topo.rules(host))
-        except Exception as e:  # evidence only: never fail the run for it
-            return f"(could not list: {e})"
 
     def _kill(self, rows: List[RankProcess]) -> None:
         """SIGKILL: the processes the harness started first (an agent that saw its workers die
@@ -903,9 +392,9 @@ def run_scenario(scn: Scenario, keep: Optional[Path] = None,
     when the harness failed (a HarnessError), with the error in ``harness-error.txt``.
     ``progress``: called with one line when the start line is released, when each row ends
     and at the deadline (``pytest -v`` prints them live).
-    ``allocation`` (harness.allocation.Allocation): the ranks run across its nodes (the
-    scenario adapted by ``harness.allocation.adapt``); the run directory goes to its shared
-    folder, and no namespace is made.
+    ``allocation`` (harness.tools.allocation_catalog.Allocation): the ranks run across its
+    nodes (the scenario adapted by ``harness.tools.allocation_catalog.adapt``); the run
+    directory goes to its shared folder, and no namespace is made.
     """
     from ..net import topology
 
