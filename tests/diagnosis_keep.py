@@ -31,6 +31,17 @@ from typing import Any, Dict, List, Tuple
 CORPUS = Path(__file__).parent / "data" / "diagnosis"
 GZIP_OVER = 64 * 1024   # bytes of JSON above which an entry is written gzipped
 
+# The rules no real kept observation covers yet, with where one may come from: a ratchet that
+# only shrinks (tests/test_diagnosis_corpus.py and tests/test_diagnosis_registry.py read it;
+# a rule that gains an entry leaves it). Never fake an entry: keep a real run's evidence.
+UNCOVERED = {
+    "rendezvous_already_closed",       # rendezvous.py: a late node of an elastic job
+    "starved_in_init",                 # faulted.py: cpu_contention before the store
+    "refused_and_retried",             # store.py: refusals counted by AttemptFails
+    "listen_queue_overflowed",         # network.py: a small somaxconn that overflowed
+    "the_store_shows_who_is_missing",  # hang.py: the store probe's view at the deadline
+}
+
 
 def diagnosed(observation: Dict[str, Any]) -> Tuple[Any, List[Any]]:
     """The run and its verdicts with causes, as the harness gives them now."""
