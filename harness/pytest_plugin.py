@@ -11,9 +11,9 @@ and, unless other collection errors exist, the remaining scenarios still run.
 The run happens in the item's setup (a failure of the harness there is a test *error*); the
 verdicts are compared in the call (a mismatch is a test *failure*, shown as a table).
 
-Evidence goes to one folder per session (``harness.evidence``), chosen by the controller and
+Evidence goes to one folder per session (``harness.reports.evidence``), chosen by the controller and
 handed to xdist workers through ``workerinput``. SIGTERM is turned into an interrupt and
-repeated signals wait for cleanup (``harness.interrupts``); after an interrupt the session's
+repeated signals wait for cleanup (``harness.machine.interrupts``); after an interrupt the session's
 last line says so, and after SIGTERM the process ends by SIGTERM (exit status 143). Ctrl-C keeps
 pytest's own exit code 2.
 """
@@ -160,7 +160,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 class _LongestFirst:
-    """Scenario cases start longest first (``harness.schedule``), and every session records
+    """Scenario cases start longest first (``harness.run.schedule``), and every session records
     what its cases took in pytest's cache for the next one. Under pytest-xdist each worker
     collects and sorts alike (the same files, the same cache), and the controller hands out one
     case at a time (``--maxschedchunk 1`` unless given): xdist's default first hands each worker
@@ -493,7 +493,7 @@ class ScenarioItem(pytest.Item):
         if scenario.race is not None:
             self.add_marker("race")
         # pytest-timeout's guard: past every run's deadline plus start-up and clean-up
-        # (and the admission gate's wait before each run: harness.admission)
+        # (and the admission gate's wait before each run: harness.machine.admission)
         self.add_marker(pytest.mark.timeout(self.repeat() * (scenario.deadline + 60) + 840))
         self.extra_keyword_matches.update(f.kind for f in scenario.faults)
         self.extra_keyword_matches.update({*scenario.backend_names(), scenario.init})

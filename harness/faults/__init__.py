@@ -3,13 +3,13 @@
 A fault is a small pydantic model (its YAML parameters, ``kind`` first) and owns:
 
 * ``check(scenario)``: located problems the schema alone cannot see (a rank outside the world,
-  the wrong init method...); ``scenario`` is the :class:`harness.schema.Scenario`, ``plan``
-  below the :class:`harness.plan.RunPlan` (typed loosely here: this package is below both);
+  the wrong init method...); ``scenario`` is the :class:`harness.scenario.schema.Scenario`, ``plan``
+  below the :class:`harness.run.plan.RunPlan` (typed loosely here: this package is below both);
 * ``requirements(scenario)``: what it needs from the machine (root, a tool, a kernel feature),
-  as :class:`harness.requirements.Requirement` objects; the skip reason of a scenario and
+  as :class:`harness.run.requirements.Requirement` objects; the skip reason of a scenario and
   ``harness doctor`` both read them (``REQUIRES`` lists every one a kind may need);
 * ``apply(plan, scenario)``: its effect on the run plan: environment and init arguments of
-  ranks, extra ranks, and :class:`harness.steps.Step` objects with their triggers.
+  ranks, extra ranks, and :class:`harness.faults.steps.Step` objects with their triggers.
 
 Every fault kind, the built-in ones included, is registered through the entry-point group
 ``torchdist_harness.faults``. An entry point may name a Fault subclass, a module, or a package
@@ -65,7 +65,7 @@ class HarnessPluginWarning(UserWarning):
 class Fault(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     kind: str
-    # a fault proves it acted (harness.effects): its steps' probes (Step.effect) read what it
+    # a fault proves it acted (harness.judge.effects): its steps' probes (Step.effect) read what it
     # did in the run; one that saw no effect fails the case unless the fault may have none
     effect: Literal["required", "optional"] = Field(
         "required", description="required (default): a fault whose probe saw no effect in the "
@@ -78,15 +78,15 @@ class Fault(BaseModel):
     REQUIRES: ClassVar[Sequence[Requirement]] = ()   # everything this kind may need
     needs_netns: ClassVar[bool] = False   # the run must have network namespaces
     needs_link: ClassVar[bool] = False    # ... and hosts joined by a real link (not only lo)
-    # across a real allocation's nodes (harness.allocation): None = it works there (what it
-    # does reaches the ranks through their environment, their worker spec, their release or a
-    # signal the node's task helper sends); a text = why it is skipped there. Left at UNSAID, a
+    # across a real allocation's nodes (harness.tools.allocation_catalog): None = it works there
+    # (what it does reaches the ranks through their environment, their worker spec, their release
+    # or a signal the node's task helper sends); a text = why it is skipped there. Left at UNSAID, a
     # kind that needs network namespaces is skipped as needing root, any other kind as one
     # that never said it works there: never a silent pass
     ON_ALLOCATION: ClassVar[Optional[str]] = UNSAID
     # True: a run with this fault needs the machine to itself (it starves a rank of CPU and
-    # measures what that did, which any run beside it would change): harness.admission admits
-    # it only when no other run is in flight, and holds every other run while it waits
+    # measures what that did, which any run beside it would change): harness.machine.admission
+    # admits it only when no other run is in flight, and holds every other run while it waits
     ALONE: ClassVar[bool] = False
 
     @model_serializer(mode="wrap")
@@ -108,10 +108,10 @@ class Fault(BaseModel):
             for i, r in enumerate(value if isinstance(value, list) else [value]):
                 loc = (name, i) if isinstance(value, list) else (name,)
                 # "*" (every rank of the job) where the field only says whose phase starts
-                # the fault (harness.triggers.When.WILDCARD_FIELDS: rank; kill_rank: of)
+                # the fault (harness.core.triggers.When.WILDCARD_FIELDS: rank; kill_rank: of)
                 if r == EVERY_RANK and name in getattr(self, "WILDCARD_FIELDS", ()) \
                         and getattr(self, "phase", None) is not None:
-                    continue   # whose phase: every rank's (harness.triggers)
+                    continue   # whose phase: every rank's (harness.core.triggers)
                 if isinstance(r, str):   # a process by its label: "agent:node1", "1@1"
                     why = target_problem(r, scn)
                     if why:

@@ -3,7 +3,7 @@ dnsmasq on a host of its own in the topology, owned by the run like any service
 (harness.services.dns: the service itself), for a scenario with a ``dns:`` block.
 
 * Where: a namespace host named ``dns`` (``dns.host``) on the run's bridge, with the last
-  addresses of the run's networks (``.254`` / ``::fe``: :class:`harness.topology.Topology`'s
+  addresses of the run's networks (``.254`` / ``::fe``: :class:`harness.net.topology.Topology`'s
   ``service_hosts``), no ranks. Every scenario host's resolver view then says ``hosts: files
   dns`` and ``nameserver <that address>`` (+ ``search``, ``options timeout attempts``): the
   only name server any rank can ask is the run's own, and it has no upstream.
@@ -23,7 +23,7 @@ dnsmasq on a host of its own in the topology, owned by the run like any service
   forwarded by dnsmasq to the harness's responder (harness.services.dns_responder) on the
   server's own loopback (``server=/NAME/127.0.0.1#PORT``): the ranks still ask dnsmasq only.
 * Ready: the supervisor asks a real query from inside a scenario host's namespace (a socket
-  made there: :meth:`harness.topology.Topology.socket`) until an answer comes back; never a
+  made there: :meth:`harness.net.topology.Topology.socket`) until an answer comes back; never a
   sleep.
 """
 

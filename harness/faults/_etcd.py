@@ -10,7 +10,7 @@ line, readiness, requirements) is :mod:`harness.services.etcd`.
 * Ports: a client and a peer port leased for the run (never 2379/2380, so that runs beside it
   under ``pytest -n 4`` never share one). Data: ``<run>/etcd/etcd-data`` (left out of the
   kept evidence: etcd preallocates a 64 MB write-ahead log; its log is ``service-etcd.err``).
-* Started by the set-up step :class:`EtcdUp` through ``python -m harness.procs --exec`` (a
+* Started by the set-up step :class:`EtcdUp` through ``python -m harness.machine.procs --exec`` (a
   death signal for a program the harness did not write; the pid record lets the next run's
   sweep kill it after a SIGKILLed run), ready when ``GET /version`` answers 200 from inside
   its host; stopped with the run like every service.

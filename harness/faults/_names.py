@@ -1,6 +1,6 @@
 """Shared parts of the name faults: each host's own hosts file (its resolver view in
 ``/etc/netns/<ns>/hosts``, which ranks read through their bind mount) says what a name
-resolves to. No DNS is involved: the view has ``hosts: files`` only (harness.resolver).
+resolves to. No DNS is involved: the view has ``hosts: files`` only (harness.net.resolver).
 
 Evidence (:meth:`WriteHosts.effect`): each host's hosts file read back right after the step
 wrote it (the addresses it lists for each name, or none), and, for what the file still says

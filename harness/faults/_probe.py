@@ -66,7 +66,7 @@ def own_connections(pid: int, port: int) -> List[Dict[str, Any]]:
     gateway dials its own client port): a probe that counts clients leaves them out."""
     peers: Dict[Tuple[str, str], int] = {}
     socks = sockets(pid, port, "tcp", peer_of=peers)
-    mine = set(socket_inodes(pid))   # harness.sockets: the pid's open socket inodes
+    mine = set(socket_inodes(pid))   # harness.net.sockets: the pid's open socket inodes
     return [s for s in socks if s["state"] != "LISTEN"
             and peers.get((s["remote"], s["local"])) in mine]
 

@@ -5,7 +5,7 @@ by the usual triggers (``at`` | ``phase``, ``heal_after``).
 Where the proxy stands (``placement``):
 
 * ``transparent`` (default): inside the host's network namespace, behind nftables ``redirect``
-  rules (harness.topology.Topology.redirect) for the chosen ``traffic``: connections arriving at
+  rules (harness.net.topology.Topology.redirect) for the chosen ``traffic``: connections arriving at
   the host and connections it opens. Needs the run's namespaces (root).
 * ``front``: in front of the store port alone, without any rule and without root: it listens on
   a port of its own on the master host, and every rank but rank 0 (whose process serves the
@@ -220,7 +220,7 @@ class ProxyFault(Fault, When):
         return self.host or scn.master_host or plan.hosts[0].name
 
     def store_port(self, plan: Any) -> int:
-        """The job's store port (harness.jobstore), wherever the launch puts it."""
+        """The job's store port (harness.core.jobstore), wherever the launch puts it."""
         from ..core.jobstore import known_port
 
         return known_port(plan, f"traffic: {self.traffic}")

@@ -1,6 +1,6 @@
 """absent_rank: ranks that are part of the world but are never started ("only rank 0 came up").
 
-Its evidence (harness.edits, read back from what the processes said): no process ran under the
+Its evidence (harness.judge.edits, read back from what the processes said): no process ran under the
 absent rank's label.
 """
 

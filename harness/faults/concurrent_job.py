@@ -2,8 +2,8 @@
 (started by the scenario's own launcher: a second torchrun job has its own agents). Each
 concurrent_job of a case is a job of its own: job2, job3... in the order they are written.
 
-Its evidence (harness.edits, read back from what the processes said): the second job's processes
-started (their pids) and when each was released.
+Its evidence (harness.judge.edits, read back from what the processes said): the second job's
+processes started (their pids) and when each was released.
 """
 
 from typing import List, Literal, Optional

@@ -5,8 +5,8 @@ With ``hogs``, the busy processes start at set-up, before any rank (starting the
 Python start-up, which must not delay the starved rank's release), and the rank is pinned to
 their CPU at the start line. Run as ``python -m harness.faults.cpu_contention hog CPU N`` it is
 the busy processes: pinned to CPU, it forks N-1 more, prints ``ready`` and spins until killed
-(one helper of the run: harness.procs owns its process group, the sweep kills it after a killed
-run, and its children die with it, PR_SET_PDEATHSIG).
+(one helper of the run: harness.machine.procs owns its process group, the sweep kills it after a
+killed run, and its children die with it, PR_SET_PDEATHSIG).
 
 Where the kernel schedules by autogroup (``/proc/sys/kernel/sched_autogroup_enabled``: each
 session is one group, and every rank and helper has a session of its own), the busy processes

@@ -1,6 +1,6 @@
 """delayed_rank: chosen ranks start late, measured from the common start line.
 
-Its evidence (harness.edits, read back from what the processes said): the supervisor's release
+Its evidence (harness.judge.edits, read back from what the processes said): the supervisor's release
 time of each target against the planned delay (or that it was still held when it ended).
 """
 

@@ -159,7 +159,7 @@ class Unwritable(Step):
 @dataclass
 class ReadOnlyDir(Step):
     """The store's folder, made by the harness; the ranks see it as a read-only mount (each in
-    a private mount namespace: harness.resolver.enter_read_only), nothing else does."""
+    a private mount namespace: harness.net.resolver.enter_read_only), nothing else does."""
 
     path: str = ""
 

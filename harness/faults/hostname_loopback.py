@@ -5,10 +5,10 @@ host name; with this mapping it advertises a loopback address, and a peer on ano
 dials it reaches itself (127.0.0.0/8 is local everywhere). Each host's hosts file maps the
 machine's host name to ``addr``; the chosen ranks have GLOO_SOCKET_IFNAME and
 NCCL_SOCKET_IFNAME removed (a user who never set them). It is the host model's
-``resolves_self: 127.0.1.1`` on every host (harness.hostspec), for hosts with names of their own
+``resolves_self: 127.0.1.1`` on every host (harness.net.hostspec), for hosts with names of their own
 and for hosts that share the machine's.
 
-Its evidence (harness.edits, read back from what the processes said): each target started with
+Its evidence (harness.judge.edits, read back from what the processes said): each target started with
 GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME unset (its start record); the hosts files are the run's
 own set-up (ShapeHosts).
 """
@@ -45,7 +45,7 @@ class HostnameLoopback(Fault):
         return str(ip)
 
     def apply(self, plan: Any, scn: Any) -> None:
-        # one case of the host model (harness.hostspec): every host's own name (or the
+        # one case of the host model (harness.net.hostspec): every host's own name (or the
         # machine's, which plain hosts share) resolves to addr on that host
         from ..net.hostspec import MACHINE
 

@@ -1,6 +1,6 @@
 """malformed_env: garbage values (made by faker from a recorded seed) in torch's env variables.
 
-Its evidence (harness.edits, read back from what the processes said): the value each target
+Its evidence (harness.judge.edits, read back from what the processes said): the value each target
 started with, from its own start record.
 """
 

@@ -1,6 +1,6 @@
 """missing_env: variables torch's env:// init needs are not set for chosen ranks.
 
-Its evidence (harness.edits, read back from what the processes said): each target started with
+Its evidence (harness.judge.edits, read back from what the processes said): each target started with
 the variables unset, from its own start record.
 """
 

@@ -1,6 +1,6 @@
 """model_mismatch: one rank builds a model of another shape (DDP's parameter-shape check).
 
-Its evidence (harness.edits, read back from what the processes said): the parameter count the
+Its evidence (harness.judge.edits, read back from what the processes said): the parameter count the
 rank's ddp phase says, against the changed model's.
 """
 

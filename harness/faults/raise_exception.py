@@ -1,6 +1,6 @@
 """raise_exception: a rank raises an exception as it enters a phase (a bug in one rank's code).
 
-Its evidence (harness.edits, read back from what the processes said): the rank's result: the
+Its evidence (harness.judge.edits, read back from what the processes said): the rank's result: the
 exception it raised, in the planned phase.
 """
 

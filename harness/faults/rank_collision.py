@@ -1,6 +1,6 @@
 """rank_collision: one process claims another's rank number (two ranks with one number).
 
-Its evidence (harness.edits, read back from what the processes said): the RANK and LOCAL_RANK
+Its evidence (harness.judge.edits, read back from what the processes said): the RANK and LOCAL_RANK
 the process started with (its start record) and the rank it passed to init_process_group.
 """
 

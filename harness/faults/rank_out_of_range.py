@@ -1,6 +1,6 @@
 """rank_out_of_range: a process is told a rank number outside 0..world_size-1.
 
-Its evidence (harness.edits, read back from what the processes said): the RANK the process
+Its evidence (harness.judge.edits, read back from what the processes said): the RANK the process
 started with (its start record) and the rank it passed to init_process_group.
 """
 

@@ -2,8 +2,8 @@
 it never calls new_group while the others do, makes groups in another order, re-initialises
 when the others do not.
 
-Its evidence (harness.edits, read back from what the processes said): the rank's phase event for
-the first entry of its own workload that differs from the shared one (or its end after its own
+Its evidence (harness.judge.edits, read back from what the processes said): the rank's phase event
+for the first entry of its own workload that differs from the shared one (or its end after its own
 entries).
 """
 

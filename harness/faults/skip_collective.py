@@ -1,6 +1,6 @@
 """skip_collective: a rank skips one collective the others enter (a rank-dependent branch).
 
-Its evidence (harness.edits, read back from what the processes said): the rank's phase event
+Its evidence (harness.judge.edits, read back from what the processes said): the rank's phase event
 that says it skipped the collective (or the last phase it reached, when it never got there).
 """
 

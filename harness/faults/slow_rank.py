@@ -1,6 +1,6 @@
 """slow_rank: a rank is slow: it sleeps as it enters chosen phases (a straggler).
 
-Its evidence (harness.edits, read back from what the processes said): each slowed phase's
+Its evidence (harness.judge.edits, read back from what the processes said): each slowed phase's
 duration, measured between the rank's own phase events, against the planned sleep.
 """
 

@@ -1,7 +1,7 @@
 """Steps: what a fault does to a run, each at its trigger, and the scheduler that fires them.
 
 A fault's ``apply`` adds :class:`Step` objects to the plan (pure: a step is data until it is
-fired). A step has a :class:`~harness.triggers.Trigger` for its ``do`` and, optionally, one for
+fired). A step has a :class:`~harness.core.triggers.Trigger` for its ``do`` and, optionally, one for
 its ``undo`` (a heal); a step that was done and not undone is undone at teardown, in reverse
 order, so that nothing a step made outlives the run. ``do`` and ``undo`` act only through the
 small :class:`Runtime` interface (ranks, hosts and their network, helper processes, the run
@@ -61,7 +61,7 @@ class Helper(Protocol):
 class Runtime(Protocol):
     """The run as steps see it. Times are seconds after the start line (0 before it)."""
 
-    plan: Any                    # the RunPlan (harness.plan) being run
+    plan: Any                    # the RunPlan (harness.run.plan) being run
     run_dir: Path
 
     def now(self) -> float: ...
@@ -73,7 +73,8 @@ class Runtime(Protocol):
 
     @property
     def net(self) -> Any:
-        """The run's network (:class:`harness.topology.Topology`); a StepError if it has none."""
+        """The run's network (:class:`harness.net.topology.Topology`); a StepError if it has
+        none."""
 
     def start_helper(self, name: str, argv: Sequence[str], *, host: Optional[str] = None,
                      ready_line: Optional[bytes] = b"ready") -> Helper:
@@ -243,7 +244,7 @@ class Scheduler:
 
     def effects(self, now: float) -> List[Dict[str, Any]]:
         """Every fault step's effect, read now (before teardown): one record per step (its
-        fault's number, target, status and evidence; harness.effects aggregates them)."""
+        fault's number, target, status and evidence; harness.judge.effects aggregates them)."""
         out: List[Dict[str, Any]] = []
         for s in self.steps:
             if s.fault_no <= 0:

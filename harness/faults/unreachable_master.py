@@ -1,6 +1,6 @@
 """unreachable_master: MASTER_ADDR is an address on the run's own link where no host answers.
 
-Its evidence (harness.edits, read back from what the processes said): the MASTER_ADDR each
+Its evidence (harness.judge.edits, read back from what the processes said): the MASTER_ADDR each
 target started with (its start record) and the init_method it passed to init_process_group.
 """
 

@@ -1,10 +1,10 @@
 """unresolvable_host: MASTER_ADDR is a name that does not resolve, with no query leaving the run.
 
-Every rank resolves names with the harness's resolver view (``harness.resolver``): a hosts
+Every rank resolves names with the harness's resolver view (``harness.net.resolver``): a hosts
 file of loopback names and ``hosts: files`` in nsswitch.conf, so a name ending in ``.invalid``
 fails at once and locally, in the run's namespaces and in the machine's own alike.
 
-Its evidence (harness.edits, read back from what the processes said): the MASTER_ADDR each
+Its evidence (harness.judge.edits, read back from what the processes said): the MASTER_ADDR each
 target started with (its start record) and the init_method it passed to init_process_group.
 """
 

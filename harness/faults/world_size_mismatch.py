@@ -1,7 +1,7 @@
 """world_size_mismatch: chosen ranks are told another WORLD_SIZE.
 
-Its evidence (harness.edits, read back from what the processes said): the WORLD_SIZE each target
-started with (its start record) and the world size it passed to init_process_group.
+Its evidence (harness.judge.edits, read back from what the processes said): the WORLD_SIZE each
+target started with (its start record) and the world size it passed to init_process_group.
 """
 
 from typing import List, Literal

@@ -1,6 +1,6 @@
 """wrong_addr: chosen ranks get another MASTER_ADDR (loopback only: 127.0.0.0/8 is all local).
 
-Its evidence (harness.edits, read back from what the processes said): the MASTER_ADDR each
+Its evidence (harness.judge.edits, read back from what the processes said): the MASTER_ADDR each
 target started with (its start record) and the init_method it passed to init_process_group (its
 init phase).
 """

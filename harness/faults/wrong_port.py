@@ -1,6 +1,6 @@
 """wrong_port: chosen ranks dial a MASTER_PORT where no store listens.
 
-Its evidence (harness.edits, read back from what the processes said): the MASTER_PORT each
+Its evidence (harness.judge.edits, read back from what the processes said): the MASTER_PORT each
 target started with (its start record) and the init_method it passed to init_process_group.
 """
 

@@ -1,13 +1,13 @@
 """The direct launcher: the harness starts every rank itself, one interpreter per rank.
 
 With the harness's worker (``program: worker``, the default) each rank is a fresh
-``python -m harness.worker SPEC`` that speaks the worker protocol on inherited descriptors: its
-event and stack channels, the start line on its stdin (harness.protocol). With a user's program
-each rank is ``python train.py ARGS`` (or ``python -m MODULE ARGS``) with RANK, WORLD_SIZE,
+``python -m harness.ranks.worker SPEC`` that speaks the worker protocol on inherited descriptors:
+its event and stack channels, the start line on its stdin (harness.core.protocol). With a user's
+program each rank is ``python train.py ARGS`` (or ``python -m MODULE ARGS``) with RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as a cluster script would, and
-runs under the observer (harness.observer), held until the start line.
+runs under the observer (harness.ranks.observer), held until the start line.
 
-Every rank runs in its own session (harness.procs), in its host's network namespace when the
+Every rank runs in its own session (harness.machine.procs), in its host's network namespace when the
 run has them, with its stdout and stderr drained by the run's capture (bounded). Ranks are
 numbered from the master host (with env:// rank 0 hosts the store at MASTER_ADDR), then host by
 host in order.

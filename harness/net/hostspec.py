@@ -16,7 +16,7 @@ data the plan carries and the topology applies before any process starts on it:
 :func:`host_names` turns a scenario's hosts and the addresses the topology gives them into one
 :class:`HostNames` per host; the plan keeps them on its hosts, faults may change them (the
 ``hostname_loopback`` fault is ``resolves_self: 127.0.1.1`` on every host), the run's set-up step
-``ShapeHosts`` (harness.plan) hands them to the topology.
+``ShapeHosts`` (harness.run.plan) hands them to the topology.
 """
 
 from __future__ import annotations

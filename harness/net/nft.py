@@ -1,7 +1,7 @@
 """nftables through its JSON interface (``nft -j``): the rule expressions the harness adds, and
 the rules in force rendered back to the text ``nft -a list table`` prints.
 
-Pure (no process is run here): :mod:`harness.topology` sends what :func:`add_rule` and
+Pure (no process is run here): :mod:`harness.net.topology` sends what :func:`add_rule` and
 :func:`add_chain` make to ``nft -j --echo --handle -f -`` and reads tables with
 ``nft -j list table``; nothing reads nft's human-readable output. :func:`render_table` writes a
 table's JSON back in nft's own text form (tabs, ``# handle N``, a one-element set written as

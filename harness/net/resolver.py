@@ -23,7 +23,7 @@ How a process sees them (nothing of the machine's own files changes):
   As root ``unshare(CLONE_NEWNS)``; otherwise ``unshare(CLONE_NEWUSER | CLONE_NEWNS)`` with the
   user's own uid/gid mapped to themselves (unprivileged user namespaces). It must run while the
   process is single-threaded: before ``import torch``. The worker calls :func:`enter_from_env`
-  first thing; ``python -m harness.resolver --view DIR -- ARGV...`` enters the view and execs
+  first thing; ``python -m harness.net.resolver --view DIR -- ARGV...`` enters the view and execs
   any other program in it; ``--write DIR`` makes a view folder; ``--check`` tries it here.
 
 Where neither root nor unprivileged user namespaces are available, :func:`missing` says so and

@@ -10,7 +10,7 @@ The rule judges where traffic can go, not how the value is spelled:
   address (``::ffff:127.0.0.1``). The value itself reaches torch unchanged: what torch makes
   of ``[::1]`` in MASTER_ADDR (it looks it up as a name, and the lookup fails) is the verdict.
   Such a spelling leads to loopback or nowhere: every process the harness starts for torch
-  resolves names with the run's resolver view (``harness.resolver``: files only, no DNS), so a
+  resolves names with the run's resolver view (``harness.net.resolver``: files only, no DNS), so a
   spelling the hosts file does not list fails at once, on this machine;
 * a host name is accepted only when the ranks' own hosts file (the resolver view, which every
   rank resolves with) maps it to loopback addresses only; the names are read from the very

@@ -1,18 +1,18 @@
 """The code inside each rank: phase events, the workload, a result record.
 
-Run as ``python -m harness.worker SPEC_JSON`` by the supervisor, never by hand. It speaks the
-worker protocol (:mod:`harness.protocol`: the event channel, the stack channel, the start line,
-the phases, the workload). Order: enter the resolver view (``harness.resolver``, before any
+Run as ``python -m harness.ranks.worker SPEC_JSON`` by the supervisor, never by hand. It speaks the
+worker protocol (:mod:`harness.core.protocol`: the event channel, the stack channel, the start line,
+the phases, the workload). Order: enter the resolver view (``harness.net.resolver``, before any
 thread exists) -> start -> import torch (and DDP's lazy imports, if the workload has ``ddp``)
 -> "ready" -> wait for the start line on stdin -> init -> the workload's phases -> destroy ->
 exit. Each workload entry is run by its step kind (:mod:`harness.ranks.workload`, one module
-per kind). A rank's :class:`~harness.protocol.Variation` (from faults) makes it skip a
+per kind). A rank's :class:`~harness.core.protocol.Variation` (from faults) makes it skip a
 collective, raise at a phase, or build another model. The rank exits with ``os._exit`` (0 ok,
 1 exception) so that no interpreter teardown of torch's threads can blur the verdict.
 
-Started by a torchrun agent or by the harness's spawning parent (harness.spawner), it has no
-inherited channel: the observer (harness.observer) already runs in it, and the worker sends its
-events through the observer's file (:func:`run_observed`); it is not held (its agent or parent
+Started by a torchrun agent or by the harness's spawning parent (harness.ranks.spawner), it has no
+inherited channel: the observer (harness.ranks.observer) already runs in it, and the worker sends
+its events through the observer's file (:func:`run_observed`); it is not held (its agent or parent
 was).
 """
 
@@ -178,7 +178,7 @@ def main() -> None:
 def own_variation(spec: P.WorkerSpec) -> P.WorkerSpec:
     """A worker of a shared spec (started by torchrun, launch, spawn or srun) takes what its own
     rank does differently (slow_rank, raise_exception, rank_workload...) from the variable its
-    launcher's process carries (harness.plan.RunPlan.variations), by the rank it was given."""
+    launcher's process carries (harness.run.plan.RunPlan.variations), by the rank it was given."""
     text = os.environ.pop(P.RANK_VARIATIONS_ENV, "")
     rank = P.own_rank(spec.init.rank)
     if not text or rank is None:
@@ -193,7 +193,7 @@ def own_variation(spec: P.WorkerSpec) -> P.WorkerSpec:
 
 def run_rank(spec: P.WorkerSpec, ev_fd: int, stack_fd: int) -> NoReturn:
     """The rank from its ``start`` phase to its exit: a fresh interpreter (main) or a process
-    forked from a warm server (harness.forkserver: torch is imported already, so its import
+    forked from a warm server (harness.ranks.forkserver: torch is imported already, so its import
     phase is instant). Its resolver view and death signal are set up by then."""
     global _EV_FD, _RAISE, _SLOW
     spec = own_variation(spec)

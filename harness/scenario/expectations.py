@@ -106,7 +106,8 @@ class RankExpect(Strict):
                                Annotated[str, Field(max_length=MAX_SHORT)]]]] = Field(
         None,
         description="regular expression searched (case-insensitive) in the rank's diagnosis "
-        "(harness.diagnose: one line of cause, 'unknown: ...' when no rule explains it); checked "
+        "(harness.judge.diagnose: one line of cause, 'unknown: ...' when no rule explains it); "
+        "checked "
         "when the rank did not end ok or absent (those have no cause), so a race between ok and "
         "a failure can pin the failure's cause. A mapping from outcome to pattern pins each "
         "path of a race by itself ({timeout: '...', error: '...'}); an outcome it does not "
@@ -263,7 +264,7 @@ class Expect(Strict):
         default_factory=dict, max_length=MAX_HOSTS,
         description="per host: bounds on its kernel's TCP counters at the end of the run "
         "(what happened on the wire: e.g. node0: {TcpExt.ListenOverflows: '>= 1'}); the "
-        "counters are those of harness.hostspec.COUNTERS")
+        "counters are those of harness.net.hostspec.COUNTERS")
 
     effects: Dict[int, Literal["acted", "no effect"]] = Field(
         default_factory=dict, max_length=64,

@@ -51,7 +51,7 @@ class Host(Strict):
         default_factory=dict, max_length=32,
         description="kernel settings of the host's own network namespace, e.g. "
         "net.core.somaxconn: 8, net.ipv4.tcp_syn_retries: 1 (only keys a network namespace "
-        "owns; harness.hostspec.SYSCTL_KEYS lists them)")
+        "owns; harness.net.hostspec.SYSCTL_KEYS lists them)")
     mtu: Optional[int] = Field(None, ge=68, le=65535,
                                description="the MTU of the host's link interface")
 

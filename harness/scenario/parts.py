@@ -23,9 +23,9 @@ from ..core.limits import (
     MAX_TRAIN_STEPS,
     located,
 )
-from ..ranks.workload import WORKLOAD_HELP, WORKLOAD_RE, model_mb, workload_phases
 from ..faults import Fault
 from ..launchers import LauncherSpec, launcher_kinds, launcher_of
+from ..ranks.workload import WORKLOAD_HELP, WORKLOAD_RE, model_mb, workload_phases
 
 STEP_RE = WORKLOAD_RE   # the worker's grammar (harness.core.protocol)
 

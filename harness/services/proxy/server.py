@@ -7,7 +7,7 @@ a run goes on. A harness program, run as a service (harness.services) on one hos
 Two ways to stand in front of traffic:
 
 * ``--transparent``: behind nftables REDIRECT rules in the host's network namespace (the
-  topology adds them: :meth:`harness.topology.Topology.redirect`). Connections redirected on
+  topology adds them: :meth:`harness.net.topology.Topology.redirect`). Connections redirected on
   their way IN to the host arrive at IN_PORT (the host is the server: a store, a gloo listener),
   connections the host opens on its way OUT arrive at OUT_PORT (the host is the client). Where
   each was going comes from ``SO_ORIGINAL_DST`` (conntrack's NAT record), and the proxy dials
