@@ -56,6 +56,9 @@ def _cache_key() -> str:
     if not origin:
         return ""   # no torch to key on: ask every time (its absence is cheap to learn)
     torch_dir = os.path.dirname(origin)
+    # where torch is found, as found (not resolved), and the environment's prefix: a venv
+    # whose torch is a symlink to another's has the same files but answers with its own path
+    parts += [f"torch_dir={torch_dir}", f"prefix={sys.prefix}"]
     for name in ("__init__.py", "version.py", "lib/libtorch_cpu.so", "lib/libtorch_cuda.so"):
         try:
             st = os.stat(os.path.join(torch_dir, name))
