@@ -480,7 +480,7 @@ def _expectation_dict(expectation: Any) -> Any:
     if not hasattr(expectation, "model_dump"):
         return expectation
     d = expectation.model_dump(exclude_none=True)
-    for key in ("counters", "effects"):
+    for key in ("counters", "effects", "tally"):
         if not d.get(key):
             d.pop(key, None)
     return d
