@@ -48,8 +48,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if found and args.strict:
             bad += 1
             problems += len(found)
-            line(f"✗ {f}: {len(found)} expectation{'s' * (len(found) > 1)} no run can "
-                 "contradict", "bold red")
+            line(f"✗ {f}: {_strict_heading(found)}", "bold red")
         elif not args.quiet:
             line(f"✓ {f} ({len(loaded)} case{'s' * (len(loaded) != 1)})", "green")
         if args.strict:
@@ -59,9 +58,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
                f"{'s' * (cases != 1)}")
     if widened and not args.strict:
         con.print(_text(f"{widened} case{'s' * (widened != 1)} with an expectation no run can "
-                        "contradict (harness validate --strict lists them)", "yellow"))
+                        "contradict or an about: that still holds the template's TODO "
+                        "(harness validate --strict lists them)", "yellow"))
     if bad:
-        con.print(_text(f"{bad} invalid file{'s' * (bad != 1)} ({problems} problems) of "
+        con.print(_text(f"{bad} invalid file{'s' * (bad != 1)} ({problems} "
+                        f"problem{'s' * (problems != 1)}) of "
                         f"{summary}", "bold red"))
         return 1
     con.print(_text(f"all valid: {summary}", "bold green"))
@@ -228,3 +229,13 @@ def add_new(sub: Any) -> None:
     n.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
     n.add_argument("--force", action="store_true", help="overwrite FILE")
     n.set_defaults(func=cmd_new)
+
+
+def _strict_heading(found: list) -> str:
+    """What --strict found in one file, in words: expectations no run can contradict, and
+    about: texts that still hold the template's TODO."""
+    todo = sum(1 for _, w in found if w.field == "about")
+    wide = len(found) - todo
+    parts = ([f"{wide} expectation{'s' * (wide > 1)} no run can contradict"] if wide else []) + \
+        ([f"{todo} about: still holding the template's TODO"] if todo else [])
+    return "; ".join(parts)
