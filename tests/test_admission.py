@@ -21,7 +21,8 @@ def idle(window, cores):
 
 def _first_run_in_flight(gate, order):
     """A run admitted in a thread and held in flight until the returned event is set; it
-    appends "first ended" to ``order`` once it has left the gate."""
+    appends "first ended" to ``order`` as its last act inside the gate (appended after leaving,
+    a run admitted the moment the place frees could write first: CI saw that once)."""
     first_in = threading.Event()
     release = threading.Event()
 
@@ -29,7 +30,7 @@ def _first_run_in_flight(gate, order):
         with gate.admitted():
             first_in.set()
             release.wait(10)
-        order.append("first ended")
+            order.append("first ended")
 
     t = threading.Thread(target=first)
     t.start()
@@ -87,7 +88,7 @@ def test_a_run_that_must_run_alone_waits_for_the_others_and_holds_new_ones(tmp_p
         with gate.admitted(alone=True) as a:
             order.append(f"alone in beside {a.beside}")
             time.sleep(0.5)
-        order.append("alone ended")
+            order.append("alone ended")
 
     def later():
         with gate.admitted():
