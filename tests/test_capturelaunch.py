@@ -53,10 +53,12 @@ def harness(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Comple
 
 def test_failing_torchrun_captured_and_reproduced(tmp_path):
     (tmp_path / "fail.py").write_text(FAILING)
+    user_tmp = tmp_path / "user-tmp"     # the shell's TMPDIR: torchrun's agent leaves its
+    user_tmp.mkdir()                     # torchelastic_* folder in the TMPDIR it is given
     p = harness("capture", "-o", "fail.yaml", "--deadline", "40", "--",
                 "OMP_NUM_THREADS=1", "MY_TOKEN=x", "AWS_SECRET_ACCESS_KEY=y", "torchrun",
                 "--nproc-per-node", "2", "--standalone", "fail.py", "--lr", "0.1",
-                cwd=tmp_path)
+                cwd=tmp_path, env={"TMPDIR": str(user_tmp)})
     assert p.returncode == 0, p.stdout + p.stderr
     text = (tmp_path / "fail.yaml").read_text()
     # never the secrets' values, each name listed as left out
@@ -73,8 +75,12 @@ def test_failing_torchrun_captured_and_reproduced(tmp_path):
     assert ranks["agent:local"]["outcome"] == "error"
     assert "run 2:" in scn["about"] and "every run gave the same verdicts" in p.stdout
     # a user's own re-run of the written file: the same verdicts
-    again = harness("run", "fail.yaml", "--no-progress", cwd=tmp_path)
+    again = harness("run", "fail.yaml", "--no-progress", cwd=tmp_path,
+                    env={"TMPDIR": str(user_tmp)})
     assert again.returncode == 0, again.stdout + again.stderr
+    # the original launch and the runs left no torchrun folder (the harness's own shared
+    # folders, its port leases and run places, stay by design)
+    assert list(user_tmp.glob("torchelastic_*")) == []
 
 
 def test_hanging_script_captured_with_stacks_at_the_deadline(tmp_path):

@@ -202,6 +202,7 @@ class Folder:
         """A copy of the folder at ``dest/<its name>`` (symbolic links as links; sockets,
         FIFOs and devices left out)."""
         target = dest / (self.root.name or "work")
+        own = dest.resolve()
 
         def ignore(src: str, names: List[str]) -> List[str]:
             out = []
@@ -215,6 +216,11 @@ class Folder:
                 if stat.S_ISDIR(st.st_mode):
                     if self._skip(p):
                         out.append(n)
+                    elif p.resolve() == own or p.resolve() in own.parents:
+                        # the copy's own destination (a TMPDIR inside the working folder):
+                        # copied, the copy would hold itself without end
+                        out.append(n)
+                        self.skipped.append(str(p.relative_to(self.root)))
                 elif not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
                     out.append(n)
             return out

@@ -106,6 +106,11 @@ def run_original(command: List[str], kind: str, world: int, cwd: Path, deadline:
     assigned, argv = _assignments(list(command))
     token = uuid.uuid4().hex
     base = {**os.environ, **assigned, ORIGINAL_TOKEN: token}
+    if "TMPDIR" not in assigned:
+        # torchrun's agent makes a torchelastic_* folder in TMPDIR and leaves it: kept inside
+        # capture's own folder, it goes with it (a TMPDIR the command sets is its own)
+        (tmp / "tmpdir").mkdir(exist_ok=True)
+        base["TMPDIR"] = str(tmp / "tmpdir")
     if shutil.which(argv[0], path=base.get("PATH")) is None:
         raise CaptureError(f"the launch does not start: {argv[0]}: not found on its PATH (capture "
                            "runs the command as written first, to see how it ends)")
