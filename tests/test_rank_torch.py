@@ -195,6 +195,26 @@ def test_the_sweep_removes_the_package_folders_of_packages_that_are_gone(tmp_pat
     assert not gone.exists() and (ours / "harness").exists()
 
 
+def test_the_sweep_removes_the_probe_answers_of_torches_that_are_gone(tmp_path):
+    """torch_probe caches one answer per torch folder and environment: a removed venv or
+    clone leaves its answer, which no interpreter can ask for again. The sweep removes those
+    (and unreadable ones), never the answer of a torch still there."""
+    import json
+
+    from harness.machine.rundir import sweep
+    from harness.machine.torch_probe import probe
+
+    here = probe()["torch_path"]
+    (tmp_path / "probe2-aaaaaaaaaaaaaaaaaaaa.json").write_text(json.dumps(
+        {"torch": "2.13.0+cpu", "torch_path": str(tmp_path / "removed-venv" / "torch")}))
+    (tmp_path / "probe2-bbbbbbbbbbbbbbbbbbbb.json").write_text(json.dumps(
+        {"torch": "2.13.0+cpu", "torch_path": here}))
+    (tmp_path / "probe2-cccccccccccccccccccc.json").write_text("{half")
+    assert sweep(tmp_path) == []       # a cache: not reported as a run's leftover
+    assert sorted(p.name for p in tmp_path.glob("probe2-*")) == \
+        ["probe2-bbbbbbbbbbbbbbbbbbbb.json"]
+
+
 def test_an_allocations_ranks_find_the_package_in_its_shared_state_folder(tmp_path):
     """On an allocation's nodes this machine's temp folder is not there: the package's path
     folder lies in the shared state folder the run directories use (``--shared-dir``)."""

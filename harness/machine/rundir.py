@@ -256,6 +256,16 @@ def sweep(base: Optional[Path] = None) -> List[str]:
         if link.is_symlink() and not link.exists():
             _rmtree(d)
             removed.append(d.name)
+    for f in sorted(base.glob("probe2-*.json")):
+        # torch_probe's answer about a torch that is gone (a removed venv or clone): no
+        # interpreter can ask with its key again (the key holds torch's folder). A cache, not
+        # a leftover of a run: removed without a word (not in what the sweep returns)
+        try:
+            gone = not os.path.isdir(json.loads(f.read_text()).get("torch_path") or "")
+        except (OSError, ValueError, AttributeError):
+            gone = True
+        if gone:
+            f.unlink(missing_ok=True)
     return removed
 
 
