@@ -9,6 +9,7 @@ capture does not understand is one line on stderr and exit 2.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -97,6 +98,11 @@ def test_hanging_script_captured_with_stacks_at_the_deadline(tmp_path):
     assert scn["expect"]["job"] == "hang"
     assert ranks["0"]["outcome"] == "hang" and ranks["0"]["phase"] == "init"
     assert ranks["1"]["outcome"] == "hang"
+    # the original launch's deadline counted from its ranks' torch import, as a run's does
+    # from its start line: 12 s after it, not the deadline + 30 s allowance
+    after = re.search(r"alive at the deadline \((\d+) s after torch was loaded, ([\d.]+) s in "
+                      r"all", scn["about"])
+    assert after and int(after[1]) == 12 and float(after[2]) < 12 + 30, scn["about"]
     again = harness("run", "hang.yaml", "--no-progress", cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
 

@@ -6,7 +6,8 @@ world shape). Then, in order:
 
 1. The launch runs once as written (``run_original``): this shell's whole environment plus the
    command's ``NAME=VALUE`` words, a direct ``python SCRIPT`` once per rank, until it ends or the
-   deadline (+ ``START_ALLOWANCE`` for its cold start). Its exit status and last lines are kept
+   deadline, counted from its processes' torch import (at most the deadline +
+   ``START_ALLOWANCE``). Its exit status and last lines are kept
    (the file's ``about:``), and what it wrote in its working folder is listed.
 2. The scenario runs through the harness's ordinary run path (``harness run``, a fresh process:
    the same observer, phases, stacks and kill at the deadline), ``--runs`` times (default 2).
@@ -420,7 +421,7 @@ def _original(command: List[str], scn: Dict[str, Any], folder: Folder, deadline:
               f"of {workdir}" + (f" (not copied: {', '.join(folder.skipped[:10])})"
                                  if folder.skipped else "") + ".")
     say(f"original launch: {shown(command)[:200]} (in a copy of {workdir}, up to "
-        f"{deadline:g} s + {START_ALLOWANCE:g} s for its start)")
+        f"{deadline:g} s from its torch import, at most {deadline + START_ALLOWANCE:g} s)")
     (tmp / "original").mkdir()
     copy = folder.copy(tmp / "original")
     orig = run_original(command, kind, int(scn["world_size"]),

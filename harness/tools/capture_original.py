@@ -1,6 +1,7 @@
 """The user's own launch, run as written, for ``harness capture`` (harness.tools.capture):
 ``run_original`` (the whole environment, a direct ``python SCRIPT`` once per rank, until it
-ends or the deadline + ``START_ALLOWANCE``; every process it made killed by its token),
+ends or the deadline from its torch import, at most the deadline + ``START_ALLOWANCE``; every
+process it made killed by its token),
 ``Original`` (how it ended, its output), and ``differs``: why a replay does not reproduce it."""
 
 from __future__ import annotations
@@ -15,10 +16,20 @@ from .capture_command import CaptureError, _assignments, secret
 
 ORIGINAL_TOKEN = "HARNESS_CAPTURE_ORIGINAL"   # marks every process of the original launch
 LAST_LINES = 8
-# the original launch's limit is the deadline plus this: its interpreters start and import torch
-# cold (torchrun, then its workers), which the harness's deadline, counted from the start line
-# its ranks pass once imported, leaves out
+# the original launch's limit is the deadline counted from when each process capture started
+# has torch loaded (the harness's deadline counts from the start line its ranks pass once
+# imported), and at most the deadline plus this: its interpreters start and import torch cold
 START_ALLOWANCE = 30.0
+
+
+def torch_loaded(pid: int) -> bool:
+    """Whether process ``pid`` has torch's library mapped (its ``import torch`` is under way or
+    done): read from /proc/PID/maps; False where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            return any(b"libtorch" in line for line in f)
+    except OSError:
+        return False
 
 
 class Original:
@@ -27,9 +38,10 @@ class Original:
     status (torchrun's, or the first rank's that failed), the output kept."""
 
     def __init__(self, state: str, exit: Optional[int], detail: str, seconds: float,
-                 output: str):
+                 output: str, started: Optional[float] = None):
         self.state, self.exit, self.detail, self.seconds = state, exit, detail, seconds
         self.output = output
+        self.started = started    # s to torch loaded in each process (None: never seen)
 
     def last_lines(self, n: int = LAST_LINES) -> List[str]:
         lines = [ln.rstrip()[:240] for ln in self.output.splitlines() if ln.strip()]
@@ -49,8 +61,11 @@ class Original:
         return seen or lines[-n:]
 
     def summary(self) -> str:
-        if self.state == "hang":
-            what = f"alive at the deadline ({self.seconds:.0f} s), killed"
+        if self.state == "hang" and self.started is not None:
+            what = (f"alive at the deadline ({self.seconds - self.started:.0f} s after torch was "
+                    f"loaded, {self.seconds:.1f} s in all), killed")
+        elif self.state == "hang":
+            what = f"alive at the deadline ({self.seconds:.0f} s, torch never seen loaded), killed"
         else:
             what = f"exit {self.exit}"
         return what + (f" ({self.detail})" if self.detail else "") + \
@@ -145,8 +160,17 @@ def run_original(command: List[str], kind: str, world: int, cwd: Path, deadline:
                                        f"{e.strerror or e}") from None
                 finally:
                     os.close(w)
-            while any(p.poll() is None for p in procs) and \
-                    time.monotonic() - t0 < deadline + START_ALLOWANCE:
+            # the start line: every process capture started (each rank, or torchrun) has
+            # torch loaded; the deadline counts from there, capped at deadline + allowance
+            started: Optional[float] = None   # monotonic
+            while any(p.poll() is None for p in procs):
+                now = time.monotonic()
+                if started is None and all(p.poll() is not None or torch_loaded(p.pid)
+                                           for p in procs):
+                    started = now
+                if now - t0 >= deadline + START_ALLOWANCE or \
+                        (started is not None and now - started >= deadline):
+                    break
                 time.sleep(0.1)
             seconds = time.monotonic() - t0
             hung = [i for i, p in enumerate(procs) if p.poll() is None]
@@ -162,7 +186,7 @@ def run_original(command: List[str], kind: str, world: int, cwd: Path, deadline:
     who = (lambda i: f"rank {i}") if kind == "direct" else (lambda i: kind)
     if hung:
         return Original("hang", None, ", ".join(who(i) for i in hung) + " still running",
-                        seconds, output)
+                        seconds, output, None if started is None else started - t0)
     codes = [int(p.returncode) for p in procs]
     bad = [i for i, c in enumerate(codes) if c != 0]
     if not bad:
@@ -214,9 +238,9 @@ def differs(orig: Original, case: Dict[str, Any], missing: List[str],
     hint = [n.split(" ")[0] for n in named or missing]
     out = why + ("; " + "; ".join(rows) if rows else "")
     if orig.state == "hang":
-        out += (f". (The original launch had the deadline + {START_ALLOWANCE:g} s for its start, "
-                "which the harness's deadline does not count: if it was still starting or "
-                "slow, give a longer --deadline)")
+        out += (". (The original launch had the deadline from when its processes had torch "
+                f"loaded, at most the deadline + {START_ALLOWANCE:g} s: if it was still "
+                "starting or slow, give a longer --deadline)")
     keep = [n for n in hint if not secret(n)]
     if keep:
         out += (". The replays ran without " + ", ".join(keep[:5]) + " (the original launch "
