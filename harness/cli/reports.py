@@ -13,19 +13,44 @@ from ..core.errors import UsageError
 from .common import _console, _fraction, _seconds, _text, _workers, find_scenarios, scenario_paths
 
 
-def cmd_diff(args: argparse.Namespace) -> int:
-    from ..reports import report as report_mod
-    from ..reports.diff import KINDS, diff_reports, render_table
+def _add_change_options(p: Any, *, more: bool) -> None:
+    """What diff and compare count as a behaviour change: ``--tolerance``, ``--abs-tolerance``
+    and ``--ignore`` (``more``: diff's help, which says a little more)."""
+    from ..reports.diff import DEFAULT_ABS_TOL, DEFAULT_REL_TOL
 
-    try:
-        old, new = report_mod.read(args.old), report_mod.read(args.new)
-    except report_mod.ReportError as e:
-        raise UsageError(str(e)) from None
+    p.add_argument("--tolerance", type=_fraction, default=DEFAULT_REL_TOL, metavar="REL",
+                   help="relative duration tolerance" + (", e.g. 0.5 or 50%%" if more else "")
+                   + " (default 50%%)")
+    p.add_argument("--abs-tolerance", type=_seconds, default=DEFAULT_ABS_TOL, metavar="SECONDS",
+                   help=f"absolute duration tolerance (default {DEFAULT_ABS_TOL:g} s)"
+                   + ("; a duration changed only when beyond both" if more else ""))
+    p.add_argument("--ignore", action="append", default=[], metavar="KIND[,KIND]",
+                   help="do not count these change kinds (e.g. duration"
+                   + (",family" if more else "") + ")")
+
+
+def _ignored(args: argparse.Namespace) -> List[str]:
+    """The change kinds ``--ignore`` names (each option a comma-separated list); an unknown
+    one is bad input."""
+    from ..reports.diff import KINDS
+
     ignore = [k.strip() for x in args.ignore for k in x.split(",") if k.strip()]
     bad = [k for k in ignore if k not in KINDS]
     if bad:
         raise UsageError(f"--ignore {','.join(bad)}: unknown change kind; known: "
                          f"{', '.join(KINDS)}")
+    return ignore
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from ..reports import report as report_mod
+    from ..reports.diff import diff_reports, render_table
+
+    try:
+        old, new = report_mod.read(args.old), report_mod.read(args.new)
+    except report_mod.ReportError as e:
+        raise UsageError(str(e)) from None
+    ignore = _ignored(args)
     res = diff_reports(old, new, rel_tol=args.tolerance, abs_tol=args.abs_tolerance,
                        ignore=ignore)
     if args.json:
@@ -40,20 +65,12 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def add_diff(sub: Any) -> None:
     """``harness diff``: its options."""
-    from ..reports.diff import DEFAULT_ABS_TOL, DEFAULT_REL_TOL
-
     d = sub.add_parser("diff", help="behaviour changes between two JSON reports",
                        description="Compare two session reports case by case and rank by rank. "
                        "Exit 0: no behaviour change; 1: changes found; 2: bad input.")
     d.add_argument("old", metavar="OLD.json")
     d.add_argument("new", metavar="NEW.json")
-    d.add_argument("--tolerance", type=_fraction, default=DEFAULT_REL_TOL, metavar="REL",
-                   help="relative duration tolerance, e.g. 0.5 or 50%% (default 50%%)")
-    d.add_argument("--abs-tolerance", type=_seconds, default=DEFAULT_ABS_TOL, metavar="SECONDS",
-                   help=f"absolute duration tolerance (default {DEFAULT_ABS_TOL:g} s); a duration"
-                   " changed only when beyond both")
-    d.add_argument("--ignore", action="append", default=[], metavar="KIND[,KIND]",
-                   help="do not count these change kinds (e.g. duration,family)")
+    _add_change_options(d, more=True)
     d.add_argument("--json", action="store_true", help="machine-readable output")
     d.set_defaults(func=cmd_diff)
 
@@ -61,14 +78,10 @@ def add_diff(sub: Any) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     from ..reports import compare as cmp
     from ..reports import report as report_mod
-    from ..reports.diff import KINDS, diff_reports, render_table
+    from ..reports.diff import diff_reports, render_table
     from ..reports.html import write_compare_html
 
-    ignore = [k.strip() for x in args.ignore for k in x.split(",") if k.strip()]
-    bad = [k for k in ignore if k not in KINDS]
-    if bad:
-        raise UsageError(f"--ignore {','.join(bad)}: unknown change kind; known: "
-                         f"{', '.join(KINDS)}")
+    ignore = _ignored(args)
     try:
         sides = [cmp.side("a", args.a, cmp.parse_env(args.env_a)),
                  cmp.side("b", args.b, cmp.parse_env(args.env_b))]
@@ -141,8 +154,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def add_compare(sub: Any) -> None:
     """``harness compare``: its options."""
-    from ..reports.diff import DEFAULT_ABS_TOL, DEFAULT_REL_TOL
-
     c = sub.add_parser("compare", help="the same scenarios under two interpreters/images (or "
                        "two saved reports): one table of behaviour changes",
                        description="A and B: each a saved JSON report, or an interpreter (a "
@@ -171,12 +182,7 @@ def add_compare(sub: Any) -> None:
                    help="an environment variable of side B's run")
     c.add_argument("--out", default="harness-compare", metavar="DIR",
                    help="where the reports, logs and compare.html go (default harness-compare)")
-    c.add_argument("--tolerance", type=_fraction, default=DEFAULT_REL_TOL, metavar="REL",
-                   help="relative duration tolerance (default 50%%)")
-    c.add_argument("--abs-tolerance", type=_seconds, default=DEFAULT_ABS_TOL, metavar="SECONDS",
-                   help=f"absolute duration tolerance (default {DEFAULT_ABS_TOL:g} s)")
-    c.add_argument("--ignore", action="append", default=[], metavar="KIND[,KIND]",
-                   help="do not count these change kinds (e.g. duration)")
+    _add_change_options(c, more=False)
     c.add_argument("-q", "--quiet", action="store_true", help="do not echo the sides' runs")
     c.add_argument("--json", action="store_true", help="the changes as JSON on stdout")
     c.set_defaults(func=cmd_compare)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import pkgutil
 import types
 import warnings
 from typing import (
@@ -43,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from ..core.limits import Target  # noqa: F401 - a fault's rank field: a number or a label
 from ..core.protocol import EVERY_RANK
+from ..core.registry import classes_defined, package_modules
 from ..core.triggers import Trigger, When  # noqa: F401 - for fault modules, with Fault
 from ..machine.requirement import Requirement
 from .steps import Effect, Step  # noqa: F401 - for fault modules, with Fault
@@ -203,14 +203,11 @@ class Registry:
             raise TypeError(f"{obj!r} is neither a Fault subclass nor a module")
         modules = [obj]
         if hasattr(obj, "__path__"):   # a package: its modules, in name order
-            for info in sorted(pkgutil.iter_modules(obj.__path__), key=lambda m: m.name):
-                if not info.name.startswith("_"):
-                    modules.append(importlib.import_module(f"{obj.__name__}.{info.name}"))
+            modules += package_modules(obj.__name__, obj.__path__)
         n = 0
         for mod in modules:
-            for _, cls in inspect.getmembers(mod, inspect.isclass):
-                if issubclass(cls, Fault) and cls.__module__ == mod.__name__ \
-                        and kind_of(cls) is not None and not inspect.isabstract(cls):
+            for cls in classes_defined(mod, Fault):
+                if kind_of(cls) is not None and not inspect.isabstract(cls):
                     self.add(cls, origin)
                     n += 1
         return n

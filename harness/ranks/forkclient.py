@@ -32,6 +32,21 @@ class ForkServerError(RuntimeError):
     pass
 
 
+def _hang_up(sock: socket.socket, proc: Any) -> None:
+    """End a process the supervisor speaks to over ``sock`` (a server, a zygote): its end of
+    the socket closed tells it to kill its children and exit; given 5 s, it is then killed."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+    try:
+        proc.wait(5.0)
+    except Exception:  # noqa: BLE001 - one that does not go is killed
+        pass
+    proc.kill()
+
+
 class ForkServer:
     """One host's server as the supervisor sees it: started through ``spawn`` (a callable
     that starts ``argv`` with the descriptor to pass, returning a ManagedProcess), awaited until
@@ -171,17 +186,8 @@ class ForkServer:
     def close(self) -> None:
         """The end of the run: the server kills its children still alive and exits."""
         self.pump()
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
         self.closed = True
-        try:
-            self.proc.wait(5.0)
-        except Exception:  # noqa: BLE001 - a server that does not go is killed
-            pass
-        self.proc.kill()
+        _hang_up(self.sock, self.proc)
 
 
 class ForkedProcess:
@@ -348,17 +354,8 @@ class Zygote:
     def close(self) -> None:
         """End it: its servers still alive are SIGKILLed by it, then it exits (or is killed);
         its state folder goes."""
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
         self.ended = True
-        try:
-            self.proc.wait(5.0)
-        except Exception:  # noqa: BLE001 - a zygote that does not go is killed
-            pass
-        self.proc.kill()
+        _hang_up(self.sock, self.proc)
         self.state.remove()
 
 

@@ -18,11 +18,11 @@ The rule modules beside this one register themselves when the package imports th
 from __future__ import annotations
 
 import importlib
-import pkgutil
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ...core.registry import package_modules
 from ...net.sockets import SocketRecord
 from ..classify import Verdict
 from ..observation import RankObservation, RunObservation
@@ -200,10 +200,7 @@ def load_rules() -> List[Rule]:
     """Import every rule module of this package (each registers its rules): no hand-kept list
     of modules. Returns :data:`RULES`."""
     package = __name__.rpartition(".")[0]
-    path = importlib.import_module(package).__path__
-    for info in sorted(pkgutil.iter_modules(path), key=lambda m: m.name):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{package}.{info.name}")
+    package_modules(package, importlib.import_module(package).__path__)
     return RULES
 
 

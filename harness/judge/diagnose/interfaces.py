@@ -5,7 +5,7 @@ dialled an address no host has; NCCL finding no interface, two ranks on one GPU.
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ._core import Cause, RankContext, _exc_line, rule
 from ._shared import _host_addrs, _is_loopback
@@ -46,6 +46,25 @@ def _second_cards(c: RankContext) -> Dict[str, Tuple[str, str]]:
     return {a: (h, i) for a, h, i, link_local in _spare_cards(c) if not link_local}
 
 
+def _peer_dialled_mine(c: RankContext, where: Callable[[str], Optional[Tuple[str, str]]]
+                      ) -> Optional[Cause]:
+    """Another row's gloo pair dialled an address this rank advertised and gave up, while this
+    rank waited for the pair: the first such row whose address ``where`` speaks of (``where``:
+    what the address is, after "the address this rank advertised", and the evidence line; None
+    for an address the rule is not about)."""
+    v = c.verdict
+    for o in c.verdicts:
+        om = REMOTE.search(o.message or "") if o.label != v.label else None
+        said = where(om.group(1)) if om is not None else None
+        if om is not None and said is not None:
+            return Cause(f"gloo's full mesh never connected: rank {o.label} dialled "
+                         f"{om.group(1)}:{om.group(2)}, the address this rank advertised "
+                         f"{said[0]}, and gave up at {o.duration:g} s; this rank waited for "
+                         "the pair until gloo's connect timeout",
+                         [_exc_line(v), _exc_line(o), said[1]])
+    return None
+
+
 @rule(order=490, evidence=("exception", "plan", "steps", "verdicts"))
 def gloo_pair_to_a_second_card(c: RankContext) -> Optional[Cause]:
     """A gloo pair dialled the address of a host's second card, on a network no other host is
@@ -70,17 +89,15 @@ def gloo_pair_to_a_second_card(c: RankContext) -> Optional[Cause]:
                         else "its rank advertised it"),
                      [_exc_line(v), f"{host} {ifname}: {m.group(1)}"])
     mine = {a: hi for a, hi in cards.items() if hi[0] == v.host}
-    for o in c.verdicts:
-        om = REMOTE.search(o.message or "") if o.label != v.label else None
-        if om is not None and om.group(1) in mine:
-            host, ifname = mine[om.group(1)]
-            return Cause(f"gloo's full mesh never connected: rank {o.label} dialled "
-                         f"{om.group(1)}:{om.group(2)}, the address this rank advertised on "
-                         f"{host}'s second card {ifname} ({_ifname(c, v.label)}), on a network "
-                         f"no other host is on, and gave up at {o.duration:g} s; this rank "
-                         "waited for the pair until gloo's connect timeout",
-                         [_exc_line(v), _exc_line(o), f"{host} {ifname}: {om.group(1)}"])
-    return None
+
+    def on_my_card(addr: str) -> Optional[Tuple[str, str]]:
+        if addr not in mine:
+            return None
+        host, ifname = mine[addr]
+        return (f"on {host}'s second card {ifname} ({_ifname(c, v.label)}), on a network no "
+                "other host is on", f"{host} {ifname}: {addr}")
+
+    return _peer_dialled_mine(c, on_my_card)
 
 
 @rule(order=480, evidence=("exception", "plan", "steps"))
@@ -126,16 +143,14 @@ def gloo_pair_to_no_host(c: RankContext) -> Optional[Cause]:
                      f"({_ifname(c, peers[0]) if peers else ''}), so it dialled its own "
                      "namespace, where nothing listened, and was refused",
                      [_exc_line(v), f"hosts: {hosts}"])
-    for o in c.verdicts:
-        om = REMOTE.search(o.message or "") if o.label != v.label else None
-        if om is not None and om.group(1) not in addrs.values() and _is_loopback(om.group(1)):
-            return Cause(f"gloo's full mesh never connected: rank {o.label} dialled "
-                         f"{om.group(1)}:{om.group(2)}, the address this rank advertised "
-                         f"({_ifname(c, v.label)}), which no host of the run has ({hosts}), "
-                         f"and gave up at {o.duration:g} s; this rank waited for the pair "
-                         "until gloo's connect timeout",
-                         [_exc_line(v), _exc_line(o), f"hosts: {hosts}"])
-    return None
+
+    def on_no_host(addr: str) -> Optional[Tuple[str, str]]:
+        if addr in addrs.values() or not _is_loopback(addr):
+            return None
+        return (f"({_ifname(c, v.label)}), which no host of the run has ({hosts})",
+                f"hosts: {hosts}")
+
+    return _peer_dialled_mine(c, on_no_host)
 
 
 @rule(order=440, evidence=("exception", "plan", "info"))

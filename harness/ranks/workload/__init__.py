@@ -27,20 +27,19 @@ the phases, the worker's dispatch and the reference page are all read from here.
 Adding a step kind touches its module here, a catalog scenario that uses it and tests
 (``tests/test_registries.py`` names what is missing); the reference page is regenerated.
 
-Standard library only (and :mod:`harness.core.protocol`): a rank imports this before torch,
-and the schema imports it too. torch comes in on the :class:`Running`, never by import.
+Standard library only (and :mod:`harness.core.protocol`, :mod:`harness.core.registry`): a rank
+imports this before torch, and the schema imports it too. torch comes in on the
+:class:`Running`, never by import.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import pkgutil
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ...core.protocol import JOINED, model_mb  # noqa: F401 - model_mb: the ddp entry's size
+from ...core.registry import discover
 
 
 @dataclass
@@ -122,17 +121,8 @@ class StepKind:
 
 def _discover() -> Dict[str, StepKind]:
     """Every StepKind subclass with a NAME in this package's modules, by ORDER then name."""
-    found: Dict[str, StepKind] = {}
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_"):
-            continue
-        mod = importlib.import_module(f"{__name__}.{info.name}")
-        for _, cls in inspect.getmembers(mod, inspect.isclass):
-            if issubclass(cls, StepKind) and cls.__module__ == mod.__name__ and cls.NAME:
-                if cls.NAME in found:
-                    raise TypeError(f"workload step {cls.NAME!r}: {cls.__module__} and "
-                                    f"{type(found[cls.NAME]).__module__} both define it")
-                found[cls.NAME] = cls()
+    kinds = discover(__name__, __path__, StepKind, "workload step")
+    found = {name: cls() for name, cls in kinds.items()}
     return dict(sorted(found.items(), key=lambda kv: (kv[1].ORDER, kv[0])))
 
 

@@ -24,17 +24,17 @@ Adding a toxic touches its module here, the fault that switches it on (a
 ``harness.faults._proxy.ProxyFault`` subclass with ``TOXIC = NAME``, in ``harness/faults/``),
 a catalog scenario and tests (``tests/test_registries.py`` names what is missing).
 
-Only the standard library: the proxy imports this in its own process.
+Only the standard library (and :mod:`harness.core.registry`): the proxy imports this in its own
+process.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import pkgutil
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional, Tuple, Type
+
+from ....core.registry import discover
 
 if TYPE_CHECKING:   # a connection calls the hooks; this package never imports it
     from ..conn import Conn
@@ -167,18 +167,7 @@ class Toxic:
 
 def _discover() -> Dict[str, Type[Toxic]]:
     """Every Toxic subclass with a NAME in this package's modules, in name order."""
-    found: Dict[str, Type[Toxic]] = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        mod = importlib.import_module(f"{__name__}.{info.name}")
-        for _, cls in inspect.getmembers(mod, inspect.isclass):
-            if issubclass(cls, Toxic) and cls.__module__ == mod.__name__ and cls.NAME:
-                if cls.NAME in found:
-                    raise TypeError(f"toxic {cls.NAME!r}: {cls.__module__} and "
-                                    f"{found[cls.NAME].__module__} both define it")
-                found[cls.NAME] = cls
-    return found
+    return discover(__name__, __path__, Toxic, "toxic")
 
 
 TOXICS: Dict[str, Type[Toxic]] = _discover()
