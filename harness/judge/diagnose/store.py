@@ -290,8 +290,9 @@ def refused_and_retried(c: RankContext) -> Optional[Cause]:
     m = CONNECT_TIMEOUT.search(c.verdict.message or "")
     if m is None:
         return None
-    fails = {h: n.get("AttemptFails", 0) for h, n in c.run.counters.items()
-             if n.get("AttemptFails", 0)}
+    # the counters as harness.net.hostspec.COUNTERS names them ("Tcp.AttemptFails")
+    fails = {h: n.get("Tcp.AttemptFails", 0) for h, n in c.run.counters.items()
+             if n.get("Tcp.AttemptFails", 0)}
     if not fails:
         return None
     return Cause(f"nothing listened on {m.group(1)}:{m.group(2)}: connects were refused and "
