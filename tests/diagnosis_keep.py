@@ -37,7 +37,6 @@ GZIP_OVER = 64 * 1024   # bytes of JSON above which an entry is written gzipped
 UNCOVERED = {
     "rendezvous_already_closed",       # rendezvous.py: a late node of an elastic job
     "starved_in_init",                 # faulted.py: cpu_contention before the store
-    "refused_and_retried",             # store.py: refusals counted by AttemptFails
     "listen_queue_overflowed",         # network.py: a small somaxconn that overflowed
     "the_store_shows_who_is_missing",  # hang.py: the store probe's view at the deadline
 }
