@@ -38,7 +38,6 @@ UNCOVERED = {
     "rendezvous_already_closed",       # rendezvous.py: a late node of an elastic job
     "starved_in_init",                 # faulted.py: cpu_contention before the store
     "listen_queue_overflowed",         # network.py: a small somaxconn that overflowed
-    "the_store_shows_who_is_missing",  # hang.py: the store probe's view at the deadline
 }
 
 
