@@ -35,7 +35,6 @@ GZIP_OVER = 64 * 1024   # bytes of JSON above which an entry is written gzipped
 # only shrinks (tests/test_diagnosis_corpus.py and tests/test_diagnosis_registry.py read it;
 # a rule that gains an entry leaves it). Never fake an entry: keep a real run's evidence.
 UNCOVERED = {
-    "rendezvous_already_closed",       # rendezvous.py: a late node of an elastic job
     "starved_in_init",                 # faulted.py: cpu_contention before the store
     "listen_queue_overflowed",         # network.py: a small somaxconn that overflowed
 }
