@@ -35,11 +35,15 @@ GZIP_OVER = 64 * 1024   # bytes of JSON above which an entry is written gzipped
 # only shrinks (tests/test_diagnosis_corpus.py and tests/test_diagnosis_registry.py read it;
 # a rule that gains an entry leaves it). Never fake an entry: keep a real run's evidence.
 UNCOVERED = {
-    "rendezvous_already_closed",       # rendezvous.py: a late node of an elastic job
-    "starved_in_init",                 # faulted.py: cpu_contention before the store
-    "refused_and_retried",             # store.py: refusals counted by AttemptFails
-    "listen_queue_overflowed",         # network.py: a small somaxconn that overflowed
-    "the_store_shows_who_is_missing",  # hang.py: the store probe's view at the deadline
+    # faulted.py: a rank starved before the store. Seen only on a loaded machine (resources.yaml
+    # cpu_hogs, 1 catalog run of 2026-11-25): the quota's floor, 1% of a CPU (the kernel's 1 ms
+    # per 100 ms period), slows init only to 0.2 s (2 ranks, timeout 5: ok) or 2.3 s (rank 0 of
+    # 12, timeout 1: ok), 2026-11-29
+    "starved_in_init",
+    # network.py: a failing run of net-hosts-as-machines.yaml backlog_overflow_libuv (a race, ok
+    # in 30 of 31 runs alone); starving node0's rank 0 (1% quota) overflowed the queue 4 times
+    # and the job was still ok (1 run, 2026-11-29)
+    "listen_queue_overflowed",
 }
 
 

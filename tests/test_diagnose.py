@@ -77,7 +77,7 @@ def test_a_client_of_a_store_that_never_started_says_why(obs):
 def test_a_dropped_syn_names_the_rule_that_dropped_it(obs):
     r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
     rules = {"a": "table inet thx {\n chain input {\n  tcp dport 29500 drop\n }\n}"}
-    _, (v1,) = _run(obs, r1, rules=rules, counters={"b": {"TCPSynRetrans": 3}})
+    _, (v1,) = _run(obs, r1, rules=rules, counters={"b": {"TcpExt.TCPSynRetrans": 3}})
     assert v1.cause == "its SYN to 10.0.0.1:29500 was never answered: dropped by the nft " \
         "rule on host a: tcp dport 29500 drop"
     assert "TCPSynRetrans: b 3" in v1.cause_evidence
@@ -131,7 +131,7 @@ def test_a_rank_dialling_another_port_is_named(obs):
 
 def test_refused_connects_are_said_refused_and_retried(obs):
     r1 = obs.rank("1", reached="init", end=9.0, exc=obs.exc("DistNetworkError", CLIENT))
-    _, (v1,) = _run(obs, r1, counters={"local": {"AttemptFails": 12}})
+    _, (v1,) = _run(obs, r1, counters={"local": {"Tcp.AttemptFails": 12}})
     assert v1.cause.startswith("nothing listened on 10.0.0.1:29500: connects were refused")
 
 

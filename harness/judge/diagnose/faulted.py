@@ -56,7 +56,8 @@ def frozen_by_the_fault(c: RankContext) -> Optional[Cause]:
                  "never resumed: alive but not running at the deadline", [c.verdict.reason])
 
 
-@rule(order=40, evidence=("exception", "plan"))
+# before torch_refused_the_setup (30): the fault's ValueError in init is no word of torch's
+@rule(order=25, evidence=("exception", "plan"))
 def raised_by_the_fault(c: RankContext) -> Optional[Cause]:
     """The scenario's raise_exception fault made this rank raise where it did."""
     v = c.verdict

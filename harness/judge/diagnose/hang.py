@@ -377,7 +377,8 @@ def _nobody_hosts(c: RankContext, o: RankObservation, addr: str, port: int, ev: 
 def hosting_a_store_nobody_joins(c: RankContext) -> Optional[Cause]:
     """A row alive at the deadline that hosts the store and waits for its clients to connect
     (its native stack: TCPStore::waitForWorkers): who of the job has not joined, and why (it
-    dials another port or address, it was not started yet). The words of waiting_for_ranks,
+    dials another port or address, it was not started yet, it had already ended: its own
+    cause). The words of waiting_for_ranks,
     which reads torch's "1/2 clients joined" when the timeout is short."""
     v, o = c.verdict, c.obs
     if v.outcome != "hang" or o is None or not _blocked_in(o, HOSTING):
@@ -404,10 +405,17 @@ def hosting_a_store_nobody_joins(c: RankContext) -> Optional[Cause]:
         if x.label in joined or x.label == v.label:
             continue
         theirs = _dials(c, x.label)
+        xv = c.verdict_of(x.label)
         if x.released_at is None:
             when = c.plan_rank(x.label).get("released") or ""
             why.append(f"{_who(x.label)} was not started before the deadline"
                        + (f" (its release, {when}, was still to come)" if when else ""))
+        elif xv is not None and xv.outcome not in ("hang", "ok", "absent") \
+                and xv.duration is not None:
+            # it had ended before the deadline, and holds no connection to the store
+            own = _cause_of(c, x.label, [hosting_a_store_nobody_joins])
+            why.append(f"{_who(x.label)} had ended ({xv.outcome}) at {xv.duration:g} s"
+                       + (f": {own}" if own else ""))
         elif theirs is not None and theirs[1] != port:
             why.append(f"{_who(x.label)} dials port {theirs[1]} ({theirs[2]}), not {port}")
         elif theirs is not None and theirs[0] != addr and not (

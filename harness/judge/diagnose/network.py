@@ -33,8 +33,9 @@ def syn_unanswered(c: RankContext) -> Optional[Cause]:
         return Cause(f"its connects to {target[0]}:{target[1]} were refused by the nft rule on "
                      f"host {rule[0]} and retried until the client's timeout: {rule[1]}",
                      [_exc_line(c.verdict), f"nft on {rule[0]}: {rule[1]}"])
-    retrans = {h: n.get("TCPSynRetrans", 0) for h, n in c.run.counters.items()
-               if n.get("TCPSynRetrans", 0)}
+    # the counters as harness.net.hostspec.COUNTERS names them ("TcpExt.TCPSynRetrans")
+    retrans = {h: n.get("TcpExt.TCPSynRetrans", 0) for h, n in c.run.counters.items()
+               if n.get("TcpExt.TCPSynRetrans", 0)}
     if not syn and rule is None:
         return None
     text = f"its SYN to {target[0]}:{target[1]} was never answered"

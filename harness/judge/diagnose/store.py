@@ -186,6 +186,16 @@ def waiting_for_ranks(c: RankContext) -> Optional[Cause]:
         elif other is not None and env.get("RANK") is not None and \
                 env.get("RANK") == mine.get("RANK"):
             why.append(f"rank {label} also claimed RANK={mine.get('RANK')}")
+        elif other is not None and other.outcome != "ok" and other.duration is not None and \
+                c.obs is not None and c.obs.released_at and \
+                c.obs.released_at >= other.duration:
+            # it ended before this rank (the store's host) was even started
+            ctx = c.about(other)
+            own = diagnose(ctx, [r for r in RULES if r is not waiting_for_ranks]) \
+                if ctx is not None else None
+            why.append(f"rank {label} had ended ({other.outcome}) at {other.duration:g} s, "
+                       f"before this rank was started at {c.obs.released_at:g} s"
+                       + (f": {own.text}" if own is not None and own.text != UNKNOWN else ""))
         elif other is not None and other.outcome != "ok" and \
                 (starved := _starved(c, label)) is not None:
             why.append(f"rank {label} never reached it: it was starved of CPU (the scenario's "
@@ -283,19 +293,31 @@ def no_store_there(c: RankContext) -> Optional[Cause]:
     return None
 
 
-@rule(order=580, evidence=("exception", "counters"))
+@rule(order=580, evidence=("exception", "counters", "plan", "events"))
 def refused_and_retried(c: RankContext) -> Optional[Cause]:
     """Connects refused (no listener) and retried silently by the store client until its
     timeout (the kernel's AttemptFails counts the refusals)."""
     m = CONNECT_TIMEOUT.search(c.verdict.message or "")
     if m is None:
         return None
-    fails = {h: n.get("AttemptFails", 0) for h, n in c.run.counters.items()
-             if n.get("AttemptFails", 0)}
+    # the counters as harness.net.hostspec.COUNTERS names them ("Tcp.AttemptFails")
+    fails = {h: n.get("Tcp.AttemptFails", 0) for h, n in c.run.counters.items()
+             if n.get("Tcp.AttemptFails", 0)}
     if not fails:
         return None
-    return Cause(f"nothing listened on {m.group(1)}:{m.group(2)}: connects were refused and "
-                 "retried until the client's timeout",
+    # why nothing listened: the store's host was not started yet when this rank gave up
+    v = c.verdict
+    host = next((x for x in c.run.ranks if x.label != v.label and x.role == "rank"
+                 and _job(x.label) == _job(v.label) and c.env(x.label).get("RANK") == "0"), None)
+    late = ""
+    if v.role == "rank" and host is not None and v.duration is not None and \
+            (host.released_at is None or host.released_at >= v.duration):
+        late = (f" (the store's host, rank {host.label}, was started only at "
+                f"{host.released_at:g} s, after this rank gave up at {v.duration:g} s)"
+                if host.released_at is not None else
+                f" (the store's host, rank {host.label}, was never started)")
+    return Cause(f"nothing listened on {m.group(1)}:{m.group(2)}{late}: connects were refused "
+                 "and retried until the client's timeout",
                  [_exc_line(c.verdict),
                   "AttemptFails: " + ", ".join(f"{h} {n}" for h, n in fails.items())])
 
