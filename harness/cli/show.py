@@ -216,13 +216,14 @@ def show_plan(scn: Any, plan: Dict[str, Any]) -> None:
     t = Table(title="ranks", title_justify="left", show_lines=True)
     for col in ("rank", "host", "released", "init", "env", "unset", "user"):
         t.add_column(col, overflow="fold")
-    for r in plan["ranks"]:
+    for r in plan["ranks"] + plan.get("restarts", []):
         init = r["init"]
         how = init["method"] + (f" {init['url']}" if init.get("url") else "")
         if init.get("rank") is not None:
             how += f"\nrank={init['rank']} world_size={init['world_size']}"
         host = r.get("host", "local") + (f"\npython {r['python']}" if r.get("python") else "")
-        released = "never (absent)" if r.get("absent") else "at start" \
+        released = "never (absent)" if r.get("absent") else \
+            f"when a step starts {r['restart_of']} again" if r.get("restart_of") else "at start" \
             if r.get("release", {}) == {"at": 0.0} else str(r.get("released", ""))
         t.add_row(_text(r["label"]), _text(host), _text(released),
                   _text(how), _text(_kv(r["env"])), _text(" ".join(r.get("unset", []))),

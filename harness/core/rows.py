@@ -58,7 +58,8 @@ class RowSet:
 
     def describe(self) -> str:
         pre = f"{self.job}:" if self.job else ""
-        parts = [f"ranks {pre}0..{pre}{self.world - 1}" if self.world > 1 else f"rank {pre}0"]
+        parts = [f"ranks {pre}0..{pre}{self.world - 1}" if self.world > 1 else f"rank {pre}0"] \
+            if self.world else []
         if self.attempts:
             parts.append(f"restart attempts R@1..R@{self.attempts}")
         parts += self.agents + self.parents + self.extra

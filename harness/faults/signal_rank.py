@@ -3,6 +3,13 @@
 kill_rank sends any signal by name: the fatal ones (KILL, TERM, SEGV...) and the ones a
 launcher or a scheduler sends to a live job (USR1 as Slurm's ``--signal``, CHLD, HUP...);
 the rank meets it as any program would (its default action, or the program's handler).
+
+kill_rank's ``restart_after``: the killed process is started again that many seconds after it
+ended, as a Ctrl-C'd node is started again by hand (a torchrun agent rejoining an elastic
+job): a copy of the process the launcher started (same argv, environment and host), always a
+fresh interpreter, its own row ``LABEL#2`` (``#3`` for a restart of that one). Only what the
+harness starts itself can be started again (a rank under ``direct``, an agent, a spawning
+parent); the run goes on while a restart is due, until the deadline at most.
 """
 
 import signal as _signal
@@ -11,7 +18,8 @@ from typing import Any, ClassVar, Dict, List, Literal, Optional
 
 from pydantic import Field, field_validator
 
-from ..core.protocol import ENDED, EVERY_RANK, STACK_SIGNAL
+from ..core.limits import Seconds
+from ..core.protocol import ENDED, EVERY_RANK, STACK_SIGNAL, parse_label
 from ..core.triggers import Trigger, When
 from ..ranks.workload import phase_problem
 from . import Fault, Target
@@ -93,7 +101,78 @@ class Signal(Step):
         return f"SIG{self.signal} to {_who(self.rank)}"
 
 
+@dataclass
+class Restart(Step):
+    """kill_rank's restart_after: the killed process ``rank`` started again as the row
+    ``label`` (the plan's copy of it, ``RunPlan.restarts``), ``delay`` s after it ended (the
+    trigger); only once the kill (step ``kill``) was sent. Until it fires the run is held open
+    (the other rows may all have ended)."""
+
+    rank: str = ""
+    label: str = ""
+    kill: str = ""
+    UNDO_AT_TEARDOWN: ClassVar[bool] = False   # the restarted process dies with the run
+    _started: Dict[str, Any] = field(default_factory=dict, init=False, repr=False,
+                                     compare=False)
+
+    def can_fire(self, rt):
+        return rt.step_done(self.kill) is not None
+
+    def holds_run(self, rt):
+        return rt.step_done(self.kill) is not None
+
+    def do(self, rt):
+        ended = getattr(getattr(rt.rank(self.rank), "obs", None), "ended_at", None)
+        row = rt.restart(self.label)
+        self._started = {"t": round(rt.now(), 3), "pid": row.pid, "ended": ended}
+        return {"pid": row.pid, "restart_of": self.rank}
+
+    def effect(self, rt):
+        st = self._started
+        after = f", {st['t'] - st['ended']:.2f} s after it ended at {st['ended']:.2f} s" \
+            if st.get("ended") is not None else ""
+        events = [{"t": st["t"], "what": f"{_who(self.rank)} started again as {self.label} "
+                                         f"(pid {st['pid']})"}]
+        end = ""
+        try:
+            obs = getattr(rt.rank(self.label), "obs", None)
+        except KeyError:
+            obs = None
+        if obs is not None and obs.ended_at is not None:
+            end = f"; {self.label} ended at {obs.ended_at:.2f} s"
+            events.append({"t": obs.ended_at, "what": f"{self.label} ended"})
+        return Effect(acted=st.get("pid") is not None,
+                      summary=f"{_who(self.rank)} started again as {self.label} (pid "
+                              f"{st.get('pid')}) at {st['t']:.2f} s{after}{end}",
+                      numbers={"pid": st.get("pid"), "started_at": st["t"]}, events=events)
+
+    def describe(self):
+        return f"start {_who(self.rank)} again as {self.label}"
+
+
 _SIGNUMS = {int(s) for s in _signal.Signals}
+# signals whose default action leaves a process alive (ignored, or stopped): after one of
+# them there is nothing to start again
+_NOT_ENDING = {"CHLD": "ignored", "URG": "ignored", "WINCH": "ignored", "TTIN": "stopped",
+               "TTOU": "stopped"}
+
+
+def restart_labels(scn: Any) -> Dict[int, str]:
+    """The row of each restart the case's kill_rank faults ask for (restart_after), by the
+    fault's index: the killed process's label with ``#2``, or the next number free for it
+    (a restart of ``agent:node1#2`` is ``agent:node1#3``)."""
+    out: Dict[int, str] = {}
+    taken: set = set()
+    for i, f in enumerate(scn.faults):
+        if getattr(f, "restart_after", None) is None:
+            continue
+        base = str(f.rank).split("#", 1)[0]
+        n = 2
+        while f"{base}#{n}" in taken:
+            n += 1
+        out[i] = f"{base}#{n}"
+        taken.add(out[i])
+    return out
 
 
 def proc_state(pid: Optional[int]) -> Optional[str]:
@@ -176,6 +255,9 @@ class _SignalRank(Fault, When):
         return None
 
     def apply(self, plan, scn):
+        self._apply_signal(plan, scn)
+
+    def _apply_signal(self, plan, scn) -> Signal:
         sig = self._signal()
         step = Signal(rank=str(self.rank), signal=sig, heal_signal=self._heal_signal(),
                       trigger=self.trigger(), target=_who(str(self.rank)))
@@ -185,6 +267,7 @@ class _SignalRank(Fault, When):
         heal = f", SIG{self._heal_signal()} {self.heal_after:g} s later" \
             if self._heal_signal() and self.heal_after else ""
         plan.notes.append(f"{self.kind}: SIG{sig} to {_who(str(self.rank))} {when}{heal}")
+        return step
 
 
 class KillRank(_SignalRank):
@@ -192,6 +275,14 @@ class KillRank(_SignalRank):
     summary = "SIGKILL, or any signal by name (TERM, USR1, CHLD...), to a rank at a time or phase"
     signal: str = Field("KILL", max_length=12, description="the signal's name, with or without "
                         "SIG: KILL, TERM, INT, SEGV, ABRT, USR1, USR2, HUP, CHLD...")
+    restart_after: Optional[Seconds] = Field(
+        None, description="start the killed process again this many seconds after it ended "
+        "(a Ctrl-C'd node started again by hand, a torchrun agent rejoining an elastic job): "
+        "the same argv, environment and host as the launcher started it, a fresh interpreter; "
+        "its row is the label with '#2' ('agent:node1#2'; '#3' for a restart of that one), "
+        "pinned apart from the killed row, which no longer counts for the job's outcome. Only "
+        "for a process the harness starts itself: a rank under launcher direct, a torchrun "
+        "agent ('agent:HOST'), a spawning parent ('parent:HOST')")
 
     @field_validator("signal")
     @classmethod
@@ -203,7 +294,68 @@ class KillRank(_SignalRank):
         if self.heal_after is not None:
             problems.append((("heal_after",), "a killed rank cannot be healed (stop_rank can: "
                                               "SIGCONT after heal_after)"))
+        if self.restart_after is not None:
+            why = self._restart_problem(scn, problems)
+            if why:
+                problems.append((("restart_after",), why))
         return problems
+
+    def _restart_problem(self, scn: Any, problems: List[Any]) -> Optional[str]:
+        """Why the target of this kill cannot be started again (None: it can)."""
+        if self.signal in _NOT_ENDING:
+            return (f"SIG{self.signal} does not end a process (by default it is "
+                    f"{_NOT_ENDING[self.signal]}): nothing would be started again; send one "
+                    "that ends it (KILL, TERM, INT...) or leave restart_after out")
+        why = getattr(scn.launcher, "NO_RESTART", None)
+        if why:
+            return why
+        if any(loc[:1] == ("rank",) for loc, _ in problems):
+            return None   # no such process: said at rank
+        label = str(self.rank)
+        p = parse_label(label.split("#", 1)[0])
+        if p is None or p.kind != "rank":
+            return None   # an agent, a parent, or a restart of one: started by the harness
+        rows = scn.launcher.rows(scn)
+        others = rows.agents + rows.parents
+        instead = f" (here: {', '.join(others[:4])})" if others else ""
+        if p.attempt:
+            return (f"rank {label} is a worker its agent starts in restart attempt "
+                    f"{p.attempt}, not a process the harness starts: restart_after starts "
+                    f"again only what the harness started itself{instead}")
+        if not scn.launcher.STARTS_RANKS:
+            return (f"rank {label} is a worker that the {scn.launcher.kind} launcher's "
+                    f"{'agent' if rows.agents else 'parent'} starts, not the harness: "
+                    "restart_after starts again only what the harness started itself "
+                    f"(name its agent or parent{instead})")
+        return None
+
+    def allocation_problem(self, scn):
+        if self.restart_after is not None:
+            return ("restart_after: on an allocation's nodes every process is an srun task "
+                    "of one step, and a killed one is not started again")
+        return super().allocation_problem(scn)
+
+    def extra_labels(self, scn):
+        if self.restart_after is None:
+            return []
+        mine = next((i for i, f in enumerate(scn.faults) if f is self), None)
+        label = restart_labels(scn).get(mine) if mine is not None else None
+        return [label or f"{str(self.rank).split('#', 1)[0]}#2"]
+
+    def apply(self, plan, scn):
+        kill = self._apply_signal(plan, scn)
+        if self.restart_after is None:
+            return
+        mine = next((i for i, f in enumerate(scn.faults) if f is self), None)
+        label = restart_labels(scn).get(mine) if mine is not None else None
+        label = label or f"{str(self.rank).split('#', 1)[0]}#2"
+        plan.add_restart(str(self.rank), label)
+        plan.add_step(self, Restart(rank=str(self.rank), label=label, kill=kill.id,
+                                    trigger=Trigger.on_phase(str(self.rank), ENDED,
+                                                             self.restart_after),
+                                    target=label))
+        plan.notes.append(f"{self.kind}: {_who(str(self.rank))} started again as {label} "
+                          f"{self.restart_after:g} s after it ended")
 
     def _signal(self) -> str:
         return self.signal

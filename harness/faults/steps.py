@@ -96,6 +96,14 @@ class Runtime(Protocol):
     def python(self, module: str, *args: str) -> List[str]:
         """argv that runs ``python -m module args`` with the ranks' interpreter."""
 
+    def step_done(self, step_id: str) -> Optional[float]:
+        """When the step ``step_id`` was done (s after the start line), None if not yet."""
+
+    def restart(self, label: str) -> RankControl:
+        """Start the plan's restart ``label`` (``RunPlan.restarts``: a copy of a process the
+        launcher started, same argv, environment and host) through the launcher, owned by the
+        run like every process it started; its row is ``label``."""
+
 
 @dataclass
 class Effect:
@@ -157,6 +165,12 @@ class Step:
         """Whether the step may fire now that its trigger holds (default: yes). A signal to a
         rank, for instance, waits until the rank was released and never fires once it ended."""
         return True
+
+    def holds_run(self, rt: Runtime) -> bool:
+        """Whether the run must go on (until the deadline at most) although every process has
+        ended, because this step has yet to fire (default: no). A restart of a killed process
+        holds it: the process is due to start again."""
+        return False
 
     def can_undo(self, rt: Runtime) -> bool:
         """Whether the undo may run now that its trigger holds (default: yes): an undo gated
@@ -241,6 +255,10 @@ class Scheduler:
             elif s.undo_trigger is not None and s.id not in self.undone \
                     and s.undo_trigger.due(now, clock) and s.can_undo(self.rt):
                 self._undo(s, now)
+
+    def holding(self) -> bool:
+        """A step not done yet holds the run open (:meth:`Step.holds_run`)."""
+        return any(s.id not in self.done and s.holds_run(self.rt) for s in self.steps)
 
     def effects(self, now: float) -> List[Dict[str, Any]]:
         """Every fault step's effect, read now (before teardown): one record per step (its

@@ -91,6 +91,7 @@ class Verdict:
     cause_evidence: List[str] = field(default_factory=list)   # the lines it rests on
     cause_rule: str = ""               # the diagnosis rule that gave the cause; "" for unknown
     claims: Optional[int] = None       # the rank it told torch, where not its row's (RANK=0 on 1)
+    restart_of: Optional[str] = None   # the process this row started again (restart_after)
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -136,7 +137,7 @@ def classify(obs: RankObservation, t0: float = 0.0) -> Verdict:
         duration = max(0.0, round(result.t - t0, 3))   # 0: it ended before the start line
     v = Verdict(label=obs.label, outcome="crash", phase=phase, duration=duration,
                 returncode=obs.returncode, host=obs.host, addr=obs.addr, stacks=obs.stacks,
-                role=obs.role, attempt=obs.attempt, node=obs.node)
+                role=obs.role, attempt=obs.attempt, node=obs.node, restart_of=obs.restart_of)
     if obs.role == ROLE_AGENT:
         v.restarts = sum(1 for e in events if e.ev == RESTART)
     v.claims = claimed_rank(obs)
@@ -145,6 +146,9 @@ def classify(obs: RankObservation, t0: float = 0.0) -> Verdict:
         v.reason += _tail_words(v, obs)
     if obs.notes:
         v.reason += " (" + "; ".join(obs.notes) + ")"
+    if obs.restart_of:
+        at = f" at {obs.released_at:.2f} s" if obs.released_at is not None else ""
+        v.reason += f"; a restart of {obs.restart_of} (restart_after), started{at}"
     return v
 
 
@@ -280,12 +284,17 @@ def _sig_matches(name: Optional[str], rc: int) -> bool:
 def job_outcome(verdicts: Sequence[Verdict]) -> str:
     """The job's outcome: the most severe of its rows' (see harness.core.outcomes), leaving out a
     worker that a later restart attempt of the same rank replaced (its agent restarted it: the
-    job went on; the row keeps its own verdict)."""
+    job went on; the row keeps its own verdict), and a killed process the run started again
+    (restart_after: its restart's row stands for it)."""
     return _job([v.outcome for v in verdicts if not superseded(v, verdicts)]) or "ok"
 
 
 def superseded(v: Verdict, verdicts: Sequence[Verdict]) -> bool:
-    """A worker row replaced by a later restart attempt of its rank in the same job."""
+    """A worker row replaced by a later restart attempt of its rank in the same job, or a
+    process the run started again after it was killed (restart_after: its restart row
+    carries the job on)."""
+    if any(w.restart_of == v.label for w in verdicts):
+        return True
     p = parse_label(v.label)
     if p is None or p.kind != "rank":
         return False

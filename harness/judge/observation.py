@@ -73,6 +73,7 @@ class RankObservation:
     role: str = "rank"                   # rank | agent | parent | worker (harness.core.protocol)
     node: Optional[str] = None           # a worker's agent or parent (its label)
     attempt: int = 0                     # a torchrun worker's restart attempt
+    restart_of: Optional[str] = None     # the process this one started again (restart_after)
     info: Dict[str, Any] = field(default_factory=dict)   # what an observed process said first
     sockets: List[SocketRecord] = field(default_factory=list)   # its TCP sockets at the
     #     deadline (before the kill) or when its result said it raised (harness.net.sockets)
@@ -119,7 +120,8 @@ class RankObservation:
                 "node": self.node, "attempt": self.attempt, "info": dict(self.info),
                 "sockets": [x.to_dict() for x in self.sockets],
                 "waited_at_deadline": self.waited_at_deadline,
-                "cpu_samples": [list(x) for x in self.cpu_samples]}
+                "cpu_samples": [list(x) for x in self.cpu_samples],
+                **({"restart_of": self.restart_of} if self.restart_of else {})}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> RankObservation:
@@ -139,7 +141,8 @@ class RankObservation:
                    released_at=d.get("released_at"), ended_at=d.get("ended_at"),
                    notes=[str(n) for n in d.get("notes", [])],
                    role=str(d.get("role", "rank")), node=d.get("node"),
-                   attempt=int(d.get("attempt") or 0), info=dict(d.get("info") or {}),
+                   attempt=int(d.get("attempt") or 0), restart_of=d.get("restart_of"),
+                   info=dict(d.get("info") or {}),
                    sockets=[SocketRecord.from_dict(x) for x in d.get("sockets") or []],
                    waited_at_deadline=d.get("waited_at_deadline"),
                    cpu_samples=[(float(x[0]), float(x[1])) for x in d.get("cpu_samples") or []

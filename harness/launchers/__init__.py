@@ -76,6 +76,9 @@ class LauncherSpec(BaseModel):
     summary: ClassVar[str] = ""
     # it starts every rank itself, so a fault may edit a rank's environment or arguments
     STARTS_RANKS: ClassVar[bool] = False
+    # why a process it starts cannot be started again mid-run (kill_rank's restart_after);
+    # None: it can (:meth:`restart`)
+    NO_RESTART: ClassVar[Optional[str]] = None
 
     # -- planning (pure) ---------------------------------------------------------------------------
     def check(self, scn: Any) -> List[Problem]:
@@ -119,6 +122,12 @@ class LauncherSpec(BaseModel):
         """Start every process the plan holds (not released yet); each is recorded."""
         out = [start_process(sup, rp) for rp in sup.plan.launched_ranks()]
         return out
+
+    def restart(self, sup: Any, rp: RankPlan) -> RankProcess:
+        """Start a planned restart (``RankPlan.restart_of``) mid-run: a fresh process as the
+        first one was started (same argv, environment, host), recorded and owned by the run,
+        released at once (it is not held for a start line that has passed)."""
+        return start_process(sup, rp)
 
     def poll(self, sup: Any) -> None:
         """The processes started by others (workers) as their event files appear."""
@@ -340,7 +349,7 @@ def planned_names(rp: RankPlan) -> str:
 
 
 def _tag(label: str) -> str:
-    return label.replace(":", "-").replace("@", "_")
+    return label.replace(":", "-").replace("@", "_").replace("#", "_r")
 
 
 def start_process(sup: Any, rp: RankPlan) -> RankProcess:
@@ -438,6 +447,11 @@ class Discovery:
             # the times it restarted its workers is the attempt
             owner.read_events()
             attempt = max(attempt, sum(1 for e in owner.obs.events if e.ev == P.RESTART))
+        if owner is not None and owner.obs.restart_of:
+            # a restarted agent's (or parent's) workers go on from the attempts of the one it
+            # restarts (kill_rank's restart_after): its first worker of rank 1 after the
+            # killed agent's "1" is "1@1", not a twin of "1"
+            attempt += _attempts_after(sup, owner.obs.restart_of)
         label = P.worker_label(int(rank), attempt, job) if isinstance(rank, int) \
             else f"pid{pid}"
         row = RankProcess(_unique(sup, label), ForeignProcess(pid, ticks), events=path,
@@ -482,6 +496,18 @@ class Discovery:
                                                                         job))
                     _give_back(sup, left)
         r.seen = len(events)
+
+
+def _attempts_after(sup: Any, label: str) -> int:
+    """How many attempts the workers of the process ``label`` had (its own restart's workers
+    number on from there): 1 + the highest attempt of a worker it started, 0 if it started
+    none; through a chain of restarts."""
+    rows = [r for r in sup.ranks if r.obs.node == label]
+    if not rows:
+        own = next((r for r in sup.ranks if r.label == label), None)
+        return _attempts_after(sup, own.obs.restart_of) \
+            if own is not None and own.obs.restart_of else 0
+    return 1 + max(r.obs.attempt for r in rows)
 
 
 def _give_back(sup: Any, left: str) -> None:

@@ -89,6 +89,8 @@ class _OnAllocation(LauncherSpec):
     nodes: List[str] = Field(description="its nodes in Slurm's order")
     inner: Any = Field(None, exclude=True, description="the scenario's own launcher")
     summary = "srun on the nodes of the Slurm allocation the harness runs in"
+    NO_RESTART = ("on an allocation's nodes every process is an srun task of one step: a "
+                  "killed one is not started again (restart_after)")
 
     def describe(self) -> str:
         return f"allocation {self.job_id} ({self.inner.describe()})"

@@ -63,6 +63,8 @@ class Slurm(LauncherSpec):
     kind: Literal["slurm"] = "slurm"
     summary = "srun on the run's own Slurm test cluster (one node per host): tasks as ranks, " \
         "or one torchrun per node"
+    NO_RESTART = ("the slurm launcher starts one srun per run, and srun starts every task "
+                  "(and torchrun agent): a killed one is not started again (restart_after)")
     form: Literal["tasks", "torchrun"] = Field(
         "tasks", description="tasks: every srun task is a rank (SLURM_PROCID); torchrun: one "
         "torchrun per node under srun (c10d on the first node)")

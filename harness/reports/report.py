@@ -222,6 +222,8 @@ def rank_record(verdict: Verdict, obs: Optional[RankObservation], t0: float) -> 
     }
     if verdict.claims is not None:   # it told torch another rank than its row's
         rec["claims"] = verdict.claims
+    if verdict.restart_of:   # a process started again after a kill (restart_after)
+        rec["restart_of"] = verdict.restart_of
     if verdict.role != "rank":   # a launcher's row: agent, parent, worker (docs/launchers.md)
         rec.update(role=verdict.role, attempt=verdict.attempt, node=verdict.node)
         if verdict.restarts is not None:

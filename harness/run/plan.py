@@ -67,6 +67,9 @@ class RankPlan:
     #                                  warm server, harness.ranks.forkserver); the launcher decides
     start_note: str = ""             # why it runs fresh where the run asked for fork
     fresh_only: str = ""             # a fault's reason why this rank must start fresh
+    restart_of: str = ""             # a restart (kill_rank's restart_after): the label of the
+    #                                  process it starts again, with the same argv, environment
+    #                                  and host; started by a step, never by the launcher
 
     def to_dict(self) -> Dict[str, Any]:
         d = {"label": self.label, "rank": self.rank, "env": dict(self.env),
@@ -83,6 +86,8 @@ class RankPlan:
             d["python"] = self.python
         if self.absent:
             d["absent"] = True
+        if self.restart_of:
+            d["restart_of"] = self.restart_of
         return d
 
 
@@ -195,6 +200,12 @@ class RunPlan:
     #                                  else None
     stores: Dict[str, JobStore] = field(default_factory=dict)   # each job's store, as
     #                                  launched ("" the scenario's own; harness.core.jobstore)
+    # processes started again after they were killed (kill_rank's restart_after): each a copy
+    # of the process it restarts, made once every fault has edited the plan; a step starts it
+    restarts: List[RankPlan] = field(default_factory=list)
+    # (label to restart, the restart's label, the fault's number): asked by faults, copied at
+    # the end of make_plan (:func:`_copy_restarts`)
+    restart_requests: List[Any] = field(default_factory=list)
 
     def store(self, job: str = "") -> JobStore:
         """Where ``job``'s store really is (harness.core.jobstore): the port that ``ports: master``
@@ -228,7 +239,7 @@ class RunPlan:
 
     def rank(self, label: Any) -> RankPlan:
         """A process the launcher starts, by label: a rank ("1"), an agent ("agent:node0")..."""
-        for r in self.ranks:
+        for r in self.ranks + self.restarts:
             if r.label == str(label):
                 return r
         if self.launcher is not None and not self.launcher.STARTS_RANKS \
@@ -409,6 +420,25 @@ class RunPlan:
         self.ranks.append(rp)
         return rp
 
+    def add_restart(self, label: str, new_label: str) -> None:
+        """Ask for the process ``label`` to be started again as ``new_label`` (a step starts
+        it): a copy of that process as every fault left it, made at the end of the plan. A
+        PlanRefusal where the harness does not start such a process itself."""
+        known = {r.label for r in self.ranks} | {n for _, n, _ in self.restart_requests}
+        if label not in known:
+            what = "rank" if label.isdigit() else "process"
+            raise PlanRefusal(f"the harness starts no {what} {label} itself (it is a worker "
+                              "an agent or a parent starts, or no process of this run), so it "
+                              "cannot start it again", ("restart_after",))
+        self.restart_requests.append((label, new_label, self._fault_no))
+
+    def restart(self, label: str) -> RankPlan:
+        """The planned restart labelled ``label``."""
+        for r in self.restarts:
+            if r.label == label:
+                return r
+        raise KeyError(f"no restart {label} in the plan")
+
     def add_step(self, fault: Any, step: Step) -> Step:
         """Add a fault's step; it gets its id ("<kind>#2"), its fault's kind and number."""
         step.fault = getattr(fault, "kind", str(fault))
@@ -428,6 +458,8 @@ class RunPlan:
             mode="json", exclude_defaults=True)} if self.launcher is not None \
             else {"kind": "direct"}
         d["ranks"] = [r.to_dict() for r in self.ranks]
+        d["restarts"] = [r.to_dict() for r in self.restarts]
+        d.pop("restart_requests", None)
         d["hosts"] = [{k: v for k, v in asdict(h).items()
                        if k != "machine" or not h.machine.is_plain()} for h in self.hosts]
         d["steps"] = [s.to_dict() for s in self.steps]
@@ -602,7 +634,26 @@ def make_plan(scn: Scenario, run_dir: str, take_port: Callable[[], int],
         for rp in plan.ranks:
             rp.argv = [a.replace("{port2}", str(port2)) for a in rp.argv]
     scn.launcher.assign_start(plan, scn)   # fresh or forked, each process, with the reason
+    _copy_restarts(plan)
     return plan
+
+
+def _copy_restarts(plan: RunPlan) -> None:
+    """Each restart a fault asked for: a copy of the process it starts again as every fault
+    left it (argv, environment, host, interpreter, resolver view), released as soon as it is
+    started (a restart is not held for a start line) and always a fresh interpreter."""
+    for label, new_label, fault_no in plan.restart_requests:
+        original = plan.rank(label)
+        if original.absent:
+            raise PlanRefusal(f"{label} is absent (a fault keeps it from starting): it is "
+                              "never killed, so it is never started again",
+                              ("faults", fault_no - 1, "restart_after"))
+        copy = replace(original, label=new_label, env=dict(original.env),
+                       unset=list(original.unset), argv=list(original.argv),
+                       release=Trigger.at_time(0.0), restart_of=label, start="fresh",
+                       start_note="a restart starts as a fresh interpreter, as a process "
+                       "started again by hand does")
+        plan.restarts.append(copy)
 
 
 def _apply_faults(plan: RunPlan, scn: Scenario) -> None:
@@ -615,8 +666,9 @@ def _apply_faults(plan: RunPlan, scn: Scenario) -> None:
         before, steps_before = edits.snapshot(plan), len(plan.steps)
         try:
             fault.apply(plan, scn)
-        except PlanRefusal as e:
-            raise PlanRefusal(f"{fault.kind}: {e}", ("faults", i, "kind")) from None
+        except PlanRefusal as e:   # located inside the fault where it says where, else at kind
+            raise PlanRefusal(f"{fault.kind}: {e}", ("faults", i) + (e.loc or ("kind",))) \
+                from None
         if not any(s.fault_no == i + 1 for s in plan.steps[steps_before:]):
             # no step of its own proves it: what it changed in the plan, read back at the end
             plan.edits += edits.diff(before, edits.snapshot(plan), i + 1, fault.kind,

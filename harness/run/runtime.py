@@ -84,6 +84,22 @@ class StepRuntime:
     def host(self, name: str) -> HostPlan:
         return self.plan.host(name)
 
+    def restart(self, label: str) -> RankProcess:
+        """Start the plan's restart ``label`` through the launcher (recorded, killed with the
+        run like every process it started); a StepError if the launcher cannot."""
+        rp = self.plan.restart(label)
+        try:
+            row = self.launcher.restart(self, rp)
+        except (OSError, ValueError) as e:
+            raise StepError(f"{label} could not be started again: {e}") from None
+        row.obs.restart_of = rp.restart_of
+        if self.progress is not None:
+            try:
+                self.progress(f"{label}: {rp.restart_of} started again at {self.now():.2f} s")
+            except Exception:  # noqa: BLE001 - progress is a courtesy
+                self.progress = None
+        return row
+
     @property
     def net(self) -> Any:
         if self.topo is None:

@@ -268,7 +268,7 @@ class Supervisor(Probes, DeadlineStacks):
                     self._say_end(r)
             self.launcher.poll(self)          # workers started by agents or parents
             self.scheduler.tick(now)
-            if all(r.ended for r in self.ranks):
+            if all(r.ended for r in self.ranks) and not self.scheduler.holding():
                 before = len(self.ranks)
                 self.launcher.poll(self)      # the last words of a worker that just appeared
                 if len(self.ranks) == before and all(r.ended for r in self.ranks):

@@ -437,11 +437,21 @@ class Scenario(Strict):
 
         sets = [self.launcher.rows(self)]
         extra = [lab for f in self.faults for lab in f.extra_labels(self)]
+        # a process started again ("agent:node1#2", kill_rank's restart_after) is a row of its
+        # own, not one more rank of a job
+        again = [lab for lab in extra if "#" in lab]
+        extra = [lab for lab in extra if "#" not in lab]
         jobs = sorted({lab.split(":", 1)[0] for lab in extra if lab.startswith("job")})
         for job in jobs:
             n = sum(1 for lab in extra if lab.startswith(job + ":"))
             sets.append(self.launcher.rows(self, job=job, world=n))
-        others = [lab for lab in extra if not lab.startswith("job")]
+        for rows in sets:
+            # a restarted agent's or parent's workers number on from the attempts of the one
+            # it restarts (harness.launchers.Discovery), and the others restart theirs when
+            # it joins: each restart can add as many attempts as the job had
+            k = sum(1 for lab in again if lab.split("#", 1)[0] in rows.agents + rows.parents)
+            rows.attempts = (rows.attempts + 1) * (k + 1) - 1
+        others = [lab for lab in extra if not lab.startswith("job")] + again
         if others:
             sets.append(RowSet(world=0, extra=others))
         return sets

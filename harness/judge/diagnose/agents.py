@@ -5,6 +5,7 @@ workers ended ok or waits for live ones, a restart that read the previous attemp
 from __future__ import annotations
 
 import re
+import signal
 from typing import Any, Optional
 
 from ..observation import RankObservation
@@ -47,6 +48,35 @@ def agent_after_its_workers(c: RankContext) -> Optional[Cause]:
     if steps:
         text += "; the faults did: " + "; ".join(f"{s.what} at {s.t:g} s" for s in steps[:3])
     return Cause(text, [v.reason] + [f"rank {w.label}: {w.reason}" for w in workers])
+
+
+@rule(order=135, evidence=("signals", "exception", "verdicts"))
+def signal_passed_on_by_agent(c: RankContext) -> Optional[Cause]:
+    """A worker that ended by the signal its agent passed on: torchrun's agent, signalled by
+    the scenario's fault (SIGINT, SIGTERM), stops its workers with that same signal
+    (KeyboardInterrupt in the worker for SIGINT)."""
+    v, o = c.verdict, c.obs
+    if o is None or o.role != "worker" or not o.node or o.signals:
+        return None
+    agent, ao = c.verdict_of(o.node), c.obs_of(o.node)
+    if agent is None or ao is None or not ao.signals \
+            or "SignalException" not in (agent.exception or ""):
+        return None
+    s = ao.signals[0]
+    name = s.signal.removeprefix("SIG")
+    if name == "INT" and v.outcome == "error" and "KeyboardInterrupt" in (v.exception or ""):
+        how = "KeyboardInterrupt"
+    elif v.outcome == "crash" and v.returncode is not None \
+            and v.returncode == -int(getattr(signal, "SIG" + name, 0)):
+        how = f"killed by SIG{name}"
+    else:
+        return None
+    if o.ended_at is not None and o.ended_at + 0.01 < s.t:
+        return None
+    where = f" in {v.phase}" if v.phase else ""
+    return Cause(f"stopped by its agent {o.node}{where} with the SIG{name} the scenario's "
+                 f"fault sent the agent at {s.t:g} s (torchrun passes it on to its workers): "
+                 f"{how}", [f"{agent.label}: {_exc_line(agent)}", v.reason])
 
 
 @rule(order=140, evidence=("signals", "events", "info", "verdicts", "causes"))

@@ -4,6 +4,7 @@ raise, interrupted, starved of CPU, out of memory or of file descriptors."""
 from __future__ import annotations
 
 import re
+import signal
 from typing import Optional
 
 from ..classify import signal_name
@@ -83,6 +84,25 @@ def interrupted_by_the_fault(c: RankContext) -> Optional[Cause]:
     return Cause(f"interrupted: SIGINT, sent by the scenario's fault at {sent[0].t:g} s, became "
                  f"KeyboardInterrupt when control came back to Python in {v.phase}",
                  [_exc_line(v)])
+
+
+@rule(order=55, evidence=("exception", "signals"))
+def agent_signalled_by_the_fault(c: RankContext) -> Optional[Cause]:
+    """A torchrun agent that raised SignalException for the signal the scenario's fault sent
+    it (SIGINT as a Ctrl-C, SIGTERM as a scheduler): torchrun stops its workers with that
+    signal, then raises."""
+    v, o = c.verdict, c.obs
+    if o is None or v.role != "agent" or v.outcome != "error" \
+            or "SignalException" not in (v.exception or "") or not o.signals:
+        return None
+    for s in o.signals:
+        name = s.signal.removeprefix("SIG")
+        num = getattr(signal, "SIG" + name, None)
+        if num is not None and f"got signal: {int(num)}" in v.message:
+            return Cause(f"SIG{name}, sent by the scenario's fault at {s.t:g} s, made torchrun "
+                         f"raise SignalException in {v.phase or 'its run'}: it stopped its "
+                         f"workers with SIG{name} and exited", [_exc_line(v)])
+    return None
 
 
 MEMORY = re.compile(r"OOM killer|can't allocate memory|Cannot allocate memory|MemoryError", re.I)

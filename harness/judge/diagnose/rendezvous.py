@@ -295,3 +295,25 @@ def redundant_agent_left(c: RankContext) -> Optional[Cause]:
                  + "closed the rendezvous torch let it exit gracefully "
                  "(RendezvousGracefulExitError) but its launcher read the None result: "
                  "AttributeError, a bug of torch's launch_agent, not of the job", [_exc_line(v)])
+
+
+@rule(order=395, evidence=("events", "verdicts"))
+def restart_waits_for_a_round(c: RankContext) -> Optional[Cause]:
+    """A restarted agent (kill_rank's restart_after) hung in its rendezvous while every other
+    agent of its job stayed where it was (its workers phase, an exit barrier) and never came
+    to a new round: the new node joins only a round that the others open."""
+    v, o = c.verdict, c.obs
+    if o is None or v.role != "agent" or v.outcome != "hang" or v.phase != "rendezvous" \
+            or not o.restart_of:
+        return None
+    job = o.info.get("job") or ""
+    others = [w for w in c.verdicts if w.role == "agent" and w.label not in (v.label,
+              o.restart_of) and ((c.obs_of(w.label) or o).info.get("job") or "") == job
+              and not any(x.restart_of == w.label for x in c.verdicts)]
+    if not others or any(w.phase == "rendezvous" for w in others):
+        return None
+    when = f" at {o.released_at:g} s" if o.released_at is not None else ""
+    return Cause(f"started again{when} (a restart of {o.restart_of}), it waited in the "
+                 "rendezvous for a new round that no other agent opened: "
+                 + "; ".join(f"{w.label} stayed in {w.phase} ({w.outcome})" for w in others),
+                 [v.reason] + [f"{w.label}: {w.reason}" for w in others])
