@@ -131,6 +131,38 @@ def test_a_clear_frequency_change_is_a_change_and_says_how_sure():
     assert all("% sure it changed" in c.note for c in res.changes)
 
 
+def _many(rows):
+    """A report of one repeated case whose rank rows ("1", "2", ...) each have these counts."""
+    ranks = [{"label": str(i + 1), "outcome": max(c, key=c.get), "outcomes": c,
+              "durations": [6.0] * sum(c.values()), "phase": "init", "duration": 6.0}
+             for i, c in enumerate(rows)]
+    case = {"id": "s.yaml::s", "status": "passed", "repeat": sum(rows[0].values()),
+            "timeout": 5, "expectation": {"ranks": {"*": {"outcome": ["timeout", "error"]}}},
+            "ranks": ranks}
+    return {"format": 2, "environment": {}, "cases": [case]}
+
+
+def test_a_frequency_change_counts_only_beyond_chance_over_all_the_diffs_tests():
+    """0/10 against 5/10 is p = 0.033: a change when it is the diff's only test, not among
+    20 other rows of unchanged races (at 5% each, chance alone flags one of 20)."""
+    moved = ({"timeout": 10, "error": 0}, {"timeout": 5, "error": 5})
+    alone = diff_reports(_many([moved[0]]), _many([moved[1]]))
+    assert [(c.kind, c.old, c.new) for c in alone.changes] == [
+        ("frequency", "error 0/10", "error 5/10"), ("frequency", "timeout 10/10", "timeout 5/10")]
+    assert all("over the diff's 1 frequency test)" in c.note for c in alone.changes)
+    same = [{"timeout": 7, "error": 3}] * 20
+    crowd = diff_reports(_many([moved[0]] + same), _many([moved[1]] + same))
+    assert crowd.changes == []
+    assert len(crowd.within) == 2 and all("not beyond chance over the diff's 21 frequency "
+                                          "tests" in c.note for c in crowd.within)
+    # a clear change still counts in the crowd: 0/10 against 10/10 is steady, 1/10 against
+    # 10/10 p = 1e-4
+    clear = ({"timeout": 10, "error": 0}, {"timeout": 1, "error": 9})
+    res = diff_reports(_many([clear[0]] + same), _many([clear[1]] + same))
+    assert {(c.kind, c.new) for c in res.changes} == {("frequency", "error 9/10"),
+                                                     ("frequency", "timeout 1/10")}
+
+
 def test_repeated_durations_are_compared_against_the_old_spread():
     old = _report({"ok": 5}, [0.2, 0.3, 0.25, 0.4, 3.0])
     assert diff_reports(old, _report({"ok": 5}, [0.3, 2.9, 0.4, 0.2, 0.3])).changes == []

@@ -18,7 +18,8 @@ interpreter's ranks always start fresh); a scenario's random draws are seeded by
 compared by :func:`harness.reports.diff.diff_reports`: with ``--repeat N`` (N > 1) a rank's outcome
 frequencies (and what it said: ``families``, :func:`harness.reports.report.family_key`) are compared
 with Fisher's exact test, and a difference counts only when chance explains it less often than
-``ALPHA`` (5%); the table says how sure (1 - p); what was the same on every run of each side and
+``ALPHA`` (5%) once all the comparison's tests are counted (Holm's step-down); the table says
+how sure (1 - p); what was the same on every run of each side and
 differs between them is a change at any N. Run once per side, a move inside a race the
 scenario declares is variation, not a change; anything else is one draw against one draw, and
 the summary says so.

@@ -57,7 +57,8 @@ out its parts, so you can say why a move is or is not a change). The allowance i
 
 Repeated cases (both sides ran N times) compare each rank's outcome frequencies and what it
 said (``families``: exception and message family, counted over the runs) with Fisher's exact
-test (a change only at p < ``ALPHA``; the note says how sure); an outcome or family that was
+test (a change only at p < ``ALPHA`` once all the diff's tests are counted, by Holm's
+step-down; the note says how sure); an outcome or family that was
 the same on every run of each side and differs between the sides is a change however few the
 runs (no race was seen; Fisher's test alone cannot count 3/3 against 0/3), and the new runs' median
 against the old runs' own spread (min..max) widened by the same tolerances. Not used: the
@@ -128,6 +129,10 @@ class Change:
 class DiffResult:
     changes: List[Change] = field(default_factory=list)
     within: List[Change] = field(default_factory=list)   # variation inside a declared race
+    # every Fisher test made (its p-value) and the changes that passed ALPHA alone: only
+    # those that still pass once all the diff's tests are counted (Holm) are changes
+    tests: List[float] = field(default_factory=list)
+    candidates: List[tuple] = field(default_factory=list)    # (p, [Change, ...]) per row
     environment: List[Dict[str, Any]] = field(default_factory=list)   # {key, old, new}
     compared: int = 0           # cases in both reports
     ignored: int = 0            # changes dropped by ``ignore``
@@ -214,34 +219,66 @@ def _steady_change(cid: str, label: str, kind: str, oc: Dict[str, int], nc: Dict
 
 
 def _counted_changes(cid: str, label: str, kind: str, steady_kind: str, oc: Dict[str, int],
-                     nc: Dict[str, int], show: Callable[[str, int, int], str]) -> List[Change]:
+                     nc: Dict[str, int], show: Callable[[str, int, int], str],
+                     res: DiffResult) -> List[Change]:
     """Counts over repeated runs on both sides (outcomes, or message families): the steady
-    change when each side was the same on every run, else a change for each value whose share
-    differs beyond what the repeats can tell apart; the note says how sure (1 - p)."""
+    change when each side was the same on every run, else one test for the row: Fisher's test
+    of each value's share, the smallest p times (values - 1) (two values, ok and error, are one
+    question asked twice). The row's test is counted in ``res.tests``; below ``ALPHA`` alone
+    it is a candidate (``res.candidates``, with each value whose share moved) that ``_holm``
+    keeps or not once every test of the diff is in."""
     n1, n2 = sum(oc.values()), sum(nc.values())
     steady = _steady_change(cid, label, steady_kind, oc, nc)
     if steady is not None:
         return [steady]
-    out: List[Change] = []
-    for value in sorted(set(oc) | set(nc)):
+    values = sorted(set(oc) | set(nc))
+    scale = max(1, len(values) - 1)
+    moved: List[Change] = []
+    row_p = 1.0
+    for value in values:
         a, b = int(oc.get(value, 0)), int(nc.get(value, 0))
-        pv = fisher_exact(a, n1, b, n2)
+        pv = min(1.0, fisher_exact(a, n1, b, n2) * scale)
+        row_p = min(row_p, pv)
         if pv < ALPHA:
-            out.append(Change(cid, label, kind, show(value, a, n1), show(value, b, n2),
-                              f"p = {pv:.3g}: {100 * (1 - pv):.1f}% sure it changed"))
-    return out
+            moved.append(Change(cid, label, kind, show(value, a, n1), show(value, b, n2)))
+    res.tests.append(row_p)
+    if moved:
+        res.candidates.append((row_p, moved))
+    return []
 
 
-def _frequency_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any]
-                       ) -> List[Change]:
+def _holm(res: DiffResult) -> List[Change]:
+    """The frequency candidates that are changes once all the diff's Fisher tests are counted
+    (Holm's step-down: the i-th smallest p of m tests, one per row, against ALPHA / (m - i));
+    at 5% each, 40 rows of unchanged races would flag two changes by chance alone. The others go to
+    ``res.within``, their note saying why they are not counted."""
+    m = len(res.tests)
+    kept: List[Change] = []
+    passing = True
+    for i, (pv, moved) in enumerate(sorted(res.candidates, key=lambda pc: pc[0])):
+        passing = passing and pv <= ALPHA / (m - i)
+        for c in moved:
+            if passing:
+                c.note = (f"p = {pv:.3g}: {100 * (1 - pv):.1f}% sure it changed "
+                          f"(Holm, over the diff's {m} frequency test{'s' * (m != 1)})")
+                kept.append(c)
+            else:
+                c.note = (f"p = {pv:.3g} alone, not beyond chance over the diff's {m} "
+                          "frequency tests (Holm)")
+                res.within.append(c)
+    return kept
+
+
+def _frequency_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any],
+                       res: DiffResult) -> List[Change]:
     """Repeated runs on both sides: a change for each outcome whose share differs beyond what
     the repeats can tell apart."""
     return _counted_changes(cid, label, "frequency", "outcome", o.get("outcomes") or {},
-                            n.get("outcomes") or {}, lambda v, k, t: f"{v} {k}/{t}")
+                            n.get("outcomes") or {}, lambda v, k, t: f"{v} {k}/{t}", res)
 
 
-def _family_frequency_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any]
-                              ) -> List[Change]:
+def _family_frequency_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any],
+                              res: DiffResult) -> List[Change]:
     """Repeated runs on both sides: what the rank said (exception and message family, counted
     over the runs) differs beyond what the repeats can tell apart. Families are derived again
     by today's rules only where a report kept them (older reports have none: nothing compared).
@@ -250,7 +287,7 @@ def _family_frequency_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[s
     if not isinstance(of, dict) or not isinstance(nf, dict):
         return []
     return _counted_changes(cid, label, "family", "family", of, nf,
-                            lambda v, k, t: f"{k}/{t}: {v or '(nothing raised)'}")
+                            lambda v, k, t: f"{k}/{t}: {v or '(nothing raised)'}", res)
 
 
 def _repeated_duration_change(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any],
@@ -522,6 +559,7 @@ def diff_reports(old: Dict[str, Any], new: Dict[str, Any], rel_tol: float = DEFA
             continue
         res.compared += 1
         changes += _case_changes(cid, o, n, res, rel_tol, abs_tol)
+    changes += _holm(res)
     res.changes = [c for c in changes if c.kind not in ignore]
     res.ignored = len(changes) - len(res.changes)
     return res
@@ -601,10 +639,12 @@ def _row_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any],
             changes.append(ch)
     elif (o.get("repeat") or 1) > 1 and (n.get("repeat") or 1) > 1:
         # repeated on both sides: frequencies and spreads, not single draws
-        freq = _frequency_changes(cid, label, orank, nrank)
+        before = len(res.candidates)
+        freq = _frequency_changes(cid, label, orank, nrank, res)
         changes += freq
-        if not any(c.kind == "outcome" for c in freq):   # else it says the same again
-            changes += _family_frequency_changes(cid, label, orank, nrank)
+        # an outcome that changed (steady, or a candidate) says it already: no family test
+        if not any(c.kind == "outcome" for c in freq) and len(res.candidates) == before:
+            changes += _family_frequency_changes(cid, label, orank, nrank, res)
         allow = duration_allowance(o, n, label, orank, nrank, abs_tol)
         changes += _repeated_duration_change(cid, label, orank, nrank, rel_tol, allow)
     else:
