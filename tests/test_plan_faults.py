@@ -452,6 +452,46 @@ def test_stop_rank_healed_sends_cont_after_the_stop(counter_ports):
         ("STOP", "CONT", Trigger.after_step(s.id, 3))
 
 
+def test_stop_rank_healed_at_another_process_phase_sends_cont_then(counter_ports):
+    """heal_phase + heal_rank: SIGCONT once another process got there (rank 0 ended), not a
+    time; the plan's note says so."""
+    p = plan(counter_ports, faults=[{"kind": "stop_rank", "phase": "init",
+                                     "heal_phase": "ended", "heal_rank": 0}])
+    (s,) = fault_steps(p)
+    assert (s.signal, s.heal_signal, s.undo_trigger) == \
+        ("STOP", "CONT", Trigger.on_phase("0", "ended"))
+    assert any("SIGCONT when rank 0 has ended" in n for n in p.notes), p.notes
+
+
+def test_a_net_fault_healed_when_every_rank_enters_a_phase():
+    s = scn([{"kind": "firewall", "ports": "all", "action": "drop", "at": 1,
+              "heal_phase": "workload step 1", "heal_rank": "*"}], workload=["barrier"])
+    (f,) = s.faults
+    assert f.heal("x") == Trigger.on_phase("*", "workload step 1")
+    assert f.when() == "at 1 s, healed when every rank has entered workload step 1"
+
+
+@pytest.mark.parametrize("fault, field, words", [
+    ({"kind": "stop_rank", "phase": "init", "heal_phase": "ended"}, "heal_phase",
+     "the frozen process enters no phase"),
+    ({"kind": "stop_rank", "phase": "init", "heal_phase": "init", "heal_rank": 1},
+     "heal_phase", "the frozen process enters no phase"),
+    ({"kind": "stop_rank", "at": 1, "heal_phase": "ended", "heal_rank": "agent:node9"},
+     "heal_rank", "agent:node9"),
+    ({"kind": "stop_rank", "at": 1, "heal_phase": "no such phase", "heal_rank": 0},
+     "heal_phase", ""),
+    ({"kind": "stop_rank", "at": 1, "heal_after": 2, "heal_phase": "ended", "heal_rank": 0},
+     "", "at most one of 'heal_after'"),
+    ({"kind": "stop_rank", "at": 1, "heal_rank": 0}, "", "give 'heal_phase' with it"),
+    ({"kind": "kill_rank", "at": 1, "heal_phase": "ended", "heal_rank": 0}, "heal_phase",
+     "cannot be healed"),
+])
+def test_a_heal_at_a_phase_that_cannot_come_is_refused_where_it_is_written(fault, field, words):
+    with pytest.raises(ScenarioFileError) as e:
+        scn([fault])
+    assert words in str(e.value) and (not field or field in str(e.value)), str(e.value)
+
+
 def test_kill_rank_cannot_be_healed():
     with pytest.raises(ScenarioFileError, match="cannot be healed"):
         scn([{"kind": "kill_rank", "at": 1, "heal_after": 2}])

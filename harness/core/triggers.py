@@ -119,7 +119,9 @@ class Trigger:
 
 class When(BaseModel):
     """The YAML fields of a timed fault: ``at`` (s after the start line) or ``phase`` (+ whose:
-    ``rank``, + ``after`` s), and ``heal_after`` (undone that many seconds after it was done).
+    ``rank``, + ``after`` s), and ``heal_after`` (undone that many seconds after it was done) or
+    ``heal_phase`` (+ whose: ``heal_rank``; undone once that process entered the phase, or
+    ended: a heal gated on another process's state).
 
     Subclasses say whether a time is required (``WHEN_REQUIRED``) and which rank's phase is
     meant by default (``rank``, whose default a subclass may change)."""
@@ -138,8 +140,14 @@ class When(BaseModel):
     after: Seconds = Field(0.0, description="with phase: extra seconds after it is entered")
     heal_after: Optional[PositiveSeconds] = Field(None, description="undo it this many "
                                                   "seconds after it was done")
+    heal_phase: Optional[str] = Field(None, description="or: undo it when `heal_rank` enters "
+                                      f"this phase, once it was done ({ANCHOR_HELP})")
+    heal_rank: Optional[Target] = Field(None, description="with heal_phase: whose phase heals "
+                                        "it (a rank number, '*' for every rank of the job, or "
+                                        "a label such as 'agent:node0', 'job2:0'); default: "
+                                        "`rank`")
 
-    @field_validator("phase")
+    @field_validator("phase", "heal_phase")
     @classmethod
     def _phase(cls, v: Optional[str]) -> Optional[str]:
         return None if v is None else check_anchor(v)
@@ -150,7 +158,17 @@ class When(BaseModel):
             raise ValueError("give at most one of 'at' and 'phase'")
         if self.WHEN_REQUIRED and self.at is None and self.phase is None:
             raise ValueError("give exactly one of 'at' (seconds) or 'phase'")
+        if self.heal_after is not None and self.heal_phase is not None:
+            raise ValueError("give at most one of 'heal_after' (seconds after it was done) "
+                             "and 'heal_phase' (when heal_rank enters a phase)")
+        if self.heal_rank is not None and self.heal_phase is None:
+            raise ValueError("'heal_rank' says whose phase heals it: give 'heal_phase' with it")
         return self
+
+    @property
+    def heals(self) -> bool:
+        """Whether the scenario asks for it to be undone during the run."""
+        return self.heal_after is not None or self.heal_phase is not None
 
     def trigger(self) -> Trigger:
         if self.at is not None:
@@ -160,9 +178,21 @@ class When(BaseModel):
         return Trigger.setup()
 
     def heal(self, step_id: str) -> Optional[Trigger]:
+        """When the step is undone: ``heal_after`` s after it was done, or once ``heal_rank``
+        (default: ``rank``) entered ``heal_phase`` (never before the step was done: the run
+        looks at an undo only after its step)."""
+        if self.heal_phase is not None:
+            who = self.heal_rank if self.heal_rank is not None else self.rank
+            return Trigger.on_phase(who, self.heal_phase)
         return None if self.heal_after is None else Trigger.after_step(step_id, self.heal_after)
+
+    def healed(self) -> str:
+        """How it is healed, in words ("" where it is not)."""
+        if self.heal_phase is not None:
+            return ", healed " + (self.heal(".") or Trigger()).describe()
+        return f", healed {self.heal_after:g} s later" if self.heal_after else ""
 
     def when(self) -> str:
         w = self.trigger().describe()
         w = "from the start" if w == "at set-up" else w
-        return w + (f", healed {self.heal_after:g} s later" if self.heal_after else "")
+        return w + self.healed()

@@ -41,7 +41,7 @@ from typing import (
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from ..core.limits import Target  # noqa: F401 - a fault's rank field: a number or a label
-from ..core.protocol import EVERY_RANK
+from ..core.protocol import ENDED, EVERY_RANK
 from ..core.registry import classes_defined, package_modules
 from ..core.triggers import Trigger, When  # noqa: F401 - for fault modules, with Fault
 from ..machine.requirement import Requirement
@@ -101,7 +101,7 @@ class Fault(BaseModel):
     def check(self, scn: Any) -> List[Problem]:
         """Problems the schema cannot see (ranks outside the world, wrong init method...)."""
         problems: List[Problem] = []
-        for name in ("ranks", "rank", "of"):
+        for name in ("ranks", "rank", "of", "heal_rank"):
             value = getattr(self, name, None)
             if value is None:
                 continue
@@ -109,9 +109,12 @@ class Fault(BaseModel):
                 loc = (name, i) if isinstance(value, list) else (name,)
                 # "*" (every rank of the job) where the field only says whose phase starts
                 # the fault (harness.core.triggers.When.WILDCARD_FIELDS: rank; kill_rank: of)
+                # or heals it (heal_rank, with heal_phase)
                 if r == EVERY_RANK and name in getattr(self, "WILDCARD_FIELDS", ()) \
                         and getattr(self, "phase", None) is not None:
                     continue   # whose phase: every rank's (harness.core.triggers)
+                if r == EVERY_RANK and name == "heal_rank":
+                    continue
                 if isinstance(r, str):   # a process by its label: "agent:node1", "1@1"
                     why = target_problem(r, scn)
                     if why:
@@ -119,6 +122,17 @@ class Fault(BaseModel):
                 elif not 0 <= r < scn.world_size:
                     problems.append((loc, f"rank {r} is outside the world (world_size "
                                           f"{scn.world_size}: ranks 0..{scn.world_size - 1})"))
+        heal_phase = getattr(self, "heal_phase", None)
+        if heal_phase is not None and heal_phase != ENDED:
+            from ..ranks.workload import phase_problem
+
+            who = getattr(self, "heal_rank", None)
+            who = getattr(self, "rank", 0) if who is None else who
+            # a worker's phases are known in advance; an agent's or a user program's are not
+            if (isinstance(who, int) or who == EVERY_RANK) and not scn.program_argv():
+                why = phase_problem(heal_phase, scn.workload.steps, scn.workload.destroy)
+                if why:   # it would never be healed
+                    problems.append((("heal_phase",), why))
         return problems
 
     def requirements(self, scn: Any) -> Sequence[Requirement]:

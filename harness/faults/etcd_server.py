@@ -71,9 +71,9 @@ class EtcdServer(Fault, When):
                                 "run's own etcd)")]
         timed = self.at is not None or self.phase is not None
         if self.mode == "absent":
-            if timed or self.heal_after is not None:
-                problems.append((("mode",), "absent: etcd never starts; give no at, phase or "
-                                 "heal_after (killed is the mode for a time)"))
+            if timed or self.heals:
+                problems.append((("mode",), "absent: etcd never starts; give no at, phase, "
+                                 "heal_after or heal_phase (killed is the mode for a time)"))
         elif not timed:
             problems.append((("mode",), f"{self.mode}: give when, 'at' (seconds) or 'phase' "
                              "(+ rank), e.g. {phase: rendezvous, rank: 'agent:node0'}"))
@@ -86,9 +86,10 @@ class EtcdServer(Fault, When):
             problems.append((("restart",), "restart: dialled counts the agents' dials on "
                              "etcd's host: etcd needs a host of the run's network (etcd: "
                              "host: a host of its own)"))
-        if self.mode == "wiped" and self.heal_after is not None:
-            problems.append((("heal_after",), "wiped has nothing to heal: the new etcd is "
-                             "already running"))
+        if self.mode == "wiped" and self.heals:
+            field = "heal_after" if self.heal_after is not None else "heal_phase"
+            problems.append(((field,), "wiped has nothing to heal: the new etcd is already "
+                             "running"))
         names = scn.host_names()
         for i, h in enumerate(self.hosts):
             if self.mode != "dropped":

@@ -264,8 +264,8 @@ class _SignalRank(Fault, When):
         plan.add_step(self, step)
         step.undo_trigger = self.heal(step.id) if self._heal_signal() else None
         when = self.trigger().describe()
-        heal = f", SIG{self._heal_signal()} {self.heal_after:g} s later" \
-            if self._heal_signal() and self.heal_after else ""
+        heal = f", SIG{self._heal_signal()}" + self.healed().replace(", healed", "") \
+            if self._heal_signal() else ""
         plan.notes.append(f"{self.kind}: SIG{sig} to {_who(str(self.rank))} {when}{heal}")
         return step
 
@@ -291,9 +291,10 @@ class KillRank(_SignalRank):
 
     def check(self, scn):
         problems = super().check(scn)
-        if self.heal_after is not None:
-            problems.append((("heal_after",), "a killed rank cannot be healed (stop_rank can: "
-                                              "SIGCONT after heal_after)"))
+        if self.heals:
+            problems.append((("heal_after" if self.heal_after is not None else "heal_phase",),
+                             "a killed rank cannot be healed (stop_rank can: SIGCONT after "
+                             "heal_after or at heal_phase)"))
         if self.restart_after is not None:
             why = self._restart_problem(scn, problems)
             if why:
@@ -364,10 +365,19 @@ class KillRank(_SignalRank):
 class StopRank(_SignalRank):
     kind: Literal["stop_rank"] = "stop_rank"
     summary = "SIGSTOP a rank at a time or phase (it freezes, like a stuck host); heal_after: " \
-        "SIGCONT that many seconds later"
+        "SIGCONT that many seconds later (or heal_phase: when another process gets there)"
 
     def _signal(self) -> str:
         return "STOP"
 
     def _heal_signal(self) -> Optional[str]:
-        return "CONT" if self.heal_after is not None else None
+        return "CONT" if self.heals else None
+
+    def check(self, scn):
+        problems = super().check(scn)
+        if self.heal_phase is not None and (self.heal_rank is None
+                                            or str(self.heal_rank) == str(self.rank)):
+            problems.append((("heal_phase",), "the frozen process enters no phase and does not "
+                             "end while it is stopped: name another process in heal_rank "
+                             "(e.g. SIGCONT once rank 0 has ended)"))
+        return problems

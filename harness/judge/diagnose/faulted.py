@@ -57,6 +57,29 @@ def frozen_by_the_fault(c: RankContext) -> Optional[Cause]:
                  "never resumed: alive but not running at the deadline", [c.verdict.reason])
 
 
+@rule(order=132, evidence=("signals", "causes"))
+def frozen_then_resumed(c: RankContext) -> Optional[Cause]:
+    """A row the scenario's fault stopped (SIGSTOP) and later resumed (SIGCONT), that failed
+    after it was resumed: its clocks (torch's timeouts) ran on while it was stopped, and the
+    world it came back to had moved on; what it met then follows."""
+    v, o = c.verdict, c.obs
+    if o is None or v.outcome not in ("timeout", "error"):
+        return None
+    stops = [s.t for s in o.signals if s.signal.removeprefix("SIG") == "STOP"]
+    conts = [s.t for s in o.signals if s.signal.removeprefix("SIG") == "CONT"
+             and stops and s.t > stops[0]]
+    if not stops or not conts or v.duration is None or v.duration < conts[0]:
+        return None
+    t1, t2 = stops[0], conts[0]
+    then = diagnose(c, [r for r in RULES if r is not frozen_then_resumed])
+    return Cause(f"frozen by SIGSTOP{f' in {v.phase}' if v.phase else ''} from {t1:g} s until "
+                 f"the scenario's fault resumed it (SIGCONT) at {t2:g} s, {t2 - t1:.1f} s "
+                 f"stopped while the others' clocks ran on; it failed {v.duration - t2:.2f} s "
+                 "later" + (f": {then.text}" if then is not None and then.text != UNKNOWN
+                            else ""),
+                 [v.reason if not v.exception else _exc_line(v)])
+
+
 # before torch_refused_the_setup (30): the fault's ValueError in init is no word of torch's
 @rule(order=25, evidence=("exception", "plan"))
 def raised_by_the_fault(c: RankContext) -> Optional[Cause]:
