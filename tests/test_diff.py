@@ -497,3 +497,30 @@ def test_a_wildcard_row_on_one_path_of_a_named_ranks_race_is_not_a_change():
     res = diff_reports(restarted, rep([("0", "ok", "exit"), ("1", "crash", "destroy"),
                                        ("1@1", "ok", "exit"), ("0@1", "ok", "exit")], agent=4.3))
     assert [(c.rank, c.kind) for c in res.changes] == [("agent:local", "duration")]
+
+
+def _faulted(fired: float, ended: float) -> dict:
+    """A report of one case whose fault (a step fired by the ranks' progress) fired at
+    ``fired`` s and whose rank 1 ended (crash, stopped for it) at ``ended`` s."""
+    c = {"id": "s.yaml::s[k]", "test_id": "s[k]", "status": "passed", "job": "crash",
+         "timeout": 5, "deadline": 60,
+         "ranks": [{"label": "1", "outcome": "crash", "phase": "workload step 3",
+                    "duration": ended, "exception": None, "message": "", "family": ""}],
+         "timeline": {"ranks": [{"label": "1", "released_at": 0.0, "ended_at": ended,
+                                 "events": []}]},
+         "effects": [{"n": 1, "kind": "etcd_server", "targets": [{"steps": [
+             {"step": "etcd_server#2", "done_at": fired}]}]}]}
+    return {"format": 2, "environment": {}, "cases": [c]}
+
+
+def test_a_row_that_ends_for_a_fault_is_compared_from_when_the_fault_fired():
+    """A fault that fires when the ranks get somewhere fires later on a slower run: the rows
+    that end for it end that much later, which is no change of the case; ending later after
+    the fault still is."""
+    same = diff_reports(_faulted(3.0, 3.5), _faulted(10.3, 10.9))
+    assert same.changes == []
+    slower = diff_reports(_faulted(3.0, 3.5), _faulted(3.0, 10.9))
+    assert [(c.rank, c.kind) for c in slower.changes] == [("1", "duration")]
+    moved = diff_reports(_faulted(3.0, 3.5), _faulted(4.0, 10.9))
+    assert [(c.rank, c.kind) for c in moved.changes] == [("1", "duration")]
+    assert "1.00 s the fault's firing moved" in moved.changes[0].note
