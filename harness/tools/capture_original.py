@@ -105,6 +105,25 @@ def _kill_marked(token: str) -> None:
         time.sleep(0.1)
 
 
+def _wait(procs: List[Any], t0: float, deadline: float) -> Optional[float]:
+    """Wait until every process ended or the deadline passed, counted from the start line:
+    every process capture started (each rank, or torchrun) has torch loaded; at most the
+    deadline + ``START_ALLOWANCE`` from ``t0``. Returns the start line (monotonic; None: never
+    seen)."""
+    import time
+
+    started: Optional[float] = None
+    while any(p.poll() is None for p in procs):
+        now = time.monotonic()
+        if started is None and all(p.poll() is not None or torch_loaded(p.pid) for p in procs):
+            started = now
+        if now - t0 >= deadline + START_ALLOWANCE or \
+                (started is not None and now - started >= deadline):
+            break
+        time.sleep(0.1)
+    return started
+
+
 def run_original(command: List[str], kind: str, world: int, cwd: Path, deadline: float,
                  tmp: Path) -> Original:
     """Run the launch as written (the whole environment of this shell and of the command
@@ -160,18 +179,7 @@ def run_original(command: List[str], kind: str, world: int, cwd: Path, deadline:
                                        f"{e.strerror or e}") from None
                 finally:
                     os.close(w)
-            # the start line: every process capture started (each rank, or torchrun) has
-            # torch loaded; the deadline counts from there, capped at deadline + allowance
-            started: Optional[float] = None   # monotonic
-            while any(p.poll() is None for p in procs):
-                now = time.monotonic()
-                if started is None and all(p.poll() is not None or torch_loaded(p.pid)
-                                           for p in procs):
-                    started = now
-                if now - t0 >= deadline + START_ALLOWANCE or \
-                        (started is not None and now - started >= deadline):
-                    break
-                time.sleep(0.1)
+            started = _wait(procs, t0, deadline)
             seconds = time.monotonic() - t0
             hung = [i for i, p in enumerate(procs) if p.poll() is None]
         finally:
