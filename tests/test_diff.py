@@ -524,3 +524,23 @@ def test_a_row_that_ends_for_a_fault_is_compared_from_when_the_fault_fired():
     moved = diff_reports(_faulted(3.0, 3.5), _faulted(4.0, 10.9))
     assert [(c.rank, c.kind) for c in moved.changes] == [("1", "duration")]
     assert "1.00 s the fault's firing moved" in moved.changes[0].note
+
+
+def _agent_case(agent_end: float, notes) -> dict:
+    c = {"id": "p.yaml::p[k]", "test_id": "p[k]", "status": "passed", "job": "error",
+         "timeout": 5, "deadline": 60, "notes": notes,
+         "ranks": [{"label": "agent:local", "outcome": "error", "phase": "workers",
+                    "duration": agent_end, "exception": "ChildFailedError",
+                    "message": "", "family": ""}]}
+    return {"format": 2, "environment": {}, "cases": [c]}
+
+
+def test_an_agent_ends_on_its_monitor_tick_and_the_diff_allows_one_tick():
+    """torchrun --monitor-interval 5: the agent sees its workers' end on its next tick, so its
+    end falls on a 5 s grid (5.1 or 10.4 s for the same workers): one tick is no change; with
+    torch's default interval the same move is one."""
+    flag = ["torchrun: agent:local: torchrun --nnodes 1 --monitor-interval 5 train.py"]
+    assert diff_reports(_agent_case(5.1, flag), _agent_case(10.4, flag)).changes == []
+    res = diff_reports(_agent_case(5.1, ["torchrun: agent:local: torchrun train.py"]),
+                       _agent_case(10.4, ["torchrun: agent:local: torchrun train.py"]))
+    assert [(c.rank, c.kind) for c in res.changes] == [("agent:local", "duration")]

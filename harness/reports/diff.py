@@ -54,6 +54,10 @@ out its parts, so you can say why a move is or is not a change). The allowance i
 * a rank whose end follows another row's (an agent or spawning parent ends with its workers; a
   rank that reads "closed/reset by peer" ends when its peer does) also carries the largest
   move of the case's other ranks (those whose end is their own).
+* an agent's monitor interval: a torchrun agent sees its workers' end on its monitor's next
+  tick, so with ``--monitor-interval 5`` its end falls on a 5 s grid (program_ddp
+  crash_in_step_3_torchrun: 5.1-5.3 s or 10.3-10.4 s over six catalog runs of one image, its
+  workers ending at 4.1-6.9 s).
 * the fault's firing: where a fault step was done before the row ended in both runs, how much
   later or earlier it was done (``fault_moved``, from the effects' ``done_at``). A fault fired
   by the ranks' progress ("when every rank has entered workload step 3") fires when they get
@@ -83,6 +87,7 @@ start must give the same behaviour, and the fidelity test diffs the two.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -406,6 +411,23 @@ def _steps_done(case: Dict[str, Any]) -> Dict[str, float]:
     return out
 
 
+MONITOR_FLAG = re.compile(r"--monitor[-_]interval[= ]([0-9.]+)")
+
+
+def monitor_interval(case: Dict[str, Any]) -> float:
+    """The torchrun agents' monitor interval in the case, from the launch's own argv as the
+    plan's notes give it (``--monitor-interval 5``); 0 where none is named (torch's default,
+    0.1 s, is below the noise)."""
+    for note in case.get("notes") or []:
+        m = MONITOR_FLAG.search(str(note))
+        if m:
+            try:
+                return float(m.group(1))
+            except ValueError:
+                return 0.0
+    return 0.0
+
+
 def fault_moved(oc: Dict[str, Any], nc: Dict[str, Any], label: str) -> float:
     """How much later (or earlier) the faults that came before the row's end fired in one run
     than in the other: a fault triggered by the ranks' progress ("when every rank has entered
@@ -493,6 +515,13 @@ def duration_allowance(oc: Dict[str, Any], nc: Dict[str, Any], label: str, o: Di
     if load >= 0.05:
         total += load
         parts.append(f"{load:.2f} s waited for a CPU (load)")
+    p = parse_label(label)
+    tick = max(monitor_interval(oc), monitor_interval(nc)) if p is not None and \
+        p.kind == "agent" else 0.0
+    if tick >= 0.5:
+        total += tick
+        parts.append(f"{tick:g} s the agent's monitor interval (it sees its workers' end on "
+                     "its next tick)")
     fired = fault_moved(oc, nc, label)
     if fired >= 0.05:
         total += fired
