@@ -669,3 +669,19 @@ def test_busy_port_with_file_init_is_refused_as_a_no_op():
     with pytest.raises(ScenarioFileError) as e:
         load_text("name: s\nabout: why\ninit: file\nfaults:\n  - kind: busy_port\n", "s.yaml")
     assert str(e.value).startswith("s.yaml:5: faults[0].kind: busy_port holds MASTER_PORT")
+
+
+def test_a_second_job_runs_the_program_with_its_own_arguments(tmp_path, counter_ports):
+    """concurrent_job args: the second job's ranks run the scenario's program (observed, not
+    the harness's worker) with args in place of program.args; without a program, refused."""
+    (tmp_path / "t.py").write_text("pass\n")
+    text = ("name: p\nabout: x\nworld_size: 2\ndeadline: 10\n"
+            "program: {script: t.py, args: [--steps, '3']}\n"
+            "faults:\n  - {kind: concurrent_job, args: [--steps, '3', --crash-rank, '1']}\n")
+    (s,) = load_text(text, str(tmp_path / "p.yaml"))
+    p = make_plan(s, RUN_DIR, take_port=counter_ports)
+    first, second = p.rank("0"), p.rank("job2:0")
+    assert first.argv[1:] == ["--steps", "3"] and first.observed
+    assert second.argv[1:] == ["--steps", "3", "--crash-rank", "1"] and second.observed
+    with pytest.raises(ScenarioFileError, match="args are a program's"):
+        scn([{"kind": "concurrent_job", "args": ["--x"]}])

@@ -10,6 +10,7 @@ from typing import List, Literal, Optional
 
 from pydantic import Field, field_validator
 
+from ..core.errors import PlanRefusal
 from ..core.limits import MAX_STEPS, MAX_WORLD, Seconds
 from ..core.protocol import ANCHOR_HELP, ENDED, check_anchor
 from ..core.triggers import Trigger
@@ -38,7 +39,18 @@ class ConcurrentJob(Fault):
                                           "(default: the scenario's): a job that only inits, "
                                           "or trains longer than the first")
 
+    args: Optional[List[str]] = Field(None, max_length=MAX_STEPS, description="with the "
+                                      "scenario's program: this job's own arguments, in place "
+                                      "of program.args (the same script, another flag: a sweep's "
+                                      "next trial, a job started with a typo)")
     _workload = field_validator("workload")(check_workload_steps)
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, v: Optional[List[str]]) -> Optional[List[str]]:
+        if v is not None and any("\0" in a or len(a) > 4096 for a in v):
+            raise ValueError("an argument holds a NUL byte or is too long")
+        return v
 
     @field_validator("phase")
     @classmethod
@@ -54,6 +66,9 @@ class ConcurrentJob(Fault):
         if self.workload is not None and scn.program_argv():
             problems.append((("workload",), "a job's own workload is the harness worker's: "
                              "this scenario runs a program of its own"))
+        if self.args is not None and not scn.program_argv():
+            problems.append((("args",), "args are a program's: this scenario runs the "
+                             "harness's worker (give the job its own workload: instead)"))
         if self.phase is None and "rank" in self.model_fields_set:
             problems.append((("rank",), "rank is whose phase starts the second job: give "
                              "phase too"))
@@ -96,8 +111,31 @@ class ConcurrentJob(Fault):
             for r in plan.ranks:
                 if r.job == job:
                     r.variation.steps = list(self.workload)
+        if self.args is not None:
+            self._own_args(plan, scn, job)
         plan.notes.append(f"concurrent_job: another job of {n} ranks ({job}:0..{n - 1}), its "
                           f"{plan.store(job).describe()} (the first job's: "
                           f"{plan.store().endpoint()}), started {release.describe()}"
                           + (f", its own workload {self.workload}"
-                             if self.workload is not None else ""))
+                             if self.workload is not None else "")
+                          + (f", its own arguments {self.args}" if self.args is not None
+                             else ""))
+
+    def _own_args(self, plan, scn, job: str) -> None:
+        """The job's processes run the program with ``args`` in place of program.args: every
+        process of the job whose command line ends with the program's own (its ranks, or the
+        agents or parent that start them) gets the job's instead. A launcher whose command
+        lines end otherwise is refused, never left with the first job's arguments."""
+        own = [str(a) for a in (scn.program.args if scn.program is not None else [])]
+        tail = scn.program_argv()[len(scn.program_argv()) - len(own):] if own else []
+        changed = 0
+        for r in plan.ranks:
+            if r.job != job or not r.argv:
+                continue
+            if not own or list(r.argv[len(r.argv) - len(own):]) == tail:
+                r.argv = list(r.argv[:len(r.argv) - len(own)]) + list(self.args or [])
+                changed += 1
+        if not changed:
+            raise PlanRefusal(f"the {scn.launcher.kind} launcher's command lines for {job} do "
+                              "not end with the program's arguments: args cannot be given to "
+                              "this job", ("args",))

@@ -64,8 +64,10 @@ class Direct(LauncherSpec):
     def plan_job(self, plan: Any, scn: Any, job: str, world: int, release: Any = None) -> None:
         for i in range(world):
             rp = plan.add_job_rank(scn, f"{job}:{i}", i, world, release=release)
-            rp.argv, rp.observed, rp.job, rp.cwd = scn.program_argv(), bool(rp.argv), job, \
-                scn.program_cwd()
+            # observed: a user's program (bool of the argv just set; in one tuple assignment
+            # it read the empty argv before it, and the job ran the harness's worker instead)
+            rp.argv, rp.job, rp.cwd = scn.program_argv(), job, scn.program_cwd()
+            rp.observed = bool(rp.argv)
 
 
 def start_direct(sup: Any) -> List[RankProcess]:
