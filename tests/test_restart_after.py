@@ -390,6 +390,14 @@ def test_a_killed_supervisor_takes_a_restarted_process_along(tmp_path):
         wait_for(lambda: not any(_alive(p) for p in pids), 30, "the restart to die")
         swept = [r.split()[0] for r in sweep(state_dir(tmp_path))]
         assert run_dir.name in swept and not run_dir.exists(), swept
+        # the run's own namespace (thx-<run id>-local, where it has root) goes with the
+        # namespaces' sweep, as after any SIGKILLed run
+        from harness.net import topology
+
+        if not topology.missing():
+            own = f"{topology.PREFIX}{run_dir.name[len('run-'):]}-"
+            topology.sweep()
+            assert not [n for n in topology._list_netns() if n.startswith(own)]
     finally:
         if sup.poll() is None:
             sup.kill()
