@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
+import psutil
 import pytest
 
 T = TypeVar("T")
@@ -53,3 +54,26 @@ def run_in_workload(tmp_path: Path, ranks: Any = (0, 1)) -> Optional[Path]:
         if all(p.exists() and '"workload step 1"' in p.read_text() for p in evs):
             return run_dir
     return None
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie has ended)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def end_supervisor(sup: subprocess.Popen, pids: Any = ()) -> None:
+    """A test's cleanup, whatever it asserted: the supervisor killed if it still runs, its
+    stderr pipe closed, and every process of its run (``pids``) still alive SIGKILLed."""
+    import signal
+
+    if sup.poll() is None:
+        sup.kill()
+        sup.wait()
+    if sup.stderr is not None:
+        sup.stderr.close()
+    for p in pids:
+        if alive(p):
+            os.kill(p, signal.SIGKILL)

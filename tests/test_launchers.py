@@ -18,7 +18,7 @@ from typing import Dict, List, Tuple
 
 import psutil
 import pytest
-from orphans import state_dir, supervisor
+from orphans import alive, end_supervisor, state_dir, supervisor
 
 from harness.judge.classify import Verdict, classify_run, job_outcome
 from harness.machine.rundir import base_dir
@@ -299,12 +299,6 @@ workload: [sleep 100]
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
 
 def test_a_killed_supervisor_takes_the_agent_and_its_workers_along(tmp_path):
     """SIGKILL to the harness mid-run: the agent (death signal) and its workers (each watches
@@ -330,24 +324,17 @@ def test_a_killed_supervisor_takes_the_agent_and_its_workers_along(tmp_path):
         assert run_dir is not None, "the workers never started their workload"
         pids = [json.loads(ln)["pid"] for ln in
                 (run_dir / "pids.jsonl").read_text().splitlines()]
-        assert len(pids) == 3 and all(_alive(p) for p in pids)   # the agent, two workers
+        assert len(pids) == 3 and all(alive(p) for p in pids)   # the agent, two workers
 
         sup.send_signal(signal.SIGKILL)
         sup.wait(timeout=30)
         end = time.monotonic() + 30
-        while time.monotonic() < end and any(_alive(p) for p in pids):
+        while time.monotonic() < end and any(alive(p) for p in pids):
             time.sleep(0.1)
-        assert [p for p in pids if _alive(p)] == []
+        assert [p for p in pids if alive(p)] == []
         assert [r.split()[0] for r in sweep(base)] == [run_dir.name]
     finally:
-        if sup.poll() is None:
-            sup.kill()
-            sup.wait()
-        if sup.stderr is not None:
-            sup.stderr.close()
-        for p in pids:
-            if _alive(p):
-                os.kill(p, signal.SIGKILL)
+        end_supervisor(sup, pids)
 
 
 def test_a_worker_that_was_twinned_by_a_spawn_index_gets_its_rank_back(tmp_path):

@@ -19,9 +19,8 @@ import textwrap
 from types import SimpleNamespace
 from typing import List
 
-import psutil
 import pytest
-from orphans import state_dir, supervisor, wait_for
+from orphans import alive, end_supervisor, state_dir, supervisor, wait_for
 
 from harness.core import protocol as P
 from harness.core.rows import key_for
@@ -311,12 +310,6 @@ def test_a_restarted_agents_workers_go_on_from_the_killed_agents_attempts(tmp_pa
 
 # -- real runs -------------------------------------------------------------------------------------
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
 
 @pytest.mark.timeout(180)
 def test_a_killed_rank_is_started_again_and_the_run_waits_for_it():
@@ -350,7 +343,7 @@ def test_a_killed_rank_is_started_again_and_the_run_waits_for_it():
         "rank 0": "acted", "0#2": "acted"}, fault
     assert f"0#2 (pid {again.pid})" in fault["summary"]
     assert not os.path.exists(observed.run_dir)
-    assert not [p for p in (first.pid, again.pid) if p and _alive(p)]
+    assert not [p for p in (first.pid, again.pid) if p and alive(p)]
 
 
 @pytest.mark.timeout(180)
@@ -384,10 +377,10 @@ def test_a_killed_supervisor_takes_a_restarted_process_along(tmp_path):
         first, again = (next(json.loads(ln)["pid"] for ln in (run_dir / name).read_text()
                              .splitlines() if '"start"' in ln)
                         for name in ("rank-0.events", "rank-0_r2.events"))
-        assert again in pids and _alive(again) and not _alive(first)
+        assert again in pids and alive(again) and not alive(first)
         sup.send_signal(signal.SIGKILL)
         sup.wait(timeout=30)
-        wait_for(lambda: not any(_alive(p) for p in pids), 30, "the restart to die")
+        wait_for(lambda: not any(alive(p) for p in pids), 30, "the restart to die")
         swept = [r.split()[0] for r in sweep(state_dir(tmp_path))]
         assert run_dir.name in swept and not run_dir.exists(), swept
         # the run's own namespace (thx-<run id>-local, where it has root) goes with the
@@ -399,11 +392,4 @@ def test_a_killed_supervisor_takes_a_restarted_process_along(tmp_path):
             topology.sweep()
             assert not [n for n in topology._list_netns() if n.startswith(own)]
     finally:
-        if sup.poll() is None:
-            sup.kill()
-            sup.wait()
-        if sup.stderr is not None:
-            sup.stderr.close()
-        for p in pids:
-            if _alive(p):
-                os.kill(p, signal.SIGKILL)
+        end_supervisor(sup, pids)
