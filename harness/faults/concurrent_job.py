@@ -15,6 +15,7 @@ from ..core.limits import MAX_STEPS, MAX_WORLD, Seconds
 from ..core.protocol import ANCHOR_HELP, ENDED, check_anchor
 from ..core.triggers import Trigger
 from ..ranks.workload import check_workload_steps, phase_problem
+from ..scenario.programs import check_args
 from . import Fault, Target
 
 
@@ -48,9 +49,7 @@ class ConcurrentJob(Fault):
     @field_validator("args")
     @classmethod
     def _args(cls, v: Optional[List[str]]) -> Optional[List[str]]:
-        if v is not None and any("\0" in a or len(a) > 4096 for a in v):
-            raise ValueError("an argument holds a NUL byte or is too long")
-        return v
+        return None if v is None else check_args(v)
 
     @field_validator("phase")
     @classmethod
@@ -127,7 +126,8 @@ class ConcurrentJob(Fault):
         agents or parent that start them) gets the job's instead. A launcher whose command
         lines end otherwise is refused, never left with the first job's arguments."""
         own = [str(a) for a in (scn.program.args if scn.program is not None else [])]
-        tail = scn.program_argv()[len(scn.program_argv()) - len(own):] if own else []
+        argv = scn.program_argv()
+        tail = argv[len(argv) - len(own):] if own else []
         changed = 0
         for r in plan.ranks:
             if r.job != job or not r.argv:

@@ -377,27 +377,27 @@ def _within_race(exp: Dict[str, Any], r: Dict[str, Any]) -> bool:
 def startup_seconds(case: Dict[str, Any], label: str) -> float:
     """Seconds the row spent after the start line in its start/import phases (0 for a rank that
     imported before it: started directly or forked), from the case's timeline."""
-    for row in (case.get("timeline") or {}).get("ranks") or []:
-        if str(row.get("label")) != label:
+    began: Optional[float] = None
+    for e in (_timeline_row(case, label) or {}).get("events") or []:
+        if e.get("ev") != "phase" or not isinstance(e.get("t"), (int, float)):
             continue
-        began: Optional[float] = None
-        for e in row.get("events") or []:
-            if e.get("ev") != "phase" or not isinstance(e.get("t"), (int, float)):
-                continue
-            if e.get("phase") in STARTUP_PHASES:
-                began = e["t"] if began is None else began
-            elif began is not None:
-                return max(0.0, max(0.0, float(e["t"])) - max(0.0, float(began)))
-        return 0.0
+        if e.get("phase") in STARTUP_PHASES:
+            began = e["t"] if began is None else began
+        elif began is not None:
+            return max(0.0, max(0.0, float(e["t"])) - max(0.0, float(began)))
     return 0.0
+
+
+def _timeline_row(case: Dict[str, Any], label: str) -> Optional[Dict[str, Any]]:
+    """The row ``label`` of the case's timeline (None where it has none)."""
+    return next((r for r in (case.get("timeline") or {}).get("ranks") or []
+                 if str(r.get("label")) == label), None)
 
 
 def _ended_at(case: Dict[str, Any], label: str) -> Optional[float]:
     """When the row ended, in seconds after the start line (the case's timeline)."""
-    for row in (case.get("timeline") or {}).get("ranks") or []:
-        if str(row.get("label")) == label and isinstance(row.get("ended_at"), (int, float)):
-            return float(row["ended_at"])
-    return None
+    row = _timeline_row(case, label) or {}
+    return float(row["ended_at"]) if isinstance(row.get("ended_at"), (int, float)) else None
 
 
 def _steps_done(case: Dict[str, Any]) -> Dict[str, float]:

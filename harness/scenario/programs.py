@@ -22,6 +22,15 @@ MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z", r
 WORKER = "worker"
 
 
+def check_args(args: List[str]) -> List[str]:
+    """A program's command-line arguments as given, or a ValueError for one that holds a NUL
+    byte or is too long (the program's own, a concurrent_job's)."""
+    for a in args:
+        if "\0" in a or len(a) > MAX_SHORT:
+            raise ValueError("an argument holds a NUL byte or is too long")
+    return args
+
+
 class Program(BaseModel):
     """A user's program: ``script`` (a path, relative to the scenario file's folder) or
     ``module`` (``python -m``), with ``args``; ``cwd`` is where it runs (default: the scenario
@@ -46,9 +55,7 @@ class Program(BaseModel):
             raise ValueError("give exactly one of script (a file) or module (python -m)")
         if self.module is not None and not MODULE_RE.match(self.module):
             raise ValueError(f"module {self.module[:60]!r} is not a dotted module name")
-        for a in self.args:
-            if "\0" in a or len(a) > MAX_SHORT:
-                raise ValueError("an argument holds a NUL byte or is too long")
+        check_args(self.args)
         return self
 
     def base(self, source: Optional[str]) -> Path:
