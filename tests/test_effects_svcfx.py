@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -433,3 +434,44 @@ def test_etcds_own_gateway_connection_is_no_clients_request(tmp_path):
             assert rt.services.stop_all() == []
     finally:
         lease.release()
+
+
+def test_an_own_dial_still_in_the_accept_queue_is_no_clients_request():
+    """A dial of etcd's to its own client port that etcd has not accepted yet has no inode on
+    the server's side, and its HTTP/2 preface (33 bytes) sits unread there: it is etcd's own,
+    told by its endpoints, and no request that waited (1 in about 17 suite runs read "1
+    connection with 33 unread request bytes" for an etcd frozen right after it came up). A
+    real process plays etcd: it listens, dials itself, writes 33 bytes and never accepts."""
+    from types import SimpleNamespace
+
+    from harness.faults._etcd import EtcdPlan, _waiting
+
+    code = ("import socket, sys, time\n"
+            "l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen(8)\n"
+            "c = socket.create_connection(l.getsockname()); c.sendall(b'x' * 33)\n"
+            "print(l.getsockname()[1], flush=True); time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(p.stdout.readline())
+        etcd = EtcdPlan(host="", addr="127.0.0.1", client_port=port, peer_port=0,
+                        directory="")
+        rt = SimpleNamespace(service=lambda name: SimpleNamespace(pid=p.pid), now=lambda: 1.0)
+        end = time.monotonic() + 5
+        while time.monotonic() < end and not any(
+                s["rx"] for s in _probe.sockets(p.pid, port) if s["state"] != "LISTEN"):
+            time.sleep(0.02)
+        queued = [s for s in _probe.sockets(p.pid, port) if s["state"] != "LISTEN"]
+        assert [(s["inode"], s["rx"]) for s in queued] == [(0, 33)], queued
+        w = _waiting(rt, etcd)
+        assert (w["unread_connections"], w["unread_bytes"], w["not_accepted"]) == (0, 0, 0), w
+        # a client's request beside it is still counted
+        client = socket.create_connection(("127.0.0.1", port), 5)
+        client.sendall(b"y" * 50)
+        while time.monotonic() < end and _waiting(rt, etcd)["unread_bytes"] < 50:
+            time.sleep(0.02)
+        w = _waiting(rt, etcd)
+        assert (w["unread_connections"], w["unread_bytes"], w["not_accepted"]) == (1, 50, 1), w
+        client.close()
+    finally:
+        p.kill()
+        p.wait()
