@@ -5,8 +5,9 @@ and option, pytest option and report field is written here from where the code d
 the pydantic models' field descriptions (the scenario schema, each fault kind's model through
 the fault registry, each launcher's model), the ``harness`` command's argparse parser
 (``harness.cli.build_parser``), the pytest plugin's ``pytest_addoption``, the outcome
-vocabulary and the report module's layout. Nothing in the pages is kept by hand, so they
-cannot drift from the code; CI fails when the checked-in pages differ from what this writes.
+vocabulary and the report's field meanings (``harness.reports.fields``). Nothing in the pages
+is kept by hand, so they cannot drift from the code; CI fails when the checked-in pages differ
+from what this writes.
 
     python -m harness.docs_reference --check   # exit 1 naming each stale page
     python -m harness.docs_reference --write   # rewrite docs/reference/*.md
@@ -38,6 +39,7 @@ from harness.faults._proxy import ProxyFault as _ProxyFault
 from harness.launchers import launcher_kinds as _launcher_kinds
 from harness.launchers.fields import markdown as _launcher_fields_table
 from harness.ranks import workload as _workload
+from harness.reports import fields as _report_fields
 from harness.reports import report as _report
 from harness.scenario.loader import ScenarioFileError as _ScenarioFileError
 from harness.scenario.loader import load_text as _load_scenario_text
@@ -357,19 +359,23 @@ def pytest_page() -> str:
 
 
 def report_page() -> str:
-    doc = inspect.cleandoc(_report.__doc__ or "")
-    layout = doc.split("::", 1)[1].split("\n\n", 2)[1] if "::" in doc else ""
-    body = [f"Format: `{_report.FORMAT}`. A case's `status`: "
-            + ", ".join(f"`{s}`" for s in _report.STATUSES) + ".", "",
-            "Layout, from `harness.reports.report`:", "", "```text", inspect.cleandoc(layout),
-            "```",
-            "", "Environment variables recorded in `environment` (prefixes): "
-            + ", ".join(f"`{p}`" for p in _report.ENV_PREFIXES) + "; exact names: "
-            + ", ".join(f"`{p}`" for p in _report.ENV_EXACT) + ".", "",
-            "What each field holds, with examples: [the JSON report]"
-            "(../reports-and-cli.md#the-json-report).", ""]
+    body = [f"Format: `{_report.FORMAT}`. A reader refuses a newer format; fields are only ever "
+            "added within a format. Times are seconds. A report holds `cases` ([case "
+            "records](#case-fields)), each with `ranks` ([rank records](#rank-fields)) and a "
+            "`timeline` ([timeline record](#timeline-fields), with its own `ranks` and "
+            "`steps`). `harness.reports.report.read(path)` loads and checks one.", ""]
+    for title, fields in _report_fields.KINDS:
+        body += [f"## {title}", "", "| field | meaning |", "|---|---|"]
+        body += [f"| `{name}` | {_cell(text)} |" for name, text in fields.items()] + [""]
+    body += ["## Environment variables", "",
+             "Recorded in `environment.env`, by prefix: "
+             + ", ".join(f"`{p}`" for p in _report.ENV_PREFIXES) + "; exact names: "
+             + ", ".join(f"`{p}`" for p in _report.ENV_EXACT) + ".", "",
+             "An example report, message families and what `harness diff` compares: "
+             "[the JSON report](../reports-and-cli.md#the-json-report).", ""]
     return _page("The JSON report", "One JSON object per session, written by `harness run "
-                 "--report PATH` or `pytest --harness-report PATH`.", body)
+                 "--report PATH` or `pytest --harness-report PATH`; every field's meaning, from "
+                 "`harness.reports.fields`.", body)
 
 
 # -- the YAML examples of the documentation ------------------------------------------------

@@ -1,6 +1,7 @@
 """The JSON session report: message families, the environment fingerprint, reading, and real
 pytest sessions (plain and pytest-xdist) writing it through ``--harness-report``."""
 
+import ast
 import json
 import os
 import platform
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.machine.torch_probe import probe
-from harness.reports import report
+from harness.reports import fields, report
 
 DATA = Path(__file__).parent / "data"
 SCENARIOS = DATA / "report_scenarios"
@@ -240,3 +241,106 @@ def test_hung_rank_carries_its_stacks_and_the_timeline_its_signal(xdist_session)
     released = next(e["t"] for e in t1["events"] if e["ev"] == "released")
     assert 0 <= released < 0.5          # times are seconds from the start line
     assert c["notes"] and "stop_rank" in c["notes"][0]
+
+
+# -- every field has a meaning (harness.reports.fields), every meaning a field ------------------
+
+# where the report code fills a case or a rank record: (function, the variable it fills) ->
+# the record kind; a key only some records get (a repeated case's, a launcher row's, a field
+# left out when empty) is written here even where the real session below never makes it
+WRITERS = {("case_record", "rec"): "case", ("item_record", "rec"): "case",
+           ("repeated_record", "rec"): "case", ("pytest_runtest_logreport", "rec"): "case",
+           ("rank_record", "rec"): "rank", ("repeated_record", "r"): "rank"}
+
+
+def _keys_written(fn: ast.AST, var: str):
+    """The keys ``fn`` writes into the dict ``var``: the keys of a dict literal assigned to
+    it, ``var["key"] = ...``, ``var.update(key=...)`` and ``var.update({"key": ...})``, and
+    ``var[name] = ...`` where ``name`` runs over a literal tuple of ``("key", value)`` pairs.
+    Any other ``var[expr] = ...`` is returned as unreadable (the test then says so)."""
+    loops = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.For) and isinstance(node.target, ast.Tuple) \
+                and isinstance(node.iter, ast.Tuple) and isinstance(node.target.elts[0], ast.Name):
+            loops[node.target.elts[0].id] = {
+                e.elts[0].value for e in node.iter.elts
+                if isinstance(e, ast.Tuple) and isinstance(e.elts[0], ast.Constant)}
+    keys, unreadable = set(), []
+    for node in ast.walk(fn):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(t, ast.Name) and t.id == var and isinstance(node.value, ast.Dict):
+                    keys |= {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+                elif isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) \
+                        and t.value.id == var:
+                    if isinstance(t.slice, ast.Constant):
+                        keys.add(t.slice.value)
+                    elif isinstance(t.slice, ast.Name) and t.slice.id in loops:
+                        keys |= loops[t.slice.id]
+                    else:
+                        unreadable.append(f"line {node.lineno}: {ast.unparse(t)}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "update" and isinstance(node.func.value, ast.Name) \
+                and node.func.value.id == var:
+            keys |= {k.arg for k in node.keywords if k.arg}
+            for a in node.args:
+                if isinstance(a, ast.Dict):
+                    keys |= {k.value for k in a.keys if isinstance(k, ast.Constant)}
+    return keys, unreadable
+
+
+def written_keys():
+    """The case and rank keys harness.reports.report writes (read from its source)."""
+    tree = ast.parse(Path(report.__file__).read_text())
+    funcs = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    out = {"case": set(), "rank": set()}
+    for (name, var), kind in WRITERS.items():
+        assert name in funcs, f"harness.reports.report.{name} is gone: re-point WRITERS"
+        keys, unreadable = _keys_written(funcs[name], var)
+        assert keys and not unreadable, (f"{name}: no key read from {var} (re-point WRITERS)"
+                                         if not keys else f"{name}: keys not literal: "
+                                         f"{unreadable}")
+        out[kind] |= keys
+    return out
+
+
+def seen_keys(rep):
+    """Every key each kind of record has somewhere in a report."""
+    seen = {k: set() for k in ("report", "case", "rank", "timeline", "timeline rank",
+                               "timeline step")}
+    seen["report"] |= set(rep)
+    for c in rep["cases"]:
+        seen["case"] |= set(c)
+        for r in c["ranks"]:
+            seen["rank"] |= set(r)
+        tl = c.get("timeline") or {}
+        seen["timeline"] |= set(tl)
+        for r in tl.get("ranks", []):
+            seen["timeline rank"] |= set(r)
+        for s in tl.get("steps", []):
+            seen["timeline step"] |= set(s)
+    return seen
+
+
+def test_every_report_field_has_a_meaning_and_every_meaning_a_field(xdist_session):
+    """A real session's report (xdist_session: passed, failed, skipped and hung cases) against
+    harness.reports.fields, the source of docs/reference/report.md: every key a record has
+    is described; a session, timeline, timeline row and step record always has every field,
+    so each described field must be in it; a case or rank field that only some records have
+    (repeats, launcher rows, claims, fields left out when empty) must be written by the
+    report code (read from its source), and everything that code writes is described."""
+    _, rep, _ = xdist_session
+    described = {"report": fields.REPORT_FIELDS, "case": fields.CASE_FIELDS,
+                 "rank": fields.RANK_FIELDS, "timeline": fields.TIMELINE_FIELDS,
+                 "timeline rank": fields.TIMELINE_RANK_FIELDS,
+                 "timeline step": fields.TIMELINE_STEP_FIELDS}
+    seen, written = seen_keys(rep), written_keys()
+    assert seen["timeline step"], "no case of the session drew a fault step"
+    for kind, meanings in described.items():
+        wrote = written.get(kind, set())
+        unexplained = sorted((seen[kind] | wrote) - set(meanings))
+        assert not unexplained, f"{kind} fields without a meaning in harness.reports.fields: " \
+            f"{unexplained}"
+        stale = sorted(set(meanings) - seen[kind] - wrote)
+        assert not stale, f"{kind} fields described in harness.reports.fields that no report " \
+            f"has: {stale}"

@@ -6,20 +6,11 @@ diff`` tell "same error, different port" from a real change, and the pytest plug
 collects those records (also under pytest-xdist: each worker attaches a case's record to its test
 report, the controller gathers them and writes the file once at the end of the session).
 
-Layout of a report (``"format": 2``)::
-
-    {"format": 2, "tool": "torchdist-harness 0.1.0", "created": ISO time, "source": "pytest",
-     "argv": [...], "duration": s, "evidence": the session's evidence folder or null,
-     "interrupted": "SIGTERM" | "SIGINT" | null, "environment": {...},
-     "summary": {"total", "passed", "failed", "skipped", "error", "collect_errors"},
-     "collect_errors": [{"file", "message"}],
-     "cases": [{"id", "file", "scenario", "case", "name", "test_id", "about", "marks", "faults",
-                "notes", "backend", "world_size", "status", "reason", "failure", "mismatches",
-                "job", "expectation", "torch_version", "duration", "wall", "deadline",
-                "timeout", "evidence", "port_owners", "rules", "counters", "ranks": [...],
-                "timeline": {...}}]}
-
-See docs/reports-and-cli.md for every field.
+A report (``"format": 2``) is one object: the session's fields, its ``cases`` (``case_record``
+per scenario case), each with its ``ranks`` (``rank_record`` per row) and its ``timeline``.
+What every field of each record means is in ``harness.reports.fields``, one mapping per record
+kind (docs/reference/report.md is rendered from it; tests/test_report.py fails when a record
+has a field without a meaning there, or a meaning outlives its field).
 """
 
 from __future__ import annotations
