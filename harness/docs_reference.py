@@ -308,7 +308,8 @@ def cli_page() -> str:
         if p.description:
             body += [_cell(p.description), ""]
         elif helps.get(name):
-            body += [_cell(helps[name]).capitalize() + ".", ""]
+            text = _cell(helps[name])
+            body += [text[:1].upper() + text[1:] + ".", ""]
         rows = [r for r in map(_action_row, p._actions) if r]
         if rows:
             body += ["| argument | meaning |", "|---|---|"] + rows + [""]

@@ -62,7 +62,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "observation.json), in a folder of its own per session: "
                     "DIR/session-<time>-<id>/, DIR/latest points at the newest; default: "
                     "<rootdir>/.harness/evidence. Only the harness's own session folders of "
-                    "finished sessions are ever removed (the newest 5 are kept)")
+                    "finished sessions are ever removed (the newest 5 are kept). A DIR that "
+                    "cannot hold evidence is a usage error: one ERROR: line, exit code 4")
     group.addoption("--harness-keep-sessions", metavar="N", type=int,
                     default=evidence_mod.KEEP,
                     help=f"how many sessions' evidence to keep (default {evidence_mod.KEEP})")
@@ -83,7 +84,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--harness-python", metavar="PATH", default=None,
                     help="run every rank, torchrun agent and spawning parent with this "
                     "interpreter (another image's python, or a venv folder; the scenario's own "
-                    "python: entries still win); the report's environment describes it")
+                    "python: entries still win); the report's environment (torch, Python, "
+                    "libuv_store_default, python_executable) is this interpreter's. Its ranks "
+                    "start fresh")
     group.addoption("--harness-launcher", choices=("slurm",), default=None,
                     help="slurm: inside a Slurm allocation (salloc, sbatch), start every case's "
                     "ranks with srun across the allocation's nodes (scenario host i = node i; "

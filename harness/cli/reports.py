@@ -68,8 +68,8 @@ def add_diff(sub: Any) -> None:
     d = sub.add_parser("diff", help="behaviour changes between two JSON reports",
                        description="Compare two session reports case by case and rank by rank. "
                        "Exit 0: no behaviour change; 1: changes found; 2: bad input.")
-    d.add_argument("old", metavar="OLD.json")
-    d.add_argument("new", metavar="NEW.json")
+    d.add_argument("old", metavar="OLD.json", help="the report of the accepted run")
+    d.add_argument("new", metavar="NEW.json", help="the report of the candidate run")
     _add_change_options(d, more=True)
     d.add_argument("--json", action="store_true", help="machine-readable output")
     d.set_defaults(func=cmd_diff)
@@ -205,6 +205,7 @@ def cmd_html(args: argparse.Namespace) -> int:
 def add_html(sub: Any) -> None:
     """``harness html``: its options."""
     h = sub.add_parser("html", help="render the HTML report from a JSON report")
-    h.add_argument("report", metavar="REPORT.json")
+    h.add_argument("report", metavar="REPORT.json",
+                   help="a JSON report (e.g. an artifact of CI)")
     h.add_argument("-o", "--output", metavar="OUT.html", help="default: REPORT.html")
     h.set_defaults(func=cmd_html)

@@ -74,7 +74,7 @@ def add_validate(sub: Any) -> None:
     v = sub.add_parser("validate", help="check scenario files; every problem with file:line",
                        description="Check scenario files without running them. Exit 1 if any "
                        "file is invalid.")
-    v.add_argument("paths", nargs="*", metavar="PATH")
+    v.add_argument("paths", nargs="*", metavar="PATH", help="scenario files or folders")
     v.add_argument("--builtin", action="store_true", help="the built-in catalog too")
     v.add_argument("-q", "--quiet", action="store_true", help="print only the problems")
     v.add_argument("--strict", action="store_true", help="also fail on expectations no run "
@@ -169,8 +169,11 @@ def _selected_cases(args: argparse.Namespace, files: List[Path]) -> set:
 
 def add_list(sub: Any) -> None:
     """``harness list``: its options."""
-    ls = sub.add_parser("list", help="list scenario cases: ids, marks, faults, expectations")
-    ls.add_argument("paths", nargs="*", metavar="PATH")
+    ls = sub.add_parser("list", help="list scenario cases: ids, marks, faults, expectations",
+                        description="Every scenario case: id, marks, fault kinds, backend, "
+                        "world size, expectations. With -k, -m or --smoke: exactly the cases "
+                        "`harness run` would run with them.")
+    ls.add_argument("paths", nargs="*", metavar="PATH", help="scenario files or folders")
     ls.add_argument("--builtin", action="store_true", help="the built-in catalog too")
     ls.add_argument("-k", metavar="EXPR", help="only cases whose id/keywords match, as "
                     "`harness run -k` selects them (pytest -k); fault kinds, backend and init "
@@ -196,7 +199,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def add_schema(sub: Any) -> None:
     """``harness schema``: its options."""
-    s = sub.add_parser("schema", help="print the JSON Schema of scenario files")
+    s = sub.add_parser("schema", help="print the JSON Schema of scenario files (for "
+                       "editors)")
     s.add_argument("-o", "--output", metavar="FILE", help="write it to FILE")
     s.set_defaults(func=cmd_schema)
 

@@ -70,10 +70,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 def add_show(sub: Any) -> None:
     """``harness show``: its options."""
     sh = sub.add_parser("show", help="the expanded run plan of a scenario",
-                        description="Hosts, ranks (env, init, start delay), faults, port "
-                        "holders, timed actions, deadline and expectations, as the harness "
-                        "would run it here. Ports are reserved briefly from the harness's range.")
-    sh.add_argument("file", metavar="FILE")
+                        description="Hosts, ranks (env, init, release), faults, every step "
+                        "the faults add with when it is done and undone, deadline and "
+                        "expectations, as the harness would run it here. Ports are reserved "
+                        "briefly from the harness's range.")
+    sh.add_argument("file", metavar="FILE", help="a scenario file")
     sh.add_argument("--case", metavar="ID", help="only this case of a file with cases:")
     sh.add_argument("--json", action="store_true", help="the plan(s) as JSON")
     sh.set_defaults(func=cmd_show)

@@ -25,8 +25,9 @@ def add_preflight(sub: Any) -> None:
                         "(names, gloo's interface, reachability, versions, a real all_reduce)",
                         description="Run inside an allocation (salloc -N4 harness preflight): "
                         "starts one task per node with srun; or as that task (srun "
-                        "--ntasks-per-node=1 harness preflight --task --dir SHARED). Exit 0 only "
-                        "when every node passes.")
+                        "--ntasks-per-node=1 harness preflight --task --dir SHARED). Prints a "
+                        "per-node table and writes DIR/report.json. Exit 0 only when every "
+                        "node passes.")
     from ..tools import preflight as _pf
 
     _pf.add_arguments(pf)
