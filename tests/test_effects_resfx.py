@@ -278,3 +278,20 @@ def test_busy_processes_report_their_cpu_time_and_the_rank_its_pinned_cpu(tmp_pa
     pinned = by["rank 1"]
     assert pinned["status"] == "acted" and pinned["steps"][0]["numbers"]["cpu"] == hog_cpu()
     assert f"pinned to CPU {hog_cpu()} alone, read back from /proc" in pinned["summary"]
+
+
+@linux
+def test_a_pin_healed_on_the_other_ranks_end_gives_the_rank_its_cpus_back(tmp_path):
+    """Pinned from its train step 1, healed once rank 0 ended: the effect says when it was
+    unpinned, with the CPUs read back, and the rank (its timeout 60 s) sees the closed
+    connection as an error instead of hanging starved at the deadline."""
+    obs, e = _run(BASE.replace("timeout: 3", "timeout: 3\nrank_timeouts: {1: 60}")
+                  + "workload: [\"ddp 16MB\", \"train 3\"]\n"
+                  "faults: [{kind: cpu_contention, rank: 1, how: hogs, hogs: 4, nice: 19, "
+                  "phase: train step 1, heal_phase: ended, heal_rank: 0}]\n", tmp_path)
+    v = {x.label: x for x in classify_run(obs)}
+    assert (v["0"].outcome, v["1"].outcome) == ("timeout", "error"), v
+    pinned = {t["target"]: t for t in e["targets"]}["rank 1"]
+    n = pinned["steps"][0]["numbers"]
+    assert pinned["status"] == "acted" and n["healed_at"] >= v["0"].duration - 0.5, pinned
+    assert f"(its CPUs read back: {sorted(os.sched_getaffinity(0))})" in pinned["summary"]

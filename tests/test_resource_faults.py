@@ -216,3 +216,30 @@ def test_a_killed_run_leaves_no_cgroup_and_no_hog_after_the_sweep(tmp_path):
                 os.kill(p, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def test_a_starvation_from_a_phase_leaves_the_release_alone_and_heals_on_another_ranks_end(
+        counter_ports):
+    p = plan(counter_ports, [{"kind": "cpu_contention", "rank": 1, "how": "hogs", "nice": 19,
+                              "phase": "ddp", "heal_phase": "ended", "heal_rank": 0}])
+    (step,) = [s for s in p.steps if isinstance(s, RankLimit)]
+    assert step.trigger == Trigger.on_phase(1, "ddp")
+    assert step.undo_trigger == Trigger.on_phase(0, "ended")
+    assert p.rank("1").release == Trigger.at_time(0.0)       # no hold: it starts when it runs
+    assert "when rank 1 enters ddp, healed when rank 0 has ended" in " ".join(p.notes)
+    # without a time it is the start line's, held before the release, and heals on its own
+    p = plan(counter_ports, [{"kind": "cpu_contention", "rank": 1, "heal_after": 2}])
+    (step,) = [s for s in p.steps if isinstance(s, RankLimit)]
+    assert step.trigger == Trigger.at_time(0.0) and step.undo_trigger is not None
+    assert p.rank("1").release == Trigger.after_step(step.id)
+
+
+@pytest.mark.parametrize("fault,field", [
+    ({"kind": "cpu_contention", "phase": "train step 9"}, "phase"),
+    ({"kind": "cpu_contention", "heal_phase": "train step 9"}, "heal_phase"),
+    ({"kind": "cpu_contention", "rank": "*", "phase": "ddp"}, "rank"),
+])
+def test_a_starvation_that_would_never_start_or_heal_is_refused_with_its_field(fault, field):
+    with pytest.raises(ScenarioFileError) as e:
+        scn([fault])
+    assert field in str(e.value), str(e.value)

@@ -1,5 +1,7 @@
-"""cpu_contention: a rank starved of CPU from the start line, by a CPU quota (a cgroup) or by
-busy processes pinned to its CPU with it, so that it falls behind the others' timeout.
+"""cpu_contention: a rank starved of CPU from the start line (or from ``at`` / when it enters
+``phase``), by a CPU quota (a cgroup) or by busy processes pinned to its CPU with it, so that it
+falls behind the others' timeout; ``heal_after`` or ``heal_phase`` (+ ``heal_rank``) give it the
+CPU back (the quota's cgroup removed; hogs: its threads' CPUs and nice as they were).
 
 With ``hogs``, the busy processes start at set-up, before any rank (starting them takes a
 Python start-up, which must not delay the starved rank's release), and the rank is pinned to
@@ -28,8 +30,10 @@ from typing import Any, ClassVar, Dict, List, Literal, Optional
 
 from pydantic import Field
 
+from ..core.triggers import When
 from ..machine import cgroups
 from ..machine.requirement import Probe
+from ..ranks.workload import phase_problem
 from . import Fault
 from ._rank_limit import RankLimit, ended, ended_event, limit_before_release
 from .steps import Effect, Step, StepError
@@ -38,19 +42,22 @@ CGROUP_CPU = Probe("cgroup cpu", ok="CPU quotas on a rank (cpu_contention how: q
                    check=lambda: cgroups.missing("cpu"))
 
 
-def pin(pid: int, cpu: int, nice: int = 0) -> int:
-    """Pin every thread of ``pid`` to ``cpu`` (and give it ``nice``); returns how many
-    threads. Threads it starts later inherit both."""
+def pin(pid: int, cpu: Optional[int], nice: int = 0,
+        cpus: Optional[List[int]] = None) -> int:
+    """Pin every thread of ``pid`` to ``cpu`` (or to ``cpus``) and give it ``nice`` (0 too,
+    when ``cpus`` is given: the pin taken back); returns how many threads. Threads it starts
+    later inherit both."""
     tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    where = set(cpus) if cpus is not None else {int(cpu or 0)}
     for tid in tids:
         try:
-            os.sched_setaffinity(tid, {cpu})
-            if nice:
+            os.sched_setaffinity(tid, where)
+            if nice or cpus is not None:
                 os.setpriority(os.PRIO_PROCESS, tid, nice)
         except OSError:
             pass
-    if nice:   # with autogroup scheduling a session's nice is its autogroup's (the rank has one)
-        try:
+    if nice or cpus is not None:   # with autogroup scheduling a session's nice is its
+        try:                       # autogroup's (the rank has one)
             Path(f"/proc/{pid}/autogroup").write_text(str(nice))
         except OSError:
             pass
@@ -162,6 +169,9 @@ class Starve(RankLimit):
     _cg: Any = field(default=None, init=False, repr=False, compare=False)
     # hogs: the rank's CPUs read back once pinned; quota: cpu.stat read when the cgroup went
     _seen: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False, compare=False)
+    # hogs, healed while the rank lived: when, and its CPUs read back after the pin was undone
+    _healed: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False,
+                                              compare=False)
 
     def do(self, rt):
         pid = rt.rank(self.rank).pid
@@ -175,8 +185,10 @@ class Starve(RankLimit):
             rt.rank(self.rank).note(f"CPU quota {self.percent:g}% ({how})")
             return {"via": how, "cgroup": str(self._cg.path)}
         cpu = hog_cpu()
+        before = affinity(pid)
         threads = pin(pid, cpu, self.nice)
-        self._seen = {"pid": pid, "cpu": cpu, "t": round(rt.now(), 3), "cpus": affinity(pid)}
+        self._seen = {"pid": pid, "cpu": cpu, "t": round(rt.now(), 3), "cpus": affinity(pid),
+                      "before": before}
         rt.rank(self.rank).note(f"pinned to CPU {cpu} with {self.hogs} busy processes"
                                 + (f", at nice {self.nice}" if self.nice else ""))
         return {"cpu": cpu, "threads_pinned": threads}
@@ -199,12 +211,18 @@ class Starve(RankLimit):
             wait = None
         waited = "" if wait is None else f"; its threads waited {wait:.2f} s for a CPU"
         nums = {"cpu": seen["cpu"], "cpu_wait_s": wait}
+        events = [{"t": seen["t"], "what": f"rank {self.rank}'s CPUs read back: {cpus}"}]
+        healed = ""
+        if self._healed is not None:
+            h = self._healed
+            healed = f"; unpinned at {h['t']:.2f} s (its CPUs read back: {h['cpus']})"
+            nums["healed_at"] = h["t"]
+            events.append({"t": h["t"], "what": f"rank {self.rank} unpinned, nice 0: its CPUs "
+                                                f"read back: {h['cpus']}"})
         return Effect(acted=True, summary=f"rank {self.rank} (pid {seen['pid']}) pinned to "
                       f"CPU {seen['cpu']} alone, read back from /proc at {seen['t']:.2f} s"
-                      f"{waited}" + (f"; it {end}" if end else ""), numbers=nums,
-                      events=[{"t": seen["t"], "what": f"rank {self.rank}'s CPUs read back: "
-                                                       f"{cpus}"}]
-                      + ended_event(rt, self.rank))
+                      f"{waited}{healed}" + (f"; it {end}" if end else ""), numbers=nums,
+                      events=events + ended_event(rt, self.rank))
 
     def _quota_effect(self, rt):
         st = self._seen if self._cg is None else self._stat(rt)
@@ -229,6 +247,14 @@ class Starve(RankLimit):
             self._seen = self._stat(rt)
             self._cg.remove()
             self._cg = None
+        seen = self._seen or {}
+        if self.how == "hogs" and seen.get("before") and not rt.rank(self.rank).ended:
+            # a heal (teardown comes after the rank ended): the CPUs it had, and nice 0
+            try:
+                pin(seen["pid"], None, 0, cpus=seen["before"])
+            except OSError:
+                return          # it ended meanwhile: nothing to give back
+            self._healed = {"t": round(rt.now(), 3), "cpus": affinity(seen["pid"])}
 
     def describe(self):
         if self.how == "quota":
@@ -236,7 +262,7 @@ class Starve(RankLimit):
         return f"pin rank {self.rank} to the busy processes' CPU"
 
 
-class CpuContention(Fault):
+class CpuContention(Fault, When):
     kind: Literal["cpu_contention"] = "cpu_contention"
     # busy processes or a quota on one CPU: a run beside it adds load of its own to the rank
     # it starves and to the ranks it does not
@@ -244,10 +270,13 @@ class CpuContention(Fault):
     ON_ALLOCATION = (
         "a CPU quota (a cgroup) or busy processes pinned beside the rank are set from the "
         "harness's own machine by the rank's pid: not built for an allocation's nodes")
-    summary = "a rank starved of CPU from the start line: a CPU quota (cgroup), or busy " \
-        "processes pinned to its CPU with it"
+    summary = "a rank starved of CPU from the start line (or a time or phase): a CPU quota " \
+        "(cgroup), or busy processes pinned to its CPU with it"
     REQUIRES: ClassVar = (CGROUP_CPU,)
-    rank: int = Field(1, description="the starved rank")
+    WILDCARD_FIELDS: ClassVar = ()
+    rank: int = Field(1, description="the starved rank (and whose phase starts it, with "
+                      "phase); without at or phase it is starved from the start line, before "
+                      "its release")
     how: Literal["quota", "hogs"] = Field("quota", description="quota: a cgroup CPU quota; "
                                           "hogs: the rank and N busy processes pinned to one CPU")
     percent: float = Field(10.0, gt=0, le=100, description="with quota: the share of one CPU")
@@ -259,16 +288,32 @@ class CpuContention(Fault):
     def requirements(self, scn):
         return (CGROUP_CPU,) if self.how == "quota" else ()
 
+    def check(self, scn):
+        problems = super().check(scn)
+        if self.phase is not None and not scn.program_argv():
+            why = phase_problem(self.phase, scn.workload.steps, scn.workload.destroy)
+            if why:   # it would never start
+                problems.append((("phase",), why))
+        return problems
+
     def apply(self, plan, scn):
         if self.how == "hogs":
             plan.add_step(self, Hogs(rank=str(self.rank), hogs=self.hogs,
                                      target=f"CPU of rank {self.rank}"))
         step = Starve(rank=str(self.rank), how=self.how, percent=float(self.percent),
                       hogs=self.hogs, nice=self.nice, target=f"rank {self.rank}")
-        limit_before_release(plan, self, self.rank, step)
+        if self.at is None and self.phase is None:
+            limit_before_release(plan, self, self.rank, step)
+            when = "from the start line"
+        else:
+            step.trigger = self.trigger()
+            plan.add_step(self, step)
+            when = self.trigger().describe()
+        step.undo_trigger = self.heal(step.id)
         what = f"a {self.percent:g}% CPU quota" if self.how == "quota" else \
             f"{self.hogs} busy processes pinned to its CPU"
-        plan.notes.append(f"cpu_contention: rank {self.rank} gets {what} from the start line")
+        plan.notes.append(f"cpu_contention: rank {self.rank} gets {what} {when}"
+                          f"{self.healed()}")
 
 
 def _hog(cpu: int, n: int) -> None:
