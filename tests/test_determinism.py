@@ -161,5 +161,5 @@ def test_a_row_whose_outcomes_a_tally_counts_is_pinned_by_the_tally():
 def test_an_about_that_still_holds_the_templates_todo_is_not_written_down():
     w = widenings(case('expect:\n  ranks:\n    "0": ok\n',
                        head="name: s\nabout: 'TODO: reported in <link>'\ndeadline: 60\n"))
-    assert [(x.line, x.field) for x in w] == [(None, "about")]
+    assert [(x.line, x.field) for x in w] == [(2, "about")]   # where about: is written
     assert "TODO" in w[0].message

@@ -241,5 +241,6 @@ def _strict_heading(found: list) -> str:
     todo = sum(1 for _, w in found if w.field == "about")
     wide = len(found) - todo
     parts = ([f"{wide} expectation{'s' * (wide > 1)} no run can contradict"] if wide else []) + \
-        ([f"{todo} about: still holding the template's TODO"] if todo else [])
+        ([f"{todo} about: text{'s' * (todo > 1)} still holding the template's TODO"]
+         if todo else [])
     return "; ".join(parts)

@@ -227,6 +227,7 @@ def _expectation_problems(scn: Scenario, data: Dict[str, Any], file: str, lines:
     # expectations may only name processes a run can have; each keeps the line it came from,
     # so that a failed one names file.yaml:LINE
     row_sets = scn.row_sets()
+    scn._about_line = lines.line_of(_yaml_loc(data, ("about",)))
     for j, block in enumerate(scn.expect):
         block._line = lines.line_of(_yaml_loc(data, ("expect", j)))
         if block.job is not None:

@@ -49,8 +49,9 @@ def widenings(scn: Scenario) -> List[Widening]:
     """Every widening of this case (empty: each of its expectations can fail)."""
     out: List[Widening] = []
     if "TODO" in (scn.about or ""):
-        out.append(Widening(None, "about", "still holds the template's TODO: write where the "
-                            "report came from and what you watched (torch, runs, numbers)"))
+        out.append(Widening(scn._about_line, "about", "still holds the template's TODO: "
+                            "write in its place where the report came from and what you "
+                            "watched (torch, runs, numbers)"))
     race = scn.race is not None
     for i, block in enumerate(scn.expect):
         at = f"expect[{i}]." if len(scn.expect) > 1 else "expect."

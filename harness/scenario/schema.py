@@ -96,6 +96,7 @@ CASE_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=-]*", re.ASCII)
 
 class Scenario(Strict):
     _source: Optional[str] = PrivateAttr(None)     # the file it was loaded from (the loader)
+    _about_line: Optional[int] = PrivateAttr(None)  # where its about: is written (the loader)
 
     name: str = Field(pattern=NAME_RE, max_length=MAX_NAME,
                       description="short id, used in test ids: letters, digits, . _ - (not "
