@@ -17,7 +17,10 @@ def program_exited(c: RankContext) -> Optional[Cause]:
     """A program that ended with a non-zero status of its own accord (sys.exit, no exception
     from torch): the program is the cause."""
     v, o = c.verdict, c.obs
-    if o is None or v.outcome != "error" or v.exception or not o.info \
+    # an observed program (it said hello: torchrun's workers, a program started directly), not
+    # the harness's own worker
+    observed = bool(o.info) or any(e.ev == "hello" for e in o.events) if o is not None else False
+    if o is None or v.outcome != "error" or v.exception or not observed \
             or not re.match(r"exited with status \d+$", v.reason or ""):
         return None
     return Cause(f"the program itself {v.reason} in {v.phase or 'its own code'} (it raised no "
