@@ -131,7 +131,9 @@ class When(BaseModel):
     # is also the process it acts on says otherwise (kill_rank: its ``of`` names the anchor)
     WILDCARD_FIELDS: ClassVar[Tuple[str, ...]] = ("rank",)
 
-    at: Optional[Seconds] = Field(None, description="seconds after the start line")
+    at: Optional[Seconds] = Field(None, description="seconds after the start line (at most "
+                                  "one of at and phase; with neither, where the kind allows "
+                                  "it, the fault holds from the start)")
     phase: Optional[str] = Field(None, description=f"or: when `rank` enters this phase "
                                  f"({ANCHOR_HELP})")
     rank: Target = Field(0, description="with phase: whose phase (a rank number, '*' for "
@@ -139,7 +141,9 @@ class When(BaseModel):
                          "label such as 'agent:node0')")
     after: Seconds = Field(0.0, description="with phase: extra seconds after it is entered")
     heal_after: Optional[PositiveSeconds] = Field(None, description="undo it this many "
-                                                  "seconds after it was done")
+                                                  "seconds after it was done (a fault in "
+                                                  "place from the start: after the start "
+                                                  "line)")
     heal_phase: Optional[str] = Field(None, description="or: undo it when `heal_rank` enters "
                                       f"this phase, once it was done ({ANCHOR_HELP})")
     heal_rank: Optional[Target] = Field(None, description="with heal_phase: whose phase heals "

@@ -37,7 +37,7 @@ MARK = 0x7468               # the firewall mark of the proxy's own connections (
 NFT = Tool("nft", package="nftables", why="the proxy's redirect rules")
 TRAFFIC_HELP = ("store (connections to the job's store port: MASTER_PORT, init_url's, the "
                 "launcher's rdzv_endpoint or master_port), data (every other TCP connection: "
-                "gloo's mesh), all, or a list of ports")
+                "gloo's mesh), all, or a list of ports (a connection's destination port)")
 
 
 def connections_met(log: Any, toxic: str, start_line: float, limit: int = 50
@@ -185,9 +185,11 @@ class ProxyFault(Fault, When):
         "transparent", description="transparent (nftables redirect in the host's namespace) "
         "or front (a port of its own in front of the store; no root needed)")
     direction: Literal["in", "out", "both"] = Field(
-        "both", description="bytes the host receives (in), sends (out), or both")
+        "both", description="bytes the host receives (in), sends (out), or both; for a "
+        "connection the host accepted (its store, its gloo listener) out are its replies, for "
+        "one it opened its requests")
     probability: float = Field(1.0, gt=0, le=1, description="share of connections it meets, "
-                               "drawn once per connection")
+                               "drawn once per connection and fault")
 
     @property
     def needs_netns(self) -> bool:  # type: ignore[override]

@@ -263,6 +263,14 @@ class Starve(RankLimit):
 
 
 class CpuContention(Fault, When):
+    """Without ``at`` or ``phase`` the rank is starved from the start line, held before its
+    release until the starvation holds; with ``at`` from that time, with ``phase`` when the
+    rank enters it. A heal (``heal_after``, or ``heal_phase`` + ``heal_rank``: when another
+    rank enters a phase or has ended) ends it: with hogs the rank's threads get back the CPUs
+    they had and nice 0 (the busy processes spin on until the run's teardown); with quota the
+    quota's cgroup is removed, and removing a cgroup SIGKILLs what is still in it, so a quota
+    healed while the rank runs ends the rank."""
+
     kind: Literal["cpu_contention"] = "cpu_contention"
     # busy processes or a quota on one CPU: a run beside it adds load of its own to the rank
     # it starves and to the ranks it does not
@@ -277,13 +285,18 @@ class CpuContention(Fault, When):
     rank: int = Field(1, description="the starved rank (and whose phase starts it, with "
                       "phase); without at or phase it is starved from the start line, before "
                       "its release")
-    how: Literal["quota", "hogs"] = Field("quota", description="quota: a cgroup CPU quota; "
-                                          "hogs: the rank and N busy processes pinned to one CPU")
+    how: Literal["quota", "hogs"] = Field(
+        "quota", description="quota: a cgroup CPU quota (v2 cpu.max, else v1 "
+        "cpu.cfs_quota_us); hogs: the rank and N busy processes pinned to one CPU (the "
+        "harness's last; the busy processes, one helper of the run that forks, start at set-up)")
     percent: float = Field(10.0, gt=0, le=100, description="with quota: the share of one CPU")
     hogs: int = Field(4, ge=1, le=64, description="with hogs: how many busy processes")
-    nice: int = Field(0, ge=0, le=19, description="with hogs: the rank's nice value (19: it "
-                      "runs only when the busy processes leave it the CPU, a noisy neighbour "
-                      "of higher priority)")
+    nice: int = Field(0, ge=0, le=19, description="with hogs: the rank's nice value, set on "
+                      "its threads and its autogroup (19: it runs only when the busy processes "
+                      "leave it the CPU, a noisy neighbour of higher priority). Where the kernel "
+                      "schedules by autogroup (/proc/sys/kernel/sched_autogroup_enabled) the "
+                      "busy processes share the CPU with the rank half and half whatever their "
+                      "number: there nice is what starves it")
 
     def requirements(self, scn):
         return (CGROUP_CPU,) if self.how == "quota" else ()

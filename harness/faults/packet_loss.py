@@ -60,9 +60,11 @@ class Loss(NetStep):
 class PacketLoss(HostNetFault):
     kind: Literal["packet_loss"] = "packet_loss"
     summary = "a share of a host's packets is dropped (nftables numgen random)"
-    percent: float = Field(gt=0, le=100, description="the share of packets dropped, %")
+    percent: float = Field(gt=0, le=100, description="the share of packets dropped, % "
+                           "(0 < percent <= 100)")
     direction: Literal["in", "out", "both"] = Field(
-        "both", description="packets the host receives (in), sends (out), or both")
+        "both", description="packets the host receives (in), sends (out), or both (dropped "
+        "on the way in and on the way out: a round trip fails far more often than percent)")
 
     def is_random(self):
         return self.percent < 100

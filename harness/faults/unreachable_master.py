@@ -20,8 +20,8 @@ class UnreachableMaster(Fault):
     needs_link = True
     ranks: Optional[List[int]] = Field(None, max_length=MAX_WORLD,
                                        description="default: every rank")
-    host_number: int = Field(250, ge=100, le=254, description="the last octet of the silent "
-                             "address in the run's private /24")
+    host_number: int = Field(250, ge=100, le=254, description="the last octet (100-254) of "
+                             "the silent address in the run's private /24")
 
     def apply(self, plan, scn):
         first = plan.hosts[0].addr   # the run's /24, or its /64 with ip: 6

@@ -205,8 +205,9 @@ def field_problems(scn: Any, written: List[str]) -> List[Tuple[str, str]]:
 
 
 def markdown() -> str:
-    """The table for docs/launchers.md: each field some launcher or program kind refuses, per
-    launcher, as "worker / program" (yes, no, or the values it honours)."""
+    """The table for the generated docs/reference/launchers.md: each field some launcher or
+    program kind refuses, per launcher, as "worker / program" (yes, no, or the values it
+    honours)."""
     def cell(rule: Any) -> str:
         if rule is HONOURED:
             return "yes"

@@ -67,21 +67,36 @@ class AgentFlags(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     OVERRIDE: ClassVar[bool] = True
 
-    nnodes: Optional[Union[int, str]] = Field(None, description="--nnodes: N or MIN:MAX")
+    nnodes: Optional[Union[int, str]] = Field(None, description="--nnodes: N or MIN:MAX (2 or "
+                                              "'1:2'); unset: the number of hosts (none with "
+                                              "standalone)")
     nproc_per_node: Optional[int] = Field(None, ge=1, le=MAX_WORLD,
-                                          description="--nproc-per-node")
-    node_rank: Optional[int] = Field(None, ge=0, le=MAX_HOSTS, description="--node-rank")
+                                          description="--nproc-per-node; unset: the host's ranks")
+    node_rank: Optional[int] = Field(None, ge=0, le=MAX_HOSTS, description="--node-rank; unset: "
+                                     "the agent's index, with the static backend on several "
+                                     "hosts")
     rdzv_backend: Optional[Literal["static", "c10d", "etcd", "etcd-v2"]] = Field(
-        None, description="--rdzv-backend (etcd, etcd-v2: on the run's etcd, an etcd: block)")
-    rdzv_endpoint: Optional[str] = Field(None, max_length=MAX_ADDR + 6,
-                                         description="--rdzv-endpoint HOST[:PORT]")
+        None, description="--rdzv-backend (unset: torchrun's default, static; etcd, etcd-v2: on "
+        "the run's etcd, an etcd: block, which is then the endpoint)")
+    rdzv_endpoint: Optional[str] = Field(
+        None, max_length=MAX_ADDR + 6, description="--rdzv-endpoint HOST[:PORT]: HOST a host of "
+        "the scenario (written as its address on the run's link), a name the run's own hosts "
+        "files or name server give (a host's names: entry, a dns: record), or loopback in any "
+        "spelling; PORT omitted: the run's leased port. Refused with rdzv_backend etcd or "
+        "etcd-v2 (the endpoint is the run's etcd)")
     rdzv_id: Optional[str] = Field(None, pattern=ID_RE, description="--rdzv-id")
     rdzv_conf: Optional[Dict[str, Union[bool, int, float, str]]] = Field(
         None, description=f"--rdzv-conf k=v,...: {', '.join(RDZV_CONF_KEYS)}")
-    master_addr: Optional[str] = Field(None, max_length=MAX_ADDR, description="--master-addr")
-    master_port: Optional[int] = Field(None, ge=1, le=65535, description="--master-port")
+    master_addr: Optional[str] = Field(None, max_length=MAX_ADDR, description="--master-addr: a "
+                                       "host of the scenario (its address on the run's link), "
+                                       "a name the run's own hosts files or name server give, "
+                                       "or a loopback address")
+    master_port: Optional[int] = Field(None, ge=1, le=65535, description="--master-port; unset "
+                                       "with a master_addr: the run's leased port (beside an "
+                                       "rdzv_endpoint another leased one, to show which wins)")
     standalone: Optional[bool] = Field(None, description="--standalone")
-    max_restarts: Optional[int] = Field(None, ge=0, le=100, description="--max-restarts")
+    max_restarts: Optional[int] = Field(None, ge=0, le=100, description="--max-restarts (unset: "
+                                        "torchrun's 0)")
     monitor_interval: Optional[PositiveSeconds] = Field(None, description="--monitor-interval")
     args: Optional[List[str]] = Field(None, max_length=MAX_STEPS,
                                       description="more torchrun flags, verbatim")
@@ -131,7 +146,8 @@ class AgentFlags(BaseModel):
 class Torchrun(LauncherSpec, AgentFlags):
     kind: Literal["torchrun"] = "torchrun"
     summary = "one torchrun agent per host; the agents start the workers (rendezvous, restarts)"
-    share_store: bool = Field(True, description="false: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
+    share_store: bool = Field(True, description="false: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+                              "(the workers host their own store instead of using the agent's)")
     agents: Dict[str, AgentFlags] = Field(
         default_factory=dict, max_length=MAX_HOSTS * 2,
         description="flags of one agent, by host name ('job2:HOST' for a second job's); null "

@@ -100,7 +100,9 @@ class RankExpect(Strict):
         "qualified names")
     message: Optional[str] = Field(
         None, max_length=MAX_SHORT,
-        description="regular expression searched (case-insensitive) in the exception message")
+        description="regular expression searched (case-insensitive) in the exception message: "
+        "'.' matches newlines; the regex engine (re-compatible) with a 1 s limit, a pattern that "
+        "backtracks longer is a mismatch saying so")
     cause: Optional[Union[Annotated[str, Field(max_length=MAX_SHORT)],
                           Dict[Literal["error", "timeout", "hang", "crash"],
                                Annotated[str, Field(max_length=MAX_SHORT)]]]] = Field(

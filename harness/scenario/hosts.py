@@ -95,8 +95,10 @@ class Etcd(Strict):
     host: str = Field(
         "etcd", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,15}$",
         description="where it runs: a host of its own of this name (the default 'etcd': no "
-        "ranks on it, on the run's link), a host of the scenario (beside that agent), or "
-        "'loopback' (127.0.0.1 of a single-host run: no namespaces needed)")
+        "ranks on it, on the run's link, at its last addresses like the name server's), a "
+        "host of the scenario (in that host's namespace, on its address, beside that agent), "
+        "or 'loopback' (127.0.0.1 of a single-host run, in the machine's network namespace "
+        "when the run has none: no namespaces needed)")
     binary: Optional[str] = Field(
         None, max_length=MAX_SHORT, description="the etcd program (default: etcd on PATH, "
         "Debian's etcd-server)")

@@ -112,14 +112,18 @@ class Scenario(Strict):
     backend_available: Optional[bool] = Field(
         None, description="null (default): skipped, with the reason, where this machine "
         "cannot give the backend; false: the case is ABOUT a machine without it (torch's "
-        "error is the expectation): it runs where the backend is missing and is skipped "
-        "where it is there; true: as null")
+        "error is the expectation): it runs where the backend is missing (torch built without "
+        "it, or a CUDA build without the GPUs NCCL needs: the two fail differently, so say "
+        "which with an expect block's build: cpu or build: cuda) and is skipped where it is "
+        "there; true: as null")
     gpus: Optional[int] = Field(
-        None, ge=0, le=MAX_WORLD, description="with NCCL: how many CUDA GPUs the case needs "
-        "(skipped, with the count, where the machine has fewer); null: one per rank. Fewer "
-        "than the ranks puts several ranks on one GPU (with LOCAL_RANK set in env)")
+        None, ge=0, le=MAX_WORLD, description="with NCCL (named, or the backend omitted on a "
+        "CUDA machine): how many CUDA GPUs the case needs (skipped, with the count, where the "
+        "machine has fewer); null: one per rank. Each rank takes the GPU of its LOCAL_RANK: "
+        "fewer than the ranks puts several ranks on one GPU (with LOCAL_RANK set in env)")
     world_size: int = Field(2, ge=1, le=MAX_WORLD, description="number of ranks (with "
-                            "hosts: the hosts' ranks)")
+                            "hosts: may be left out, the sum of the hosts' ranks; given, it "
+                            "must match)")
     init: Literal["env", "tcp", "file"] = Field(
         "env", description="init method: env (env://, MASTER_ADDR/PORT), tcp (tcp://addr:port) or "
         "file (file:///shared/path)")
@@ -142,19 +146,24 @@ class Scenario(Strict):
         default_factory=dict, max_length=MAX_WORLD,
         description="torch's timeout for these ranks instead of timeout: (rank -> s), read by "
         "each worker from its rank before init: orders two ranks' timers that would otherwise "
-        "fire together")
+        "fire together, so that the case has one outcome")
     deadline: PositiveSeconds = Field(
         60.0, description="the harness's wall-clock bound for the run from the start line, s;"
         " ranks alive then are 'hang'")
     master_addr: str = Field("127.0.0.1", max_length=MAX_ADDR,
-                             description="MASTER_ADDR given to every rank (single host); with "
-                             "hosts, the master host's address is used")
+                             description="MASTER_ADDR given to every rank (single host), as "
+                             "written: loopback only, in any spelling users meet ('[::1]', ' "
+                             "127.0.0.1', 'localhost.', '::ffff:127.0.0.1': torch gets the text "
+                             "and its behaviour is the verdict); with hosts, the master host's "
+                             "address is used")
     hosts: Optional[List[Host]] = Field(
         None, min_length=1, max_length=MAX_HOSTS,
         description="several hosts, each a network namespace linked by a bridge; ranks are "
-        "numbered from the master host (rank 0 hosts the store), then host by host in order")
+        "numbered from the master host (rank 0 hosts the store), then host by host in order; "
+        "default: one host, local")
     nodes: Optional[int] = Field(None, ge=1, le=MAX_HOSTS,
-                                 description="shorthand for hosts: node0..")
+                                 description="shorthand for hosts: node0.. with "
+                                 "ranks_per_node ranks each (not with hosts)")
     ranks_per_node: Optional[int] = Field(None, ge=1, le=MAX_WORLD, description="with nodes")
     hostnames: Literal["machine", "own"] = Field(
         "machine", description="the hosts' names: machine (every host shares the machine's "
@@ -185,8 +194,10 @@ class Scenario(Strict):
     launcher: Annotated[LauncherSpec, BeforeValidator(launcher_spec_of)] = Field(
         default_factory=lambda: launcher_spec_of("direct"),
         description="how the ranks start: direct (the harness starts each), torchrun (one "
-        "agent per host), spawn (one parent per host); a name or a mapping with kind and its "
-        "options (docs/launchers.md)")
+        "agent per host), launch (the legacy torch.distributed.launch), spawn (one parent per "
+        "host) or slurm (srun on the run's own Slurm cluster); a name or a mapping with kind "
+        "and its options (docs/launchers.md). A field the launcher does not use is refused at "
+        "load, located")
     program: Annotated[Optional[Program], BeforeValidator(program_of)] = Field(
         None, description="what each rank runs: worker (the harness's own, the default), a "
         "Python file (train.py) or a mapping {script | module, args, cwd}")
@@ -208,7 +219,7 @@ class Scenario(Strict):
     expect: List[Expect] = Field(
         default_factory=lambda: [Expect()], max_length=MAX_EXPECT_BLOCKS,
         description="one block, or a list of torch-scoped blocks (the first whose 'torch' range "
-        "holds is used)")
+        "holds is used); default: an empty block, no checks")
     race: Optional[str] = Field(
         None, min_length=1, max_length=MAX_TEXT,
         description="declares a race case: what races (inside torch, not the harness's own "

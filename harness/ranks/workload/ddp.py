@@ -27,7 +27,8 @@ class Ddp(StepKind):
     NAME = "ddp"
     GRAMMAR = r"ddp( [0-9]+(\.[0-9]+)?(MB|GB))?"
     HELP = "'ddp SIZE' (e.g. ddp 64MB)"
-    ABOUT = ("builds a model of SIZE (default 4MB; phase model) and wraps it in "
+    ABOUT = ("builds a model of SIZE (default 4MB; phase model): Linear(1024, 1024) layers, "
+             "float32, the same on every rank (seeded); then wraps it in "
              "DistributedDataParallel (phase ddp: the shape check, rank 0's parameters sent)")
     EXAMPLES = ("ddp", "ddp 64MB", "ddp 0.5MB", "ddp 1GB")
     ORDER = 60

@@ -11,7 +11,8 @@ class GroupAllReduce(OnLastGroup):
     NAME = "group_all_reduce"
     GRAMMAR = r"group_all_reduce"
     HELP = "group_all_reduce (on the last group)"
-    ABOUT = "an all_reduce on the last group made, checked by its members"
+    ABOUT = ("an all_reduce on the last group made, checked by its members (a non-member calls "
+             "it on torch's non-member handle, as user code does)")
     EXAMPLES = ("group_all_reduce",)
     ORDER = 110
 

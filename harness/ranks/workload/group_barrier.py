@@ -10,7 +10,8 @@ class GroupBarrier(OnLastGroup):
     NAME = "group_barrier"
     GRAMMAR = r"group_barrier"
     HELP = "group_barrier"
-    ABOUT = "a barrier on the last group made"
+    ABOUT = ("a barrier on the last group made (a non-member calls it on torch's non-member "
+             "handle, as user code does)")
     EXAMPLES = ("group_barrier",)
     ORDER = 100
 

@@ -10,7 +10,8 @@ class KeepStore(StepKind):
     NAME = "keep_store"
     GRAMMAR = r"keep_store"
     HELP = "keep_store"
-    ABOUT = "holds the default process group's store (as user code that kept it)"
+    ABOUT = ("holds the default process group's store (as user code that kept it), so it "
+             "outlives the next destroy")
     EXAMPLES = ("keep_store",)
     ORDER = 120
 

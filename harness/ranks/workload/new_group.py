@@ -25,7 +25,8 @@ class NewGroup(MakesGroup):
     NAME = "new_group"
     GRAMMAR = rf"new_group( all| {RANKS})?( local)?"
     HELP = "'new_group [RANKS|all] [local]'"
-    ABOUT = "torch.distributed.new_group of RANKS (default all); local: use_local_synchronization"
+    ABOUT = ("torch.distributed.new_group of RANKS (default all); local: "
+             "use_local_synchronization=True (then only members call it, torch's rule)")
     EXAMPLES = ("new_group", "new_group all", "new_group 0,1", "new_group 0,2 local",
                 "new_group local")
     ORDER = 80

@@ -13,8 +13,9 @@ class Reinit(StepKind):
     NAME = "reinit"
     GRAMMAR = r"reinit( new_port)?"
     HELP = "'reinit [new_port]'"
-    ABOUT = ("destroy_process_group then init_process_group again, on the same port or "
-             "(new_port) the run's second one")
+    ABOUT = ("destroy_process_group then init_process_group again with the same arguments, on "
+             "the same port or (new_port) the run's second one: MASTER_PORT and a tcp:// URL "
+             "move to it")
     EXAMPLES = ("reinit", "reinit new_port")
     ORDER = 130
 

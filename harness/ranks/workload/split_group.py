@@ -19,7 +19,8 @@ class SplitGroup(MakesGroup):
     NAME = "split_group"
     GRAMMAR = rf"split_group {RANKS}(\|{RANKS}){{0,127}}"
     HELP = "'split_group R,R|R,R'"
-    ABOUT = "torch.distributed.split_group into the groups written (torch >= 2.6)"
+    ABOUT = ("torch.distributed.split_group into the groups written (torch >= 2.6; with an "
+             "older torch the rank raises, naming its torch)")
     EXAMPLES = ("split_group 0,1|2,3", "split_group 0,1")
     ORDER = 90
 

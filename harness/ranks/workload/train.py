@@ -15,8 +15,9 @@ class Train(StepKind):
     NAME = "train"
     GRAMMAR = r"train [0-9]{1,6}"
     HELP = "'train STEPS'"
-    ABOUT = ("STEPS training steps through the ddp model (phases train step K): forward, "
-             "backward with DDP's gradient all-reduce, optimizer step")
+    ABOUT = ("STEPS training steps through the model of a ddp entry before it (phases train "
+             "step K, K counted over every train entry: [ddp, train 2, barrier, train 2] enters "
+             "train step 1..4): forward, backward with DDP's gradient all-reduce, an SGD step")
     EXAMPLES = ("train 3",)
     ORDER = 70
 
