@@ -295,3 +295,19 @@ def test_a_pin_healed_on_the_other_ranks_end_gives_the_rank_its_cpus_back(tmp_pa
     n = pinned["steps"][0]["numbers"]
     assert pinned["status"] == "acted" and n["healed_at"] >= v["0"].duration - 0.5, pinned
     assert f"(its CPUs read back: {sorted(os.sched_getaffinity(0))})" in pinned["summary"]
+
+
+@linux
+@needs_cpu
+def test_a_quota_healed_while_the_rank_runs_lifts_it_and_the_rank_lives_on(tmp_path):
+    """A 1% quota from the start line, healed after 1 s: the rank moves back to the harness's
+    cgroup before the quota's goes (removing a cgroup kills what is still in it: the rank was
+    SIGKILLed before), and its workload ends ok."""
+    obs, e = _run(BASE.replace("timeout: 3", "timeout: 20")
+                  + "workload: [\"ddp 16MB\", \"train 2\"]\n"
+                  "faults: [{kind: cpu_contention, rank: 1, how: quota, percent: 1, "
+                  "heal_after: 1}]\n", tmp_path)
+    assert [v.outcome for v in classify_run(obs)] == ["ok", "ok"], classify_run(obs)
+    n = e["targets"][0]["steps"][0]["numbers"]
+    assert e["status"] == "acted" and n.get("healed_at") is not None, e
+    assert "its quota lifted at" in e["summary"]

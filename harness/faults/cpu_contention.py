@@ -235,9 +235,15 @@ class Starve(RankLimit):
         # the kernel sums the throttled time over the CPUs the group ran on: it may pass the wall
         what = (f"its {self.percent:g}% quota throttled it in {n} of {periods} periods "
                 f"({held:.2f} s throttled, summed over CPUs)")
+        healed = []
+        if self._healed is not None:
+            what += f"; its quota lifted at {self._healed['t']:.2f} s"
+            nums["healed_at"] = self._healed["t"]
+            healed = [{"t": self._healed["t"], "what": f"rank {self.rank} moved out of the "
+                                                       "quota's cgroup"}]
         return Effect(acted=n > 0, summary=what + (f"; rank {self.rank} {end}" if end else ""),
                       numbers=nums, events=[{"t": st["t"], "what": f"cpu.stat read: {what}"}]
-                      + ended_event(rt, self.rank))
+                      + healed + ended_event(rt, self.rank))
 
     def _stat(self, rt) -> Dict[str, Any]:
         return {**self._cg.cpu_stat(), "t": round(rt.now(), 3)}
@@ -245,6 +251,15 @@ class Starve(RankLimit):
     def undo(self, rt):
         if self._cg is not None:
             self._seen = self._stat(rt)
+            pid = rt.rank(self.rank).pid
+            if pid is not None and not rt.rank(self.rank).ended:
+                # a heal: the rank goes back to the harness's cgroup first (remove kills
+                # what is still inside)
+                try:
+                    self._cg.release(pid)
+                    self._healed = {"t": round(rt.now(), 3), "cpus": affinity(pid)}
+                except cgroups.CgroupError:
+                    pass
             self._cg.remove()
             self._cg = None
         seen = self._seen or {}
@@ -268,8 +283,7 @@ class CpuContention(Fault, When):
     rank enters it. A heal (``heal_after``, or ``heal_phase`` + ``heal_rank``: when another
     rank enters a phase or has ended) ends it: with hogs the rank's threads get back the CPUs
     they had and nice 0 (the busy processes spin on until the run's teardown); with quota the
-    quota's cgroup is removed, and removing a cgroup SIGKILLs what is still in it, so a quota
-    healed while the rank runs ends the rank."""
+    rank moves back to the harness's own cgroup and the quota's cgroup is removed."""
 
     kind: Literal["cpu_contention"] = "cpu_contention"
     # busy processes or a quota on one CPU: a run beside it adds load of its own to the rank

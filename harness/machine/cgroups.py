@@ -152,8 +152,16 @@ class Cgroup:
 
     def add(self, pid: int) -> None:
         """Move the process and every thread it has into the cgroup."""
+        self._move(pid, self.path)
+
+    def release(self, pid: int) -> None:
+        """Move the process (every thread) back out, to the harness's own cgroup, where the
+        ranks start: before ``remove``, which kills what is still inside (a heal, not an end)."""
+        self._move(pid, self.h.own)
+
+    def _move(self, pid: int, to: Path) -> None:
         if self.h.version == 2:
-            self._write(self.path / "cgroup.procs", str(pid))
+            self._write(to / "cgroup.procs", str(pid))
             return
         tids = [pid]
         try:
@@ -162,10 +170,10 @@ class Cgroup:
             pass
         for tid in tids:
             try:
-                (self.path / "tasks").write_text(str(tid))
+                (to / "tasks").write_text(str(tid))
             except OSError as e:
                 if tid == pid:
-                    raise CgroupError(f"{self.path}: cannot move pid {pid} in: "
+                    raise CgroupError(f"{to}: cannot move pid {pid} in: "
                                       f"{e.strerror or e}") from None
 
     def oom_kills(self) -> int:
