@@ -196,3 +196,35 @@ def nobody_python() -> List[str]:
         if p.returncode == 0:
             return become + [py]
     pytest.skip(f"no Python here that the user nobody may run (tried {candidates})")
+
+
+# -- longest first ---------------------------------------------------------------------------
+
+SLOWEST = __import__("pathlib").Path(__file__).parent / "data" / "slowest-tests.txt"
+
+
+def _slowest() -> Dict[str, float]:
+    out: Dict[str, float] = {}
+    for ln in SLOWEST.read_text().splitlines():
+        if ln.strip() and not ln.lstrip().startswith("#"):
+            secs, nodeid = ln.split(None, 1)
+            out[nodeid.strip()] = float(secs)
+    return out
+
+
+def pytest_collection_modifyitems(session: Any, config: Any, items: List[Any]) -> None:
+    """The modules with the slowest tests (tests/data/slowest-tests.txt) first, slowest first,
+    and within a module its slow tests first; every other order kept. pytest-xdist hands tests
+    out in this order, so a 100 s test no longer starts when the others are nearly done (the
+    preflight module, collected late, held the last 100 s of the run to itself)."""
+    secs = _slowest()
+    module = {id(it): it.nodeid.split("::", 1)[0] for it in items}
+    worst: Dict[str, float] = {}
+    first: Dict[str, int] = {}
+    for i, it in enumerate(items):
+        m = module[id(it)]
+        worst[m] = max(worst.get(m, 0.0), secs.get(it.nodeid, 0.0))
+        first.setdefault(m, i)
+    index = {id(it): i for i, it in enumerate(items)}
+    items.sort(key=lambda it: (-worst[module[id(it)]], first[module[id(it)]],
+                               -secs.get(it.nodeid, 0.0), index[id(it)]))
