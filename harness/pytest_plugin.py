@@ -196,7 +196,9 @@ class _LongestFirst:
         known = schedule.merged(default, cache.get(schedule.CACHE_KEY, {}) if cache else {})
         keys = [schedule.key_of(items[i].nodeid) for i in at]
         repeats = [items[i].repeat() for i in at]   # type: ignore[attr-defined]
-        schedule.reorder_in_place(items, at, keys, repeats, known)
+        alone = [any(type(f).ALONE for f in items[i].scenario.faults)  # type: ignore
+                 for i in at]
+        schedule.reorder_in_place(items, at, keys, repeats, known, alone)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if hasattr(self.config, "workerinput") or "scenario" not in report.keywords:

@@ -46,11 +46,23 @@ def test_a_report_becomes_a_durations_file(tmp_path):
     report = {"created": "now", "cases": [
         {"id": "scenarios/a.yaml::a[x]", "status": "passed", "duration": 12.34},
         {"id": "scenarios/a.yaml::a[y]", "status": "failed", "duration": 3.0},
+        {"id": "scenarios/a.yaml::a[w]", "status": "passed", "duration": 58.6,
+         "admission_waited": 51.3},
         {"id": "scenarios/a.yaml::a[z]", "status": "skipped", "duration": 0.0}]}
     (tmp_path / "r.json").write_text(json.dumps(report))
     out = tmp_path / "durations.json"
     assert schedule.main([str(tmp_path / "r.json"), "--write", str(out)]) == 0
-    assert schedule.read_file(out) == {"a.yaml::a[x]": 12.3, "a.yaml::a[y]": 3.0}
+    # a case's time at the gate is that run's load, not the case's own
+    assert schedule.read_file(out) == {"a.yaml::a[x]": 12.3, "a.yaml::a[y]": 3.0,
+                                       "a.yaml::a[w]": 7.3}
+
+
+def test_cases_that_run_alone_start_before_all_others():
+    """The gate holds every run while one that must run alone waits: started first it waits
+    for nobody; after others, for the runs in flight to end."""
+    order = schedule.longest_first(["long", "alone", "short"], ["l", "a", "s"], [1, 1, 1],
+                                   {"l": 60.0, "a": 6.0, "s": 1.0}, alone=[False, True, False])
+    assert order == ["alone", "long", "short"]
 
 
 def test_the_catalogs_durations_file_is_ours_and_names_its_cases():
