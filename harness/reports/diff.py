@@ -1,8 +1,7 @@
 """Behaviour changes between two session reports (pure): e.g. the same catalog on two images.
 
 Cases are matched by id (pytest node id), ranks by label. A change is one of ``KINDS``; the
-environment's differences (torch version, backends, kernel, env vars) are listed as context, not
-counted as changes. ``harness diff`` exits 1 when any change is left after ``--ignore``.
+environment's differences are context, not changes. It exits 1 on a change left after --ignore.
 
 Ranks are compared as their scenario's expectation allows them. Where the expectation declares
 a race (several outcomes, or several phases: torch itself takes one path or the other), one

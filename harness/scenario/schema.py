@@ -121,9 +121,8 @@ class Scenario(Strict):
         "CUDA machine): how many CUDA GPUs the case needs (skipped, with the count, where the "
         "machine has fewer); null: one per rank. Each rank takes the GPU of its LOCAL_RANK: "
         "fewer than the ranks puts several ranks on one GPU (with LOCAL_RANK set in env)")
-    world_size: int = Field(2, ge=1, le=MAX_WORLD, description="number of ranks (with "
-                            "hosts: may be left out, the sum of the hosts' ranks; given, it "
-                            "must match)")
+    world_size: int = Field(2, ge=1, le=MAX_WORLD, description="number of ranks (with hosts: "
+                            "may be left out, the sum of the hosts' ranks; given, it must match)")
     init: Literal["env", "tcp", "file"] = Field(
         "env", description="init method: env (env://, MASTER_ADDR/PORT), tcp (tcp://addr:port) or "
         "file (file:///shared/path)")
@@ -161,9 +160,8 @@ class Scenario(Strict):
         description="several hosts, each a network namespace linked by a bridge; ranks are "
         "numbered from the master host (rank 0 hosts the store), then host by host in order; "
         "default: one host, local")
-    nodes: Optional[int] = Field(None, ge=1, le=MAX_HOSTS,
-                                 description="shorthand for hosts: node0.. with "
-                                 "ranks_per_node ranks each (not with hosts)")
+    nodes: Optional[int] = Field(None, ge=1, le=MAX_HOSTS, description="shorthand for hosts: "
+                                 "node0.. with ranks_per_node ranks each (not with hosts)")
     ranks_per_node: Optional[int] = Field(None, ge=1, le=MAX_WORLD, description="with nodes")
     hostnames: Literal["machine", "own"] = Field(
         "machine", description="the hosts' names: machine (every host shares the machine's "

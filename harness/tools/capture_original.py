@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
+import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -91,7 +93,6 @@ def _marked(token: str) -> List[int]:
 
 def _kill_marked(token: str) -> None:
     import signal
-    import time
 
     for _ in range(50):
         pids = _marked(token)
@@ -110,7 +111,6 @@ def _wait(procs: List[Any], t0: float, deadline: float) -> Optional[float]:
     every process capture started (each rank, or torchrun) has torch loaded; at most the
     deadline + ``START_ALLOWANCE`` from ``t0``. Returns the start line (monotonic; None: never
     seen)."""
-    import time
 
     started: Optional[float] = None
     while any(p.poll() is None for p in procs):
@@ -130,9 +130,6 @@ def run_original(command: List[str], kind: str, world: int, cwd: Path, deadline:
     line), in ``cwd``, until it ends or the deadline: a direct ``python SCRIPT`` once per rank
     with RANK/LOCAL_RANK (and WORLD_SIZE, MASTER_ADDR, MASTER_PORT when the command sets
     none), as one command per rank is launched by hand."""
-    import time
-    import uuid
-
     from ..machine.output_caps import Capture
     from ..machine.ports import PortLease
     from ..machine.procs import ManagedProcess, PidRecord
