@@ -17,10 +17,14 @@ it), or another torch (a venv with the 2.14.1 wheel on this machine's disk, `--o
 
 Usage:
   python benchmarks/detection.py [--rounds 3] [--controls 3] [-n 4] [-k EXPR] [-m MARKEXPR]
-                                 [--only NAME[,NAME]] [--other-python PY] [--out DIR] [PATH...]
+                                 [--plus FILE ...] [--only NAME[,NAME]] [--other-python PY]
+                                 [--out DIR] [PATH...]
   python benchmarks/detection.py --list
-PATH defaults to scenarios/. The table (markdown) is printed at the end and written to
-OUT/detection.md, each round's compare output kept under OUT/round-<i>/.
+PATH defaults to scenarios/. `--plus FILE` adds whole scenario files to the selection that -k/-m
+narrow (e.g. the smoke tier plus the files that hold a real change between two images): each is
+its own `harness compare` beside the first, their changes counted together. The table (markdown)
+is printed at the end and written to OUT/detection.md, each round's compare output kept under
+OUT/round-<i>/.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -138,25 +142,38 @@ PLANTED = [
 ]
 
 
-def compare(a_report: Path, python: str, env: Dict[str, str], paths: List[str],
+@dataclass
+class Selection:
+    """What one `harness run`/`harness compare` runs: paths, narrowed by -k/-m or not."""
+    paths: List[str]
+    k: Optional[str] = None
+    m: Optional[str] = None
+
+    def argv(self) -> List[str]:
+        return [*self.paths, *(["-k", self.k] if self.k else []),
+                *(["-m", self.m] if self.m else [])]
+
+
+def compare(a_reports: List[Path], python: str, env: Dict[str, str], sels: List[Selection],
             args: argparse.Namespace, out: Path) -> Dict[str, object]:
-    argv = [sys.executable, "-m", "harness", "compare", str(a_report), python, *paths,
-            "--out", str(out), "-q", "--json", "-n", str(args.n)]
-    for k, v in env.items():
-        argv += ["--env-b", f"{k}={v}"]
-    if args.k:
-        argv += ["-k", args.k]
-    if args.m:
-        argv += ["-m", args.m]
+    """Side B against each selection's saved side A; the changes of all selections together."""
+    cases: set = set()
+    kinds: Dict[str, int] = {}
     t = time.monotonic()
-    p = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
-    took = time.monotonic() - t
-    if p.returncode not in (0, 1):
-        return {"error": f"exit {p.returncode}: {(p.stderr or p.stdout)[-800:]}",
-                "seconds": took}
-    d = json.loads(p.stdout[p.stdout.index("{"):])
-    return {"cases": sorted({c["case"] for c in d["changes"]}),
-            "kinds": d["summary"]["by_kind"], "seconds": took}
+    for i, (a, sel) in enumerate(zip(a_reports, sels)):
+        argv = [sys.executable, "-m", "harness", "compare", str(a), python, *sel.argv(),
+                "--out", str(out / f"sel-{i}"), "-q", "--json", "-n", str(args.n)]
+        for k, v in env.items():
+            argv += ["--env-b", f"{k}={v}"]
+        p = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+        if p.returncode not in (0, 1):
+            return {"error": f"exit {p.returncode}: {(p.stderr or p.stdout)[-800:]}",
+                    "seconds": time.monotonic() - t}
+        d = json.loads(p.stdout[p.stdout.index("{"):])
+        cases |= {c["case"] for c in d["changes"]}
+        for kind, n in d["summary"]["by_kind"].items():
+            kinds[kind] = kinds.get(kind, 0) + n
+    return {"cases": sorted(cases), "kinds": kinds, "seconds": time.monotonic() - t}
 
 
 def main() -> int:
@@ -167,6 +184,8 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=4)
     ap.add_argument("-k")
     ap.add_argument("-m")
+    ap.add_argument("--plus", nargs="+", default=[], metavar="FILE",
+                    help="whole scenario files run beside the -k/-m selection")
     ap.add_argument("--only", help="planted changes to run (names, comma-separated)")
     ap.add_argument("--other-python", help="side B's python for torch_2_14_1 (a venv's python "
                     "with torch 2.14.1 and this package installed)")
@@ -178,6 +197,7 @@ def main() -> int:
             print(f"{p.name:22} {p.what}")
         return 0
     chosen = PLANTED if not args.only else [p for p in PLANTED if p.name in args.only.split(",")]
+    sels = [Selection(args.paths, args.k, args.m)] + ([Selection(args.plus)] if args.plus else [])
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     results: Dict[str, List[Dict[str, object]]] = {p.name: [] for p in chosen}
@@ -185,19 +205,17 @@ def main() -> int:
     for r in range(1, args.rounds + 1):
         rd = out / f"round-{r}"
         rd.mkdir(exist_ok=True)
-        a = rd / "a.json"
-        argv = [sys.executable, "-m", "harness", "run", *args.paths, "--report", str(a),
-                "-n", str(args.n), "--no-progress"]
-        if args.k:
-            argv += ["-k", args.k]
-        if args.m:
-            argv += ["-m", args.m]
-        subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
-        if not a.exists():
-            print(f"round {r}: side A wrote no report", file=sys.stderr)
-            return 3
+        a_reports = [rd / f"a-{i}.json" for i in range(len(sels))]
+        for a, sel in zip(a_reports, sels):
+            subprocess.run([sys.executable, "-m", "harness", "run", *sel.argv(), "--report",
+                            str(a), "-n", str(args.n), "--no-progress"],
+                           cwd=ROOT, capture_output=True, text=True)
+            if not a.exists():
+                print(f"round {r}: side A wrote no report for {sel}", file=sys.stderr)
+                return 3
         for i in range(args.controls):
-            controls.append(compare(a, sys.executable, {}, args.paths, args, rd / f"control-{i}"))
+            controls.append(compare(a_reports, sys.executable, {}, sels, args,
+                                    rd / f"control-{i}"))
             print(f"round {r} control {i}: {controls[-1]}", flush=True)
         for p in chosen:
             python, env = sys.executable, dict(p.env)
@@ -210,7 +228,7 @@ def main() -> int:
             if site is not None:
                 env["PYTHONPATH"] = os.pathsep.join(
                     [str(site)] + [x for x in [os.environ.get("PYTHONPATH")] if x])
-            results[p.name].append(compare(a, python, env, args.paths, args, rd / p.name))
+            results[p.name].append(compare(a_reports, python, env, sels, args, rd / p.name))
             print(f"round {r} {p.name}: {results[p.name][-1]}", flush=True)
     lines = ["| planted change | flagged | cases that flagged it (rounds) |", "|---|---|---|"]
     flagged = 0
@@ -220,7 +238,7 @@ def main() -> int:
         errs = [x for x in rs if "error" in x]
         by_case: Dict[str, int] = {}
         for x in hits:
-            for c in x["cases"]:  # type: ignore[union-attr]
+            for c in cast(List[str], x["cases"]):
                 by_case[c] = by_case.get(c, 0) + 1
         top = ", ".join(f"{c} ({n})" for c, n in sorted(by_case.items(), key=lambda kv: -kv[1])[:4])
         more = f" +{len(by_case) - 4} more" if len(by_case) > 4 else ""

@@ -42,7 +42,13 @@ out its parts, so you can say why a move is or is not a change). The allowance i
   fidelity runs 5.96 and 14.0 s): band 1-3 T. gloo's full-mesh connect ("connectfullmesh")
   gives up after up to about 5 T whatever the timeout (FIELD_NOTES: 25 s): band 1-5 T. Any
   other ``timeout`` outcome (a store wait, a collective's wait: they end about T after a wait
-  that began at a moment the diff does not know) adds 1.5 T to the allowance instead.
+  that began at a moment the diff does not know) adds 1.5 T to the allowance instead. T is the
+  timeout torch's own message names ("timed out after 10000ms") where it names one, else the
+  case's ``timeout:``: a program passes its own timeout, which the case does not know (a
+  torchrun script's 10 s store client, its case's ``timeout:`` unset, read as 30 s gave a band
+  of 28-92 s against runs of 14.7 and 23.3 s). Where the two sides' messages name different
+  timeouts there is no common band and the move is compared as any other duration (and the
+  two timeouts are a ``settings`` change of the rank).
 * the machine's load: in the slower run, the largest time any rank of the case spent runnable
   and waiting for a CPU after the start line (``cpu_wait``: the kernel's per-thread runqueue
   wait, summed over a rank's live threads, harness.machine.procs.runqueue_wait). A CPU-bound step
@@ -107,7 +113,8 @@ KINDS: Dict[str, str] = {
     "family": "a rank's message says something else (not only other numbers, ports, paths)",
     "phase": "a rank ended in another phase",
     "duration": "a rank's duration moved beyond the tolerance",
-    "settings": "the case ran with another torch timeout, deadline, world size or backend",
+    "settings": "the case ran with another torch timeout, deadline, world size or backend, or a "
+                "rank's message names another timeout than before",
     "frequency": "repeated runs: a rank's outcome frequencies differ beyond what the repeats "
                  "can tell apart (Fisher's exact test)",
 }
@@ -449,10 +456,21 @@ def _startup_change(o: Dict[str, Any], n: Dict[str, Any]) -> float:
     return max([abs(startup_seconds(o, lb) - startup_seconds(n, lb)) for lb in labels] or [0.0])
 
 
+_TORCH_SAYS_TIMEOUT = re.compile(r"\bafter (\d+)\s*ms\b", re.I)
+
+
+def torch_said_timeout(r: Dict[str, Any]) -> Optional[float]:
+    """The timeout (s) torch's own message says its loop ran to ("... timed out after 10000ms
+    ..."), or None. It is the one the rank really used: a program (``program:``) passes its own
+    to init_process_group or TCPStore, which the case's ``timeout:`` does not know."""
+    m = _TORCH_SAYS_TIMEOUT.search(r.get("message") or "")
+    return int(m.group(1)) / 1000.0 if m else None
+
+
 def _band(case: Dict[str, Any], r: Dict[str, Any]) -> Optional[tuple]:
     """(name, lo, hi) in x T of the retry loop that drew the rank's end, if the diff knows it."""
     fam = (r.get("family") or "").lower()
-    if not case.get("timeout"):
+    if not case.get("timeout") and torch_said_timeout(r) is None:
         return None
     if "connectfullmesh" in fam:
         return ("gloo full mesh", *MESH_BAND)
@@ -527,6 +545,11 @@ def duration_allowance(oc: Dict[str, Any], nc: Dict[str, Any], label: str, o: Di
         parts.append(f"{fired:.2f} s the fault's firing moved")
     t = float(oc.get("timeout") or 0)
     band = _band(oc, o) or _band(oc, n)
+    said = {x for x in (torch_said_timeout(o), torch_said_timeout(n)) if x is not None}
+    if len(said) == 1:
+        t = said.pop()             # the timeout torch's loop ran to, said by torch itself
+    elif said:                     # another timeout on each side (a `settings` change of its
+        band, t = None, 0.0        # own): no common band, no timeout's allowance
     if band is None and t and "timeout" in (o.get("outcome"), n.get("outcome")):
         total += OTHER_TIMEOUT * t
         parts.append(f"{OTHER_TIMEOUT:g} x timeout {t:g} s")
@@ -577,6 +600,10 @@ def _rank_changes(cid: str, o: Dict[str, Any], n: Dict[str, Any], rel_tol: float
                           if n.get("message") else ""))
     if o.get("phase") != n.get("phase"):
         out.append(Change(cid, label, "phase", o.get("phase"), n.get("phase")))
+    said = torch_said_timeout(o), torch_said_timeout(n)
+    if None not in said and said[0] != said[1]:
+        out.append(Change(cid, label, "settings", f"torch's timeout {said[0]:g} s",
+                          f"torch's timeout {said[1]:g} s", "as its message names it"))
     if not in_band and duration_changed(o.get("duration"), n.get("duration"), rel_tol,
                                         allow.seconds):
         d = float(n["duration"]) - float(o["duration"])
