@@ -135,6 +135,18 @@ def test_run_list_and_compare_take_the_same_selection_options():
     assert argv[argv.index("-k") + 1] == "store" and "--smoke" in argv and "--builtin" in argv
 
 
+def test_compare_refuses_a_side_variable_the_harness_would_clear_and_names_what_hosts_keep():
+    from harness.reports import compare
+
+    assert compare.parse_env(["USE_LIBUV=0", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"]) == {
+        "USE_LIBUV": "0", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    for item in ("MASTER_PORT=29500", "TORCHELASTIC_USE_AGENT_STORE=False", "PET_NNODES=2"):
+        with pytest.raises(compare.CompareError, match="would not reach the job"):
+            compare.parse_env([item])
+    side = compare.side("b", sys.executable, {"GLOO_SOCKET_IFNAME": "lo"})
+    assert "GLOO_SOCKET_IFNAME: not in cases with hosts:" in side.describe()
+
+
 def test_show_expands_the_plan(scen):
     p = harness("show", scen / "stopped.yaml")
     assert p.returncode == 0, p.stderr

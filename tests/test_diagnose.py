@@ -846,7 +846,10 @@ def _own_store_run(obs, share_store):
     w11 = obs.rank("1@1", end=4.7, role="worker", node="agent:local", attempt=1)
     agent = obs.rank("agent:local", end=5.7, role="agent")
     run = obs.run(agent, w0, w1, w01, w11)
-    run.plan["launcher"] = {"kind": "torchrun", "max_restarts": 1, "share_store": share_store}
+    run.plan["launcher"] = {"kind": "torchrun", "max_restarts": 1}
+    # what the agent ran with (share_store: false, or an environment's value passed on)
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if not share_store else {}
+    run.plan["ranks"] = [{"label": "agent:local", "env": env}]
     return {v.label: v for v in explain_run(run, classify_run(run))}
 
 

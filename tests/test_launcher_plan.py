@@ -53,6 +53,28 @@ def test_single_host_torchrun_is_one_agent_with_nproc_per_node(counter_ports):
     assert rp.argv[-3:-1] == ["-m", "harness.ranks.worker"]
 
 
+def test_the_store_sharing_is_the_scenarios_or_else_the_environments(counter_ports, monkeypatch):
+    # an image's ENV (harness compare --env-b) reaches the agents unless the scenario says
+    # otherwise; the plan records what they run with (until 2026-11-29 it was cleared, so a
+    # compare against TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 ran the same job on both sides)
+    var = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+    text = "name: t\nabout: a\nworld_size: 2\nlauncher: {kind: torchrun%s}\n"
+
+    def agent(extra=""):
+        rp = plan_of(text % extra, counter_ports).rank("agent:local")
+        return rp.env.get(var), rp.unset
+    monkeypatch.delenv(var, raising=False)
+    assert agent() == (None, []) and agent(", share_store: true") == (None, [])
+    assert agent(", share_store: false") == ("1", [])
+    monkeypatch.setenv(var, "1")
+    assert agent() == ("1", []) and agent(", share_store: false") == ("1", [])
+    assert agent(", share_store: true") == (None, [var])
+    from harness.launchers import process_env
+    rp = plan_of(text % ", share_store: true", counter_ports).rank("agent:local")
+    assert var not in process_env(rp)
+    assert process_env(plan_of(text % "", counter_ports).rank("agent:local"))[var] == "1"
+
+
 def test_two_hosts_get_the_static_recipe_on_the_master_host(counter_ports):
     plan = plan_of("name: t\nabout: a\nnodes: 2\nranks_per_node: 2\nlauncher: torchrun\n",
                    counter_ports)

@@ -57,7 +57,7 @@ SITE_DIR = str(Path(__file__).resolve().parent.parent / "ranks" / P.OBSERVE_SITE
 # TORCHELASTIC_USE_AGENT_STORE=True by an inherited environment never hosts its store
 CLEARED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
            "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE",
-           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "NODE_RANK")
+           "NODE_RANK")
 CLEARED_PREFIXES = ("PYTEST_", "HARNESS_", "TORCHELASTIC_", "PET_")
 # what torch reads only after import (init_process_group's env://, the gloo/NCCL device): a rank
 # forked from a warm server (start: fork) may have its own. Every other variable is read, or

@@ -31,12 +31,15 @@ usual recipe writes it (``--master-addr --master-port --node-rank``). A literal 
 29500) makes the run use namespaces of its own, so that runs beside it never share it.
 
 ``share_store: false`` sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (the workers then host their
-own store instead of using the agent's); TORCHELASTIC_* and PET_* never leak in from the
-harness's environment (harness.launchers.CLEARED_PREFIXES).
+own store instead of using the agent's), ``true`` unsets it; left out, the agents get the
+harness's own value, as an image's ``ENV`` would set it (``harness compare --env-b``), and the
+plan records it. TORCHELASTIC_* and PET_* never leak in from the harness's environment
+(harness.launchers.CLEARED_PREFIXES).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, Union
 
@@ -46,6 +49,8 @@ from ..core import protocol as P
 from ..core.limits import MAX_ADDR, MAX_HOSTS, MAX_SHORT, MAX_STEPS, MAX_WORLD, PositiveSeconds
 from ..core.rows import RowSet
 from . import LauncherSpec, Problem
+
+NO_SHARE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"   # torch: the workers host their own store
 
 RDZV_CONF_KEYS = ("join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout",
                   "read_timeout", "timeout", "is_host", "keep_alive_interval",
@@ -146,14 +151,24 @@ class AgentFlags(BaseModel):
 class Torchrun(LauncherSpec, AgentFlags):
     kind: Literal["torchrun"] = "torchrun"
     summary = "one torchrun agent per host; the agents start the workers (rendezvous, restarts)"
-    share_store: bool = Field(True, description="false: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
-                              "(the workers host their own store instead of using the agent's)")
+    share_store: Optional[bool] = Field(
+        None, description="false: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (the workers host their "
+        "own store instead of using the agent's); true: the variable unset (the agent's store "
+        "is shared); left out: as the harness's environment says (an image's ENV), shared "
+        "where it does not set it")
     agents: Dict[str, AgentFlags] = Field(
         default_factory=dict, max_length=MAX_HOSTS * 2,
         description="flags of one agent, by host name ('job2:HOST' for a second job's); null "
         "drops a flag")
 
     # -- what runs -------------------------------------------------------------------------------
+    def shares_store(self) -> bool:
+        """Whether the workers use the agent's store: the scenario's ``share_store``, else the
+        harness's environment (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 there: not shared)."""
+        if self.share_store is not None:
+            return self.share_store
+        return os.environ.get(NO_SHARE, "0") != "1"
+
     def _agents(self, scn: Any) -> List[Tuple[str, int]]:
         """(host, its ranks) in order, the master host first."""
         hosts = [(h.name, h.ranks) for h in scn.hosts] if scn.hosts else \
@@ -282,9 +297,12 @@ class Torchrun(LauncherSpec, AgentFlags):
             argv = ["-m", self.MODULE, *self.flags(plan, i, ranks, len(agents), over, ports),
                     *self.launcher_flags(), *_program(plan, scn)]
             env = plan.link_env(dict(scn.env), host)
-            if not self.share_store:
-                env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-            rp = plan.new_process(label=P.agent_label(host, job), rank=None, env=env,
+            unset = []
+            if not self.shares_store():
+                env.setdefault(NO_SHARE, "1")
+            elif os.environ.get(NO_SHARE):
+                unset.append(NO_SHARE)
+            rp = plan.new_process(label=P.agent_label(host, job), rank=None, env=env, unset=unset,
                                   init=plan.init_for(scn, 0, scn.world_size), host=host,
                                   role=P.ROLE_AGENT, argv=argv, observed=True, job=job,
                                   cwd=scn.program_cwd(), python=plan.host_python(scn, host))

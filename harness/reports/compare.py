@@ -60,16 +60,32 @@ class Side:
         if self.report is not None:
             return f"report {self.report}"
         extra = " ".join(f"{k}={v}" for k, v in sorted(self.env.items()))
-        return f"python {self.python}" + (f" with {extra}" if extra else "")
+        kept = [k for k in sorted(self.env) if k in HOST_SET]
+        return f"python {self.python}" + (f" with {extra}" if extra else "") + (
+            f" ({', '.join(kept)}: not in cases with hosts:, where each host's ranks get its "
+            "own card)" if kept else "")
+
+
+# set by the harness for the ranks of a case with hosts: (harness.run.plan.Plan.link_env): an
+# image's value reaches the loopback cases only
+HOST_SET = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 def parse_env(items: Sequence[str]) -> Dict[str, str]:
-    """``KEY=VALUE`` strings as a dict; a clear error for anything else."""
+    """``KEY=VALUE`` strings as a dict; a clear error for anything else, and for a variable the
+    harness clears from every process it starts (it would never reach the job: the comparison
+    would run the same job on both sides and call it unchanged)."""
+    from ..launchers import CLEARED, CLEARED_PREFIXES
+
     out: Dict[str, str] = {}
     for item in items:
         key, eq, value = item.partition("=")
         if not eq or not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
             raise CompareError(f"{item!r}: give an environment variable as KEY=VALUE")
+        if key in CLEARED or key.startswith(CLEARED_PREFIXES):
+            raise CompareError(f"{item!r}: the harness clears {key} from every process it "
+                               "starts (a job's own rendezvous variables are the scenario's "
+                               "to set), so it would not reach the job")
         out[key] = value
     return out
 

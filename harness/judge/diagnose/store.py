@@ -383,11 +383,14 @@ def store_host_gone(c: RankContext) -> Optional[Cause]:
         return None
     if v.phase != "init" and "DistNetworkError" not in mro_names(v.exception_mro):
         return None   # after init only the store client's own error: gloo's pairs say the same
-    # torchrun's workers host their own store (rank 0 of their attempt) only with
-    # share_store: false; else the agents' rendezvous store serves them (rendezvous_store_lost)
+    # torchrun's workers host their own store (rank 0 of their attempt) only where the agents
+    # ran with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (share_store: false, or the environment's);
+    # else the agents' rendezvous store serves them (rendezvous_store_lost)
     launcher = c.run.plan.get("launcher") or {}
-    roles = ("rank", "worker") if launcher.get("kind") == "torchrun" and \
-        launcher.get("share_store") is False else ("rank",)
+    own = launcher.get("kind") == "torchrun" and any(
+        c.env(a.label).get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1"
+        for a in c.verdicts if a.role == "agent")
+    roles = ("rank", "worker") if own else ("rank",)
     host = next((o for o in c.verdicts if o.label != v.label and o.role in roles
                  and c.env(o.label).get("RANK", o.label.split("@")[0]) == "0"
                  and o.label.partition("@")[2] == v.label.partition("@")[2]), None)
