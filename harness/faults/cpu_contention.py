@@ -26,7 +26,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Dict, List, Literal, Optional
+from typing import Any, ClassVar, Dict, List, Literal, Optional, Set
 
 from pydantic import Field
 
@@ -42,26 +42,34 @@ CGROUP_CPU = Probe("cgroup cpu", ok="CPU quotas on a rank (cpu_contention how: q
                    check=lambda: cgroups.missing("cpu"))
 
 
-def pin(pid: int, cpu: Optional[int], nice: int = 0,
-        cpus: Optional[List[int]] = None) -> int:
-    """Pin every thread of ``pid`` to ``cpu`` (or to ``cpus``) and give it ``nice`` (0 too,
-    when ``cpus`` is given: the pin taken back); returns how many threads. Threads it starts
-    later inherit both."""
+def _set(pid: int, where: Set[int], nice: Optional[int]) -> int:
+    """Every thread of ``pid`` on the CPUs ``where``, and at ``nice`` where one is given (its
+    autogroup too: with autogroup scheduling a session's nice is its autogroup's, and the rank
+    has one); returns how many threads. Threads it starts later inherit both."""
     tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    where = set(cpus) if cpus is not None else {int(cpu or 0)}
     for tid in tids:
         try:
             os.sched_setaffinity(tid, where)
-            if nice or cpus is not None:
+            if nice is not None:
                 os.setpriority(os.PRIO_PROCESS, tid, nice)
         except OSError:
             pass
-    if nice or cpus is not None:   # with autogroup scheduling a session's nice is its
-        try:                       # autogroup's (the rank has one)
+    if nice is not None:
+        try:
             Path(f"/proc/{pid}/autogroup").write_text(str(nice))
         except OSError:
             pass
     return len(tids)
+
+
+def pin(pid: int, cpu: int, nice: int = 0) -> int:
+    """Pin every thread of ``pid`` to ``cpu`` at ``nice`` (0: its nice left as it is)."""
+    return _set(pid, {cpu}, nice or None)
+
+
+def unpin(pid: int, cpus: List[int]) -> int:
+    """The pin taken back: ``cpus`` (those it had before) and nice 0."""
+    return _set(pid, set(cpus), 0)
 
 
 def affinity(pid: int) -> Optional[List[int]]:
@@ -266,7 +274,7 @@ class Starve(RankLimit):
         if self.how == "hogs" and seen.get("before") and not rt.rank(self.rank).ended:
             # a heal (teardown comes after the rank ended): the CPUs it had, and nice 0
             try:
-                pin(seen["pid"], None, 0, cpus=seen["before"])
+                unpin(seen["pid"], seen["before"])
             except OSError:
                 return          # it ended meanwhile: nothing to give back
             self._healed = {"t": round(rt.now(), 3), "cpus": affinity(seen["pid"])}
