@@ -226,3 +226,24 @@ def test_an_allocations_ranks_find_the_package_in_its_shared_state_folder(tmp_pa
     assert d.parent == shared and [p.name for p in d.iterdir()] == ["harness"]
     env = launchers.process_env(state=shared)
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(d) != package_path()
+
+
+def test_spawned_children_on_another_interpreter_are_judged_by_its_torch(side_b, tmp_path):
+    """`harness run --python B` over a spawn launch (what compare runs for an interpreter
+    side): the parent runs on B and its children with it. The torch check judged each child
+    against its row's plan, which names no interpreter, so every spawn and Slurm case of a
+    2.13 -> 2.14.1 comparison was a harness error (detection.py, 2026-11-29); it now asks the
+    interpreter the child itself names."""
+    scn = tmp_path / "spawned.yaml"
+    scn.write_text("name: spawned\nabout: a spawn launch on another interpreter\n"
+                   "world_size: 2\ntimeout: 10\ndeadline: 180\nlauncher: spawn\n"
+                   "expect: {job: ok}\n")
+    r = subprocess.run([sys.executable, "-m", "harness", "run", str(scn), "--python",
+                        str(side_b), "--no-progress", "--report", str(tmp_path / "r.json")],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "harness error" not in out.lower(), out[-3000:]
+    got, _ = seen(tmp_path / "r.json")
+    want = torch_of(side_b)
+    assert set(got) == {(want["torch"], want["path"])}, got

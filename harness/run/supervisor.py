@@ -172,12 +172,15 @@ class Supervisor(Probes, DeadlineStacks):
                            "(set HARNESS_READY_TIMEOUT for a slower machine)")
 
     def _check_torch(self) -> None:
-        """Every process that said ``ready`` ran the torch of the interpreter it was given
-        (protocol.torch_identity against harness.machine.torch_probe of that interpreter), or
-        the run is a harness error naming who ran which torch from where: a report must never
-        say one torch while ranks ran another (a path that leaks another environment's
-        site-packages). A process whose plan sets its own PYTHONPATH chose its torch itself and
-        is not judged."""
+        """Every process that said ``ready`` ran the torch of the interpreter it ran on
+        (protocol.torch_identity against harness.machine.torch_probe of that interpreter: the
+        one the process names, else its plan's), or the run is a harness error naming who ran
+        which torch from where: a report must never say one torch while ranks ran another (a
+        path that leaks another environment's site-packages). The interpreter the process
+        names, not its plan's: a spawned child or a Slurm task has the plan of its row, not of
+        the parent or task that started it on another interpreter (``harness run --python``,
+        compare's other side). A process whose plan sets its own PYTHONPATH chose its torch
+        itself and is not judged."""
         from ..machine.torch_probe import probe
 
         for r in self.ranks:
@@ -188,7 +191,8 @@ class Supervisor(Probes, DeadlineStacks):
             self._torch_checked.add(r.label)
             if r.plan is not None and "PYTHONPATH" in r.plan.env:
                 continue
-            python = (r.plan.python if r.plan is not None else "") or None
+            python = e.data.get("python") or \
+                (r.plan.python if r.plan is not None else "") or None
             want = probe(python)
             if not want.get("torch_path") or want.get("error"):
                 continue   # the probe could not tell: no claim either way
