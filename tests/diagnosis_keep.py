@@ -40,10 +40,6 @@ UNCOVERED = {
     # per 100 ms period), slows init only to 0.2 s (2 ranks, timeout 5: ok) or 2.3 s (rank 0 of
     # 12, timeout 1: ok), 2026-11-29
     "starved_in_init",
-    # network.py: a failing run of net-hosts-as-machines.yaml backlog_overflow_libuv (a race, ok
-    # in 30 of 31 runs alone); starving node0's rank 0 (1% quota) overflowed the queue 4 times
-    # and the job was still ok (1 run, 2026-11-29)
-    "listen_queue_overflowed",
 }
 
 
