@@ -26,7 +26,7 @@ import gzip
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 CORPUS = Path(__file__).parent / "data" / "diagnosis"
 GZIP_OVER = 64 * 1024   # bytes of JSON above which an entry is written gzipped
@@ -34,13 +34,7 @@ GZIP_OVER = 64 * 1024   # bytes of JSON above which an entry is written gzipped
 # The rules no real kept observation covers yet, with where one may come from: a ratchet that
 # only shrinks (tests/test_diagnosis_corpus.py and tests/test_diagnosis_registry.py read it;
 # a rule that gains an entry leaves it). Never fake an entry: keep a real run's evidence.
-UNCOVERED = {
-    # faulted.py: a rank starved before the store. Seen only on a loaded machine (resources.yaml
-    # cpu_hogs, 1 catalog run of 2026-11-25): the quota's floor, 1% of a CPU (the kernel's 1 ms
-    # per 100 ms period), slows init only to 0.2 s (2 ranks, timeout 5: ok) or 2.3 s (rank 0 of
-    # 12, timeout 1: ok), 2026-11-29
-    "starved_in_init",
-}
+UNCOVERED: Set[str] = set()   # every rule has one (starved_in_init, the last, since 2026-12-07)
 
 
 def diagnosed(observation: Dict[str, Any]) -> Tuple[Any, List[Any]]:
