@@ -36,6 +36,10 @@ class Cause:
     text: str                              # one line: why the row ended as it did
     evidence: List[str] = field(default_factory=list)   # the lines it rests on
     rule: str = ""                         # the rule that gave it (its function's name)
+    # the rows whose END the cause names as the reason (a peer that died, the store's host
+    # that had ended): borrowed into one of those rows' own causes it would explain that row by
+    # itself, so ``diagnose`` passes over it there (RankContext.within)
+    blames: Tuple[str, ...] = ()
 
 
 @dataclass
@@ -211,6 +215,11 @@ def diagnose(ctx: RankContext, rules: Sequence[Rule] = RULES) -> Optional[Cause]
         return None
     for r in rules:
         cause = r(ctx)
+        if cause is not None and set(cause.blames) & set(ctx.within):
+            # asked while explaining a row this cause blames: that row ended first, so this
+            # row's end cannot explain it (rank 3 timed out waiting for rank 0's key; rank 0
+            # failed later because rank 3 had gone): the next rule, or unknown
+            continue
         if cause is not None:
             cause.rule = r.__name__
             return cause

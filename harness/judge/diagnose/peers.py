@@ -112,7 +112,7 @@ def peer_died(c: RankContext) -> Optional[Cause]:
     where = f" ([{at.group(1)}]:{at.group(2)})" if at else ""
     return Cause(f"its gloo connection to rank {d.label}{where} was closed: "
                  f"{_how_it_ended(c, d, peer_died)}",
-                 [_exc_line(c.verdict), f"rank {d.label}: {d.reason}"])
+                 [_exc_line(c.verdict), f"rank {d.label}: {d.reason}"], blames=(d.label,))
 
 
 def _how_it_ended(c: RankContext, d: Verdict, rule: Rule) -> str:
@@ -148,7 +148,8 @@ def barrier_peer_died(c: RankContext) -> Optional[Cause]:
     said = "; ".join(_how_it_ended(c, d, barrier_peer_died) for d in dead)
     return Cause(f"its monitored_barrier failed before its {int(m.group(2)) / 1000:g} s were "
                  f"up, on a rank that could no longer come: {said}",
-                 [_exc_line(v)] + [f"rank {d.label}: {d.reason}" for d in dead])
+                 [_exc_line(v)] + [f"rank {d.label}: {d.reason}" for d in dead],
+                 blames=tuple(d.label for d in dead))
 
 
 # before peer_died: a peer that re-initialised closed it, then failed
@@ -201,7 +202,7 @@ def mesh_peer_failed(c: RankContext) -> Optional[Cause]:
     how = "gave up (timeout)" if f.outcome == "timeout" else "failed"
     return Cause(f"gloo's full mesh never connected: rank {f.label} {how} in init at "
                  f"{f.duration:g} s ({why}); this rank waited for the pair until gloo's connect "
-                 "timeout", [_exc_line(v), _exc_line(f)])
+                 "timeout", [_exc_line(v), _exc_line(f)], blames=(f.label,))
 
 
 @rule(order=560, evidence=("verdicts", "plan", "signals", "causes"))
@@ -224,4 +225,4 @@ def hung_with_a_dead_peer(c: RankContext) -> Optional[Cause]:
                  "timeout did not end it"
                  + (" (TORCH_GLOO_LAZY_INIT=1: this group's pairs connect at its first "
                     "collective, and a pair to a dead peer does not always fail)" if lazy else ""),
-                 [v.reason, f"rank {d.label}: {d.reason}"])
+                 [v.reason, f"rank {d.label}: {d.reason}"], blames=(d.label,))

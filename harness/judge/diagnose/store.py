@@ -281,7 +281,8 @@ def no_store_there(c: RankContext) -> Optional[Cause]:
             c.verdict.duration is not None and host.duration < c.verdict.duration:
         return Cause(f"the store's host, rank 0, had ended ({host.outcome}) at "
                      f"{host.duration:g} s; connects to port {port} were retried until the "
-                     "client's timeout", [_exc_line(c.verdict), _exc_line(host)])
+                     "client's timeout", [_exc_line(c.verdict), _exc_line(host)],
+                     blames=(host.label,))
     if host is not None and host.outcome == "ok" and host.duration is not None and \
             c.verdict.duration is not None and host.duration < c.verdict.duration:
         joined = sorted(v.label for v in c.verdicts if v.outcome == "ok" and v.role in
@@ -401,4 +402,5 @@ def store_host_gone(c: RankContext) -> Optional[Cause]:
         (_exc_line(host) if host.exception else host.reason)
     return Cause(f"the store's host, rank {host.label}, had ended ({host.outcome}) at "
                  f"{host.duration:g} s and its store with it: {own}",
-                 [_exc_line(v), _exc_line(host) if host.exception else host.reason])
+                 [_exc_line(v), _exc_line(host) if host.exception else host.reason],
+                 blames=(host.label,))
