@@ -21,6 +21,7 @@ from typing import Any, List, Literal, Optional
 from pydantic import Field, field_validator
 
 from ..core.limits import MAX_WORLD
+from ..net.addresses import IFNAME_VARS
 from . import Fault
 
 
@@ -50,7 +51,7 @@ class HostnameLoopback(Fault):
         from ..net.hostspec import MACHINE
 
         for r in plan.main_ranks(self.ranks):
-            for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            for var in IFNAME_VARS:
                 r.env.pop(var, None)
                 if var not in r.unset:
                     r.unset.append(var)

@@ -8,11 +8,12 @@ from pydantic import Field
 
 from ..core.limits import MAX_WORLD
 from ..core.triggers import Trigger
+from ..net.addresses import IFNAME_VARS
 from . import Fault
 from ._net import NetStep
 from .steps import Effect
 
-VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+VARS = IFNAME_VARS
 SPARE_IFNAME = "eth1"
 
 

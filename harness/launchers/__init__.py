@@ -45,6 +45,7 @@ from ..machine import interrupts
 from ..machine.procs import ForeignProcess, ManagedProcess
 from ..machine.rundir import package_path
 from ..net import resolver
+from ..net.addresses import IFNAME_VARS
 
 # A planned process is a harness.run.plan.RankPlan; this room does not import the plan (the plan
 # and the schema import the launchers), so it is typed by its name only.
@@ -65,7 +66,7 @@ CLEARED_PREFIXES = ("PYTEST_", "HARNESS_", "TORCHELASTIC_", "PET_")
 # forked rank has its server's, so only ranks that agree on all of them share a server.
 RUNTIME_ENV = frozenset(("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
                          "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-                         "ROLE_WORLD_SIZE", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"))
+                         "ROLE_WORLD_SIZE", *IFNAME_VARS))
 
 
 class LauncherSpec(BaseModel):

@@ -191,7 +191,8 @@ class AllocTasks(_OnAllocation):
         return rows
 
     def plan(self, plan: Any, scn: Any) -> None:
-        from .slurm import IFNAME_VARS, SRUN_LABEL
+        from ..net.addresses import IFNAME_VARS
+        from .slurm import SRUN_LABEL
 
         inner = self.inner
         nodes = self.node_of(scn)

@@ -47,10 +47,10 @@ from ..core import protocol as P
 from ..core.limits import MAX_SHORT, MAX_STEPS, MAX_WORLD
 from ..core.rows import RowSet
 from ..faults.steps import RUN, Step, StepError
+from ..net.addresses import IFNAME_VARS
 from . import LauncherSpec, Problem
 
 SRUN_LABEL = P.parent_label("srun")
-IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 EXPORT_RE = r"^(ALL|NONE|[A-Za-z_][A-Za-z0-9_]*(=[^,]*)?(,[A-Za-z_][A-Za-z0-9_]*(=[^,]*)?)*)$"
 # what the harness's observer needs in every task (srun's --export gets them whatever it says)
 OBSERVER_VARS = ("PYTHONPATH", P.OBSERVE_DIR_ENV, P.OBSERVE_ROLE_ENV, P.PID_RECORD_ENV,

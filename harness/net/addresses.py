@@ -26,6 +26,9 @@ IP_FAMILIES = ("4", "6", "dual")
 ULA_PREFIX = "fd74:6878"    # "thx": the harness's unique local addresses, fd74:6878:<run>::/64
 LINK_IFNAME = "eth0"
 BRIDGE_IFNAME = "br0"
+# the variables that name the interface gloo and NCCL bind to: the harness sets them to a host's
+# link (harness.run.plan.Plan.link_env), faults unset or bend them, the reports name them
+IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 MAX_HOSTS = 253
 
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9_]{1,24}$")

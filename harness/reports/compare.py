@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+from ..net.addresses import IFNAME_VARS
+
 STOP_WAIT = 120.0   # s a side's run may take to clean up after an interrupt
 
 
@@ -68,7 +70,7 @@ class Side:
 
 # set by the harness for the ranks of a case with hosts: (harness.run.plan.Plan.link_env): an
 # image's value reaches the loopback cases only
-HOST_SET = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+HOST_SET = IFNAME_VARS
 
 
 def parse_env(items: Sequence[str]) -> Dict[str, str]:

@@ -32,6 +32,7 @@ from ..core.triggers import Trigger
 from ..faults.steps import RUN, Step
 from ..judge import edits
 from ..machine import interpreters
+from ..net.addresses import IFNAME_VARS
 from ..net.hostspec import HostNames, host_names
 from ..net.safety import as_meant
 from ..scenario.schema import Scenario, fill_init_url, init_url_parts
@@ -339,7 +340,7 @@ class RunPlan:
         # interface its environment names, if any; the harness knows none)
         if self.link and self.host(host).ifname:
             ifname = self.host(host).ifname
-            for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            for var in IFNAME_VARS:
                 env.setdefault(var, ifname)
         return env
 
