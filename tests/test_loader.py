@@ -433,3 +433,25 @@ def test_json_schema_accepts_every_file_the_loader_accepts(validator, path):
         "bad_outcome_shorthand", "no_name"])
 def test_json_schema_refuses_what_the_loader_refuses(validator, bad):
     assert list(validator.iter_errors(bad))
+
+
+@pytest.mark.parametrize("launcher", [
+    "torchrun", "spawn", {"kind": "torchrun", "nproc_per_node": 2}, {"kind": "launch"},
+    {"kind": "spawn", "start_method": "spawn"}], ids=str)
+def test_json_schema_accepts_a_top_level_launcher_the_loader_accepts(validator, launcher):
+    # the catalog's files set launcher: inside cases (free mappings to the schema), so a
+    # top-level one is checked here: the schema refused every name and every option once
+    data = {"name": "a", "about": "x", "world_size": 2, "launcher": launcher,
+            "expect": {"job": "ok"}}
+    load_text(yaml.safe_dump(data), "s.yaml")
+    assert [e.message for e in validator.iter_errors(data)] == []
+
+
+@pytest.mark.parametrize("launcher", [
+    "no_such_launcher", {"kind": "torchrun", "nproc_per_nod": 2}, {"kind": "nope"}], ids=str)
+def test_json_schema_refuses_a_launcher_the_loader_refuses(validator, launcher):
+    data = {"name": "a", "about": "x", "world_size": 2, "launcher": launcher,
+            "expect": {"job": "ok"}}
+    with pytest.raises(ScenarioFileError):
+        load_text(yaml.safe_dump(data), "s.yaml")
+    assert list(validator.iter_errors(data))

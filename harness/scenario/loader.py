@@ -256,15 +256,24 @@ def load_file(path: Union[str, Path]) -> List[Scenario]:
 
 def json_schema() -> Dict[str, Any]:
     """JSON Schema of a scenario file (for editors), faults as a union of the registered kinds."""
-    from typing import Annotated
+    from typing import Annotated, Literal
     from typing import Union as U
 
     from pydantic import Field, create_model
 
+    from ..launchers import launcher_kinds
+
     fault_union = U[tuple(cls for _, cls in REGISTRY.items())]  # type: ignore[valid-type]
+    # a launcher is a kind's name or a mapping of one kind's fields (kind: direct when left
+    # out), as harness.launchers.launcher_of reads it: not the base model's {kind} alone
+    kinds = launcher_kinds()
+    launcher_union = U[(Literal[tuple(kinds)], *kinds.values())]  # type: ignore[valid-type]
+    launcher_field = Scenario.model_fields["launcher"]
     model = create_model(  # type: ignore[call-overload]
         "ScenarioFile", __base__=Scenario,
         faults=(List[Annotated[fault_union, Field(discriminator="kind")]], []),  # type: ignore
+        launcher=(launcher_union,  # type: ignore[arg-type]
+                  Field("direct", description=launcher_field.description)),
         cases=(Optional[Dict[str, Optional[Dict[str, Any]]]],
                Field(None, description="case id -> fields that override the top level; each "
                      "case is its own test")),
