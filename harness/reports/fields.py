@@ -115,7 +115,7 @@ CASE_FIELDS: Dict[str, str] = {
                "\"summary\", \"targets\"}`, `status` `acted` | `no effect` | `not "
                "observable`",
     "store": "what the run's store held, asked over TCPStore's wire protocol (no torch "
-             "import, 0.5 s bound) at the deadline before the kill, or when a rank first "
+             "import, 3 s per step) at the deadline before the kill, or when a rank first "
              "raised: `answered` (false: `error` says why, e.g. a listener that is no store), "
              "`num_keys`, `joined` (the `init/` count of clients that joined), `gloo` (rank -> "
              "the address its gloo published for the full mesh), `keys` (each key, a value "

@@ -159,6 +159,17 @@ class Probes(StepRuntime):
                 out[addr] = r.obs.host
         return [(h, a) for a, h in out.items()]
 
+    def settle_store(self) -> None:
+        """Wait (bounded) for the store questions in flight: at the deadline, before the kill,
+        which would end the store mid-answer and leave "no answer" as the evidence."""
+        from concurrent.futures import wait
+
+        from ..net.storeprobe import TIMEOUT
+
+        futs = [f for f in [self._store, *self._stores.values()] if f is not None]
+        if futs:
+            wait(futs, timeout=2 * TIMEOUT + 1.0)   # connect and the conversation
+
     def _stores_snapshots(self) -> List[Dict[str, Any]]:
         out = []
         for fut in self._stores.values():

@@ -298,6 +298,7 @@ class Supervisor(Probes, DeadlineStacks):
         self._capture_stacks(live)
         for r in live:
             r.obs.killed_at_deadline = True
+        self.settle_store()   # the store's answer before the kill ends the store
         self._kill(live)
 
     def _reap(self) -> None:
