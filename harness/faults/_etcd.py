@@ -27,7 +27,7 @@ import shutil
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Dict, List, Optional, Tuple
+from typing import Any, ClassVar, Dict, List, Optional, Set, Tuple
 
 from ..services.etcd import DATA_DIR, ETCD, SERVICE, EtcdAnswers, argv, plain_socket, url
 from . import _probe
@@ -155,15 +155,26 @@ def _waiting(rt: Any, etcd: EtcdPlan) -> Dict[str, Any]:
     # yet, and its preface (33 bytes) sits unread in it (seen in a test: etcd frozen right
     # after it came up read "1 connection with 33 unread request bytes" with no client)
     own = {(s["local"], s["remote"]) for s in mine}
+    # and the harness's own readiness requests (EtcdAnswers.asked_from: their source ports)
+    asked = _readiness_ports(rt, etcd)
+    harness = [s for s in socks if s["state"] != "LISTEN"
+               and int(s["remote"].rsplit(":", 1)[1], 16) in asked]
+    own |= {(s["local"], s["remote"]) for s in harness}
     unread = [s for s in socks if s["state"] != "LISTEN" and s["rx"] > 0
               and (s["local"], s["remote"]) not in own]
     # a connection not accepted yet has no inode: one of etcd's own dials waiting in its
     # accept queue (seen in a test under load: '1 not accepted' with no client) is no request
-    own_queued = sum(1 for s in mine if s["inode"] == 0)
+    own_queued = sum(1 for s in mine + harness if s["inode"] == 0)
     return {"t": round(rt.now(), 3),
             "not_accepted": max(0, sum(s["rx"] for s in socks if s["state"] == "LISTEN")
                                 - own_queued),
             "unread_connections": len(unread), "unread_bytes": sum(s["rx"] for s in unread)}
+
+
+def _readiness_ports(rt: Any, etcd: EtcdPlan) -> Set[int]:
+    """The source ports of the harness's readiness requests to the run's etcd."""
+    ready = getattr(rt.service(etcd.service).spec, "ready", None)
+    return set(ready.asked_from) if isinstance(ready, EtcdAnswers) else set()
 
 
 def _waiting_text(w: Dict[str, Any]) -> str:
