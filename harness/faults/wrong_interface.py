@@ -13,7 +13,6 @@ from . import Fault
 from ._net import NetStep
 from .steps import Effect
 
-VARS = IFNAME_VARS
 SPARE_IFNAME = "eth1"
 
 
@@ -130,7 +129,7 @@ class WrongInterface(Fault):
         bad = SPARE_IFNAME if self.mode == "list_down" else \
             self.name or {"missing": "eth9", "other": "lo", "list": "eth9"}.get(self.mode)
         for r in ranks:
-            for v in VARS:
+            for v in IFNAME_VARS:
                 link = plan.host(r.host).ifname
                 r.env.pop(v, None)
                 if self.mode == "unset":

@@ -62,15 +62,12 @@ class Side:
         if self.report is not None:
             return f"report {self.report}"
         extra = " ".join(f"{k}={v}" for k, v in sorted(self.env.items()))
-        kept = [k for k in sorted(self.env) if k in HOST_SET]
+        # set by the harness for the ranks of a case with hosts (Plan.link_env): an image's
+        # value reaches the loopback cases only
+        kept = [k for k in sorted(self.env) if k in IFNAME_VARS]
         return f"python {self.python}" + (f" with {extra}" if extra else "") + (
             f" ({', '.join(kept)}: not in cases with hosts:, where each host's ranks get its "
             "own card)" if kept else "")
-
-
-# set by the harness for the ranks of a case with hosts: (harness.run.plan.Plan.link_env): an
-# image's value reaches the loopback cases only
-HOST_SET = IFNAME_VARS
 
 
 def parse_env(items: Sequence[str]) -> Dict[str, str]:
