@@ -170,6 +170,35 @@ def test_repeated_durations_are_compared_against_the_old_spread():
     assert [(c.kind, c.new) for c in res.changes] == [("duration", 9.1)]
 
 
+def _branched(outcomes, durations):
+    """One repeated row "1" beside a row "2" that races: each run's outcomes kept (``runs``)."""
+    rep = _report({"ok": len(durations)}, durations)
+    case = rep["cases"][0]
+    case["runs"] = [{"job": "ok", "ranks": {"1": "ok", "2": o}} for o in outcomes]
+    return rep
+
+
+def test_a_race_cases_durations_are_compared_within_the_branch_each_run_took():
+    """torchrun_restarts one_restart, 2026-12-07: a catalog run whose restarted workers timed
+    out 4 of 10 times (agent 56-69 s, median 56.4 s) against one where they never did (6-17 s)
+    moved the median past the old spread: no duration change, the outcome counts judge the
+    branch."""
+    fast, slow = [6.0, 8.5, 7.2, 9.0, 8.1, 6.6], [56.4, 62.7, 68.8, 56.2, 57.0]
+    old = _branched(["error"] * 10, fast + [7.0, 7.5, 8.0, 6.9])
+    new = _branched(["error"] * 5 + ["timeout"] * 5, fast[:5] + slow)
+    assert [c.kind for c in diff_reports(old, new).changes
+            if c.kind == "duration"] == []
+    # ... but the same branch taking longer is a change, named with its branch
+    new = _branched(["error"] * 10, [x + 30 for x in fast] + [37.0, 37.5, 38.0, 36.9])
+    res = diff_reports(old, new)
+    assert [(c.kind, c.old) for c in res.changes] == [("duration", "6..9")]
+    assert "taking one branch" not in res.changes[0].note
+    # a branch taken once or twice on a side is no spread: not compared
+    new = _branched(["error"] * 8 + ["timeout"] * 2, fast + [7.0, 7.5, 60.0, 61.0])
+    old = _branched(["error"] * 8 + ["timeout"] * 2, fast + [7.0, 7.5, 6.0, 6.1])
+    assert [c for c in diff_reports(old, new).changes if c.kind == "duration"] == []
+
+
 # -- for real -------------------------------------------------------------------------------------
 
 @pytest.mark.timeout(300)

@@ -77,7 +77,11 @@ test (a change only at p < ``ALPHA`` once all the diff's tests are counted, by H
 step-down; the note says how sure); an outcome or family that was
 the same on every run of each side and differs between the sides is a change however few the
 runs (no race was seen; Fisher's test alone cannot count 3/3 against 0/3), and the new runs' median
-against the old runs' own spread (min..max) widened by the same tolerances. Not used: the
+against the old runs' own spread (min..max) widened by the same tolerances, within each branch
+both sides took at least ``BRANCH_RUNS`` times where the case's rows race (a branch: every row's
+outcome in one run; torchrun_restarts one_restart's agent took 6-17 s over ten runs whose
+restarted workers failed at once and 56-69 s in the four of ten of another run whose workers
+timed out: a change of the branches' frequencies, which the outcome counts judge). Not used: the
 expectation's ``within:`` window. It is an acceptance bound written to pass on any machine
 (busy_port bound: 3-35 s for a 5 s timeout), far wider than a case's spread; the diff is there
 to see moves the test lets pass.
@@ -93,7 +97,7 @@ start must give the same behaviour, and the fidelity test diffs the two.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..core.rows import key_for
 from .allowance import (
@@ -309,23 +313,53 @@ def _family_frequency_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[s
                             lambda v, k, t: f"{k}/{t}: {v or '(nothing raised)'}", res)
 
 
+BRANCH_RUNS = 3    # runs a branch needs on each side before its durations are compared
+
+
+def _branches(case: Dict[str, Any], label: str, rank: Dict[str, Any]
+              ) -> Dict[Tuple[Tuple[str, str], ...], List[float]]:
+    """A repeated row's durations by the branch its run took (every row's outcome in that run):
+    a race case's branches take their own times (a restarted worker that times out keeps its
+    agent a minute, one that fails at once does not). One group where the report kept no
+    runs or they cannot be lined up with the durations."""
+    durs = rank.get("durations") or []
+    runs = [r for r in case.get("runs") or [] if label in (r.get("ranks") or {})]
+    if len(runs) != len(durs):
+        return {(): [float(x) for x in durs if x is not None]}
+    out: Dict[Tuple[Tuple[str, str], ...], List[float]] = {}
+    for r, d in zip(runs, durs):
+        if d is not None:
+            out.setdefault(tuple(sorted(r["ranks"].items())), []).append(float(d))
+    return out
+
+
 def _repeated_duration_change(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any],
+                              orank: Dict[str, Any], nrank: Dict[str, Any],
                               rel_tol: float, allow: Allowance) -> List[Change]:
     """Repeated runs: the new median against the old runs' own spread, widened by the
-    tolerances."""
+    tolerances, within each branch both sides took (:func:`_branches`). A branch one side never
+    took is a change of outcome frequencies, which the outcome counts judge, not a duration."""
     abs_tol = allow.seconds
-    od = [float(x) for x in o.get("durations") or [] if x is not None]
-    nd = [float(x) for x in n.get("durations") or [] if x is not None]
-    if not od or not nd:
-        return []
-    lo, hi = min(od), max(od)
-    med = sorted(nd)[len(nd) // 2]
-    if duration_changed(lo, med, rel_tol, abs_tol) and med < lo or \
-            duration_changed(hi, med, rel_tol, abs_tol) and med > hi:
-        return [Change(cid, label, "duration", f"{lo:g}..{hi:g}", med,
-                       f"median of {len(nd)} runs against the old runs' spread; "
-                       f"{allow.note()}")]
-    return []
+    ob, nb = _branches(o, label, orank), _branches(n, label, nrank)
+    if set(ob) != {()} and set(nb) == {()} or set(ob) == {()} and set(nb) != {()}:
+        ob = {(): [x for v in ob.values() for x in v]}
+        nb = {(): [x for v in nb.values() for x in v]}
+    out = []
+    for key in sorted(set(ob) & set(nb)):
+        od, nd = ob[key], nb[key]
+        # a branch taken once or twice is no spread to measure a median against
+        if min(len(od), len(nd)) < (BRANCH_RUNS if len(ob) > 1 or len(nb) > 1 else 1):
+            continue
+        lo, hi = min(od), max(od)
+        med = sorted(nd)[len(nd) // 2]
+        if duration_changed(lo, med, rel_tol, abs_tol) and med < lo or \
+                duration_changed(hi, med, rel_tol, abs_tol) and med > hi:
+            branch = "" if key == () or len(ob) == len(nb) == 1 else \
+                " taking one branch (" + ", ".join(f"{k} {v}" for k, v in key) + ")"
+            out.append(Change(cid, label, "duration", f"{lo:g}..{hi:g}", med,
+                              f"median of {len(nd)} runs{branch} against the old runs' "
+                              f"spread; {allow.note()}"))
+    return out
 
 
 def _wildcard_key(case: Dict[str, Any], label: str) -> bool:
@@ -556,7 +590,7 @@ def _row_changes(cid: str, label: str, o: Dict[str, Any], n: Dict[str, Any],
         if not any(c.kind == "outcome" for c in freq) and len(res.candidates) == before:
             changes += _family_frequency_changes(cid, label, orank, nrank, res)
         allow = duration_allowance(o, n, label, orank, nrank, abs_tol)
-        changes += _repeated_duration_change(cid, label, orank, nrank, rel_tol, allow)
+        changes += _repeated_duration_change(cid, label, o, n, orank, nrank, rel_tol, allow)
     else:
         allow = duration_allowance(o, n, label, orank, nrank, abs_tol, others_moved)
         found = _rank_changes(cid, orank, nrank, rel_tol, allow,
