@@ -188,7 +188,7 @@ def test_a_race_cases_durations_are_compared_within_the_branch_each_run_took():
     new = _branched(["error"] * 5 + ["timeout"] * 5, fast[:5] + slow)
     assert [c.kind for c in diff_reports(old, new).changes
             if c.kind == "duration"] == []
-    # ... but the same branch taking longer is a change, named with its branch
+    # ... but the one branch both took taking longer is a change (one branch: not named)
     new = _branched(["error"] * 10, [x + 30 for x in fast] + [37.0, 37.5, 38.0, 36.9])
     res = diff_reports(old, new)
     assert [(c.kind, c.old) for c in res.changes] == [("duration", "6..9")]

@@ -341,7 +341,7 @@ def _repeated_duration_change(cid: str, label: str, o: Dict[str, Any], n: Dict[s
     took is a change of outcome frequencies, which the outcome counts judge, not a duration."""
     abs_tol = allow.seconds
     ob, nb = _branches(o, label, orank), _branches(n, label, nrank)
-    if set(ob) != {()} and set(nb) == {()} or set(ob) == {()} and set(nb) != {()}:
+    if (() in ob) != (() in nb):    # one side's runs cannot be lined up: one group each
         ob = {(): [x for v in ob.values() for x in v]}
         nb = {(): [x for v in nb.values() for x in v]}
     out = []
